@@ -1,0 +1,136 @@
+//! State handles: what a snapshot leaves behind, what an acknowledgement carries and what
+//! `_metadata` records. The state backends produce them, checkpoint storage persists them, and
+//! neither knows the other.
+
+use crate::ids::OperatorId;
+use crate::keygroup::{KeyGroup, KeyGroupRange};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Where a snapshot's bytes are.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StreamStateHandle {
+    /// Small state kept inside `_metadata` itself (Flink's `ByteStreamStateHandle`, used below
+    /// the memory threshold).
+    Inline(Vec<u8>),
+    /// A file written through checkpoint storage.
+    File {
+        /// Path relative to the directory that holds the `_metadata` referring to it, so a
+        /// checkpoint or savepoint directory can be moved whole.
+        path: String,
+        /// Its length in bytes.
+        size: u64,
+        /// CRC-32 of the whole file.
+        crc32: u32,
+    },
+}
+
+impl StreamStateHandle {
+    /// The number of bytes the handle stands for.
+    pub fn size(&self) -> u64 {
+        match self {
+            StreamStateHandle::Inline(b) => b.len() as u64,
+            StreamStateHandle::File { size, .. } => *size,
+        }
+    }
+}
+
+/// One keyed-state snapshot of one subtask: a range of key groups in one stream, with the offset
+/// of each key group's section so that a restore can read only the groups it owns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyedStateHandle {
+    /// The key groups the snapshot covers.
+    pub key_group_range: KeyGroupRange,
+    /// Byte range of the snapshot's header (state metadata) within the stream.
+    pub header: (u64, u64),
+    /// Start offset of each key group's section; `offsets[i]` is key group `range.start + i`.
+    /// The section of the last key group ends at `end`.
+    pub offsets: Vec<u64>,
+    /// End of the last section.
+    pub end: u64,
+    /// The bytes.
+    pub stream: StreamStateHandle,
+}
+
+impl KeyedStateHandle {
+    /// The byte range of the sections for the key groups in `range ∩ self.key_group_range`,
+    /// or `None` when they do not overlap.
+    pub fn byte_range_for(&self, range: &KeyGroupRange) -> Option<(u64, u64)> {
+        let overlap = self.key_group_range.intersection(range);
+        if overlap.is_empty() {
+            return None;
+        }
+        let first = (overlap.start - self.key_group_range.start) as usize;
+        let last = (overlap.end - self.key_group_range.start) as usize;
+        let start = *self.offsets.get(first)?;
+        let end = match self.offsets.get(last + 1) {
+            Some(o) => *o,
+            None => self.end,
+        };
+        Some((start, end))
+    }
+
+    /// The offset of key group `kg`'s section, if the handle covers it.
+    pub fn offset_of(&self, kg: KeyGroup) -> Option<u64> {
+        if !self.key_group_range.contains(kg) {
+            return None;
+        }
+        self.offsets.get((kg - self.key_group_range.start) as usize).copied()
+    }
+}
+
+/// How operator list state is redistributed when parallelism changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum OperatorStateMode {
+    /// The elements of all subtasks are split evenly among the new subtasks.
+    SplitDistribute,
+    /// Every new subtask gets the elements of all subtasks.
+    Union,
+    /// Every subtask holds the same state; any one copy is given to each new subtask.
+    Broadcast,
+}
+
+/// One operator-state snapshot of one subtask.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorStateHandle {
+    /// Each registered state's name and redistribution mode.
+    pub states: Vec<(String, OperatorStateMode)>,
+    /// The bytes.
+    pub stream: StreamStateHandle,
+}
+
+/// All state of one operator in one subtask.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorSubtaskState {
+    /// Keyed state; several handles after a rescale merged ranges.
+    pub keyed: Vec<KeyedStateHandle>,
+    /// Operator state; several handles after a rescale merged subtasks.
+    pub operator: Vec<OperatorStateHandle>,
+}
+
+impl OperatorSubtaskState {
+    /// Whether there is no state at all.
+    pub fn is_empty(&self) -> bool {
+        self.keyed.is_empty() && self.operator.is_empty()
+    }
+
+    /// Total bytes referenced.
+    pub fn state_size(&self) -> u64 {
+        self.keyed.iter().map(|h| h.stream.size()).sum::<u64>()
+            + self.operator.iter().map(|h| h.stream.size()).sum::<u64>()
+    }
+}
+
+/// The state of every operator of a chain in one subtask: what an acknowledgement carries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskStateSnapshot {
+    /// Per operator of the chain.
+    pub operators: BTreeMap<OperatorId, OperatorSubtaskState>,
+}
+
+impl TaskStateSnapshot {
+    /// Total bytes referenced.
+    pub fn state_size(&self) -> u64 {
+        self.operators.values().map(|s| s.state_size()).sum()
+    }
+}

@@ -1,0 +1,28 @@
+//! Weir's shared vocabulary: what `state`, `checkpoint`, `network` and `runtime` all speak.
+//!
+//! - [`ids`]: job, vertex, operator, subtask, attempt and checkpoint ids.
+//! - [`element`]: what flows on a channel: record batches and events (watermark, barrier, cancel
+//!   marker, end of input).
+//! - [`config`]: checkpointing options with Flink's meanings and defaults.
+//! - [`keygroup`]: Flink's `KeyGroupRangeAssignment`, bit for bit, and the [`keygroup::KeyHash`] of
+//!   keys.
+//! - [`graph`]: StreamGraph → JobGraph (operator chains) → ExecutionGraph (subtasks, attempts).
+//! - [`partition`]: how a record picks its output channel.
+//! - [`handle`]: state handles, the facts a snapshot leaves behind and a checkpoint records.
+//! - [`codec`]: postcard encoding and the versioned, checksummed file envelope.
+//! - [`error`]: the errors of this crate.
+//!
+//! Architecture invariant: no tokio, no I/O, no threads. Everything here is data and arithmetic.
+#![warn(missing_docs)]
+
+pub mod codec;
+pub mod config;
+pub mod element;
+pub mod error;
+pub mod graph;
+pub mod handle;
+pub mod ids;
+pub mod keygroup;
+pub mod partition;
+
+pub use error::CoreError;
