@@ -1,1 +1,26 @@
-//! placeholder
+//! Weir's state: keyed state by key group, operator state, and their snapshots.
+//!
+//! - [`keyed`]: the [`KeyedStateBackend`] seam, state descriptors and typed state handles.
+//! - [`heap`]: the heap backend: per-key-group tables with copy-on-write snapshots.
+//! - [`operator`]: operator (non-keyed) list state, which sources use for their offsets.
+//! - [`format`]: the keyed snapshot format: versioned header, one checksummed section per key
+//!   group, and the offsets that let a restore read only the groups it owns.
+//!
+//! Architecture invariant: this crate never knows where snapshots go. It writes into a
+//! `std::io::Write` it is handed and restores from bytes it is handed; it knows nothing of
+//! checkpoint storage, the network, or tokio.
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod format;
+pub mod heap;
+pub mod keyed;
+pub mod operator;
+
+pub use error::StateError;
+pub use heap::HeapKeyedStateBackend;
+pub use keyed::{
+    KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart, StateKey, StateValue,
+    ValueState, ValueStateDescriptor,
+};
+pub use operator::{ListState, OperatorSnapshot, OperatorStateBackend};

@@ -1,0 +1,46 @@
+//! The errors of `weir-checkpoint`.
+
+use thiserror::Error;
+use weir_core::CoreError;
+
+/// An error from checkpoint storage or metadata. Storage errors keep opendal's kind, so callers
+/// can branch on `NotFound`, `PermissionDenied` and the like.
+#[derive(Debug, Error)]
+pub enum CheckpointError {
+    /// The storage service failed; `path` is the object concerned.
+    #[error("checkpoint storage failed on '{path}': {source}")]
+    Storage {
+        /// The object or directory.
+        path: String,
+        /// opendal's error, with its `ErrorKind`.
+        #[source]
+        source: opendal::Error,
+    },
+    /// A file is corrupt or truncated (failed its checksum, length or format checks).
+    #[error("corrupt checkpoint file '{path}': {reason}")]
+    Corrupt {
+        /// The file.
+        path: String,
+        /// What check failed.
+        reason: String,
+    },
+    /// No complete checkpoint where one was expected.
+    #[error("no complete checkpoint at '{0}': no _metadata found in it, in its chk-* directories, or in its <job-id>/chk-* directories")]
+    NoCompleteCheckpoint(String),
+    /// The storage was configured wrongly.
+    #[error("invalid checkpoint storage configuration: {0}")]
+    Config(String),
+    /// A value failed to encode or decode.
+    #[error(transparent)]
+    Core(#[from] CoreError),
+}
+
+impl CheckpointError {
+    /// opendal's error kind, when this is a storage error.
+    pub fn storage_kind(&self) -> Option<opendal::ErrorKind> {
+        match self {
+            CheckpointError::Storage { source, .. } => Some(source.kind()),
+            _ => None,
+        }
+    }
+}

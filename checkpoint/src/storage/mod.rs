@@ -1,0 +1,126 @@
+//! The checkpoint-storage seam: [`CheckpointStorage`], and [`OpendalCheckpointStorage`], which
+//! runs it over any opendal service (fs and memory here; s3 and others plug in the same way).
+//!
+//! Layout, as Flink's, relative to the storage root:
+//! ```text
+//! <job-id>/chk-<n>/_metadata      written last; its presence means the checkpoint is complete
+//! <job-id>/chk-<n>/<state files>  one per subtask snapshot that was too big to inline
+//! <job-id>/shared/                files several checkpoints reference (incremental state)
+//! <job-id>/taskowned/
+//! ```
+
+use crate::{CheckpointError, CheckpointMetadata};
+use async_trait::async_trait;
+use bytes::Bytes;
+use weir_core::handle::StreamStateHandle;
+use weir_core::ids::{CheckpointId, JobId};
+
+/// A directory that holds one checkpoint's `_metadata` and state files, relative to the storage
+/// root, with a trailing `/` (for example `"<job-id>/chk-7/"`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CheckpointLocation {
+    /// The directory, relative to the storage root, ending in `/`. Empty for the root itself.
+    pub dir: String,
+}
+
+impl CheckpointLocation {
+    /// The location of `chk-<id>` of `job`.
+    pub fn for_checkpoint(job: JobId, id: CheckpointId) -> CheckpointLocation {
+        CheckpointLocation {
+            dir: format!("{job}/chk-{}/", id.0),
+        }
+    }
+
+    /// The path of `_metadata` in this location.
+    pub fn metadata_path(&self) -> String {
+        format!("{}_metadata", self.dir)
+    }
+}
+
+/// A completed or partial checkpoint found in storage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointListing {
+    /// Its id (from the `chk-<n>` name).
+    pub id: CheckpointId,
+    /// Where it is.
+    pub location: CheckpointLocation,
+    /// Whether `_metadata` exists (it may still be corrupt).
+    pub complete: bool,
+}
+
+/// Where checkpoints are written and read.
+///
+/// Contract:
+/// - Read-after-write: an object whose write returned `Ok` is visible to every later read and
+///   list, with the same bytes.
+/// - [`write_metadata`](Self::write_metadata) is atomic: a reader sees either no `_metadata` or
+///   the whole file, never part of it. It is called after every state file of the checkpoint
+///   was written, so `_metadata`'s presence means the checkpoint is complete.
+/// - Every read verifies what can be verified: a full read of a file handle checks its length
+///   and CRC-32; `_metadata` checks its envelope. A failure is [`CheckpointError::Corrupt`] and
+///   names the file.
+/// - [`discard`](Self::discard) is idempotent: discarding what is already gone is `Ok`.
+/// - Errors from the service keep opendal's `ErrorKind` ([`CheckpointError::storage_kind`]).
+#[async_trait]
+pub trait CheckpointStorage: Send + Sync + 'static {
+    /// A human-readable description of where the root is (`file:///tmp/x`, `memory://`, …).
+    fn describe(&self) -> String;
+
+    /// Checks that the root can be written (creates it if needed), so that a misconfigured
+    /// storage is reported at job start rather than at the first checkpoint.
+    async fn check_writable(&self) -> Result<(), CheckpointError>;
+
+    /// Prepares the location of checkpoint `id` of `job`.
+    async fn init_location(
+        &self,
+        job: JobId,
+        id: CheckpointId,
+    ) -> Result<CheckpointLocation, CheckpointError>;
+
+    /// Writes one state file called `name` into `location` and returns its handle (a path relative
+    /// to the location, the size and the CRC-32).
+    async fn write_state(
+        &self,
+        location: &CheckpointLocation,
+        name: &str,
+        bytes: Bytes,
+    ) -> Result<StreamStateHandle, CheckpointError>;
+
+    /// Reads the bytes of a handle found in `location`'s `_metadata`. `range` reads part of a
+    /// file (and skips the whole-file checksum, which the caller's format must cover); `None`
+    /// reads and verifies all of it. Inline handles are served from memory.
+    async fn read_state(
+        &self,
+        location: &CheckpointLocation,
+        handle: &StreamStateHandle,
+        range: Option<(u64, u64)>,
+    ) -> Result<Bytes, CheckpointError>;
+
+    /// Writes `_metadata` atomically, last.
+    async fn write_metadata(
+        &self,
+        location: &CheckpointLocation,
+        metadata: &CheckpointMetadata,
+    ) -> Result<(), CheckpointError>;
+
+    /// Reads and verifies `_metadata`.
+    async fn read_metadata(
+        &self,
+        location: &CheckpointLocation,
+    ) -> Result<CheckpointMetadata, CheckpointError>;
+
+    /// Deletes a location and everything in it.
+    async fn discard(&self, location: &CheckpointLocation) -> Result<(), CheckpointError>;
+
+    /// Every `chk-<n>` of `job`, complete or not, sorted by id.
+    async fn list_checkpoints(&self, job: JobId) -> Result<Vec<CheckpointListing>, CheckpointError>;
+
+    /// Finds checkpoints under a path a user gave (relative to the root; `""` is the root):
+    /// the path itself if it holds `_metadata`; else its `chk-<n>` children; else the `chk-<n>`
+    /// of its `<job-id>` children. Sorted by id, newest last, complete or not.
+    async fn find_checkpoints(&self, path: &str) -> Result<Vec<CheckpointListing>, CheckpointError>;
+}
+
+pub use opendal_impl::OpendalCheckpointStorage;
+
+mod opendal_impl;

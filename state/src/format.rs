@@ -1,0 +1,1 @@
+//! The keyed snapshot format (being written).
