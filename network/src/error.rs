@@ -1,0 +1,29 @@
+//! The errors of `weir-network`.
+
+use crate::ChannelId;
+use thiserror::Error;
+
+/// A channel error.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum NetworkError {
+    /// The other end is gone.
+    #[error("channel {0:?} disconnected: the other end was dropped")]
+    Disconnected(ChannelId),
+    /// A send without a credit.
+    #[error("channel {0:?} has no credit: wait for poll_ready first")]
+    NoCredit(ChannelId),
+    /// An end was opened twice.
+    #[error("channel {0:?}: this end is already open")]
+    AlreadyOpen(ChannelId),
+    /// An element of another type arrived.
+    #[error("channel {0:?} carried an element of an unexpected type")]
+    TypeMismatch(ChannelId),
+    /// An element could not be encoded or decoded.
+    #[error("channel {channel:?}: {reason}")]
+    Codec {
+        /// The channel.
+        channel: ChannelId,
+        /// Why.
+        reason: String,
+    },
+}
