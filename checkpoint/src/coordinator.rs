@@ -1,1 +1,1012 @@
-//! (being written)
+//! The CheckpointCoordinator as a pure state machine (reference: "Job manager side").
+//!
+//! The runtime feeds it facts (the job turned RUNNING, time passed, a subtask acknowledged or
+//! declined, `_metadata` was written) and carries out the [`CoordinatorAction`]s it returns:
+//! trigger the sources, finalize, notify complete or aborted, fail the job. Time comes in as
+//! `now` (monotonic, since the coordinator was built), so every decision is testable without a
+//! clock, a thread or storage.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::time::Duration;
+use weir_core::config::{CheckpointConfig, CheckpointingMode};
+use weir_core::element::{AlignmentType, CheckpointOptions, SnapshotKind};
+use weir_core::handle::TaskStateSnapshot;
+use weir_core::ids::{CheckpointId, SubtaskIndex, VertexId};
+
+/// One subtask, as the coordinator tracks it (attempts are the runtime's business).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskKey {
+    /// The vertex.
+    pub vertex: VertexId,
+    /// The subtask.
+    pub subtask: SubtaskIndex,
+}
+
+impl fmt::Display for TaskKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}[{}]", self.vertex.0, self.subtask)
+    }
+}
+
+/// Why a checkpoint failed, in Flink's categories.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckpointFailureReason {
+    /// Not complete within the checkpoint timeout (`CHECKPOINT_EXPIRED`).
+    Expired,
+    /// A subtask declined in its synchronous phase or because it was closing.
+    Declined {
+        /// The subtask.
+        task: TaskKey,
+        /// Its reason.
+        reason: String,
+    },
+    /// A subtask's asynchronous phase (the upload) failed (`CHECKPOINT_ASYNC_EXCEPTION`).
+    AsyncPhaseFailed {
+        /// The subtask.
+        task: TaskKey,
+        /// The error.
+        reason: String,
+    },
+    /// The storage location could not be prepared (`TRIGGER_CHECKPOINT_FAILURE`/`IO_EXCEPTION`).
+    StorageFailure(String),
+    /// `_metadata` could not be written (`FINALIZE_CHECKPOINT_FAILURE`).
+    FinalizeFailed(String),
+    /// A newer checkpoint completed first (`CHECKPOINT_SUBSUMED`).
+    Subsumed,
+    /// A barrier handler aborted it (a newer barrier or a cancel marker).
+    AbortedInAlignment(String),
+    /// A subtask it waited for finished before acknowledging.
+    TaskFinished(TaskKey),
+    /// The job stopped running (failure, cancellation, restart).
+    JobNotRunning,
+}
+
+impl CheckpointFailureReason {
+    /// Whether it counts toward `tolerable_failed_checkpoints`, as in Flink's
+    /// `CheckpointFailureManager`: timeouts, asynchronous-phase and storage failures do.
+    pub fn counts_as_failure(&self) -> bool {
+        matches!(
+            self,
+            CheckpointFailureReason::Expired
+                | CheckpointFailureReason::AsyncPhaseFailed { .. }
+                | CheckpointFailureReason::StorageFailure(_)
+                | CheckpointFailureReason::FinalizeFailed(_)
+        )
+    }
+}
+
+impl fmt::Display for CheckpointFailureReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckpointFailureReason::Expired => write!(f, "expired before completing"),
+            CheckpointFailureReason::Declined { task, reason } => {
+                write!(f, "declined by {task}: {reason}")
+            }
+            CheckpointFailureReason::AsyncPhaseFailed { task, reason } => {
+                write!(f, "asynchronous phase failed in {task}: {reason}")
+            }
+            CheckpointFailureReason::StorageFailure(r) => write!(f, "storage failure: {r}"),
+            CheckpointFailureReason::FinalizeFailed(r) => write!(f, "finalizing failed: {r}"),
+            CheckpointFailureReason::Subsumed => write!(f, "subsumed by a newer checkpoint"),
+            CheckpointFailureReason::AbortedInAlignment(r) => {
+                write!(f, "aborted in alignment: {r}")
+            }
+            CheckpointFailureReason::TaskFinished(t) => {
+                write!(f, "{t} finished before acknowledging")
+            }
+            CheckpointFailureReason::JobNotRunning => write!(f, "the job is not running"),
+        }
+    }
+}
+
+/// Why a trigger request did not start a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TriggerRefusal {
+    /// The job is not running (or checkpointing is not active).
+    NotRunning,
+    /// A task to trigger or wait for is not running (`NOT_ALL_REQUIRED_TASKS_RUNNING`).
+    NotAllTasksRunning(TaskKey),
+    /// `max_concurrent_checkpoints` are pending.
+    TooManyConcurrent(usize),
+    /// The min pause since the last completion has not passed; the next trigger is due at `.0`.
+    MinPause(Duration),
+}
+
+impl fmt::Display for TriggerRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TriggerRefusal::NotRunning => write!(f, "the job is not running"),
+            TriggerRefusal::NotAllTasksRunning(t) => write!(f, "task {t} is not running"),
+            TriggerRefusal::TooManyConcurrent(n) => {
+                write!(f, "{n} checkpoints are already in progress")
+            }
+            TriggerRefusal::MinPause(_) => {
+                write!(f, "the min pause between checkpoints has not passed")
+            }
+        }
+    }
+}
+
+/// What a subtask reports with its acknowledgement (Flink's `CheckpointMetrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SubtaskCheckpointMetrics {
+    /// Time from the trigger to the barrier reaching the subtask.
+    pub start_delay: Duration,
+    /// Time spent aligning barriers.
+    pub alignment: Duration,
+    /// Synchronous part of the snapshot.
+    pub sync_duration: Duration,
+    /// Asynchronous part (serialize and upload).
+    pub async_duration: Duration,
+    /// Bytes of state.
+    pub state_size: u64,
+}
+
+/// A checkpoint's status in the statistics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckpointStatus {
+    /// Triggered, not yet complete.
+    InProgress,
+    /// Complete: `_metadata` written.
+    Completed,
+    /// Failed, with the reason.
+    Failed(CheckpointFailureReason),
+}
+
+/// The statistics of one checkpoint, in Flink's terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointStats {
+    /// Its id.
+    pub id: CheckpointId,
+    /// Checkpoint or savepoint.
+    pub kind: SnapshotKind,
+    /// Status.
+    pub status: CheckpointStatus,
+    /// Wall-clock trigger time, ms since the Unix epoch.
+    pub trigger_timestamp_ms: u64,
+    /// Trigger to completion (or to failure).
+    pub end_to_end: Option<Duration>,
+    /// Bytes of state over all subtasks.
+    pub state_size: u64,
+    /// Subtasks that acknowledged, of `num_subtasks`.
+    pub num_acknowledged: usize,
+    /// Subtasks it waits for.
+    pub num_subtasks: usize,
+    /// Per subtask.
+    pub subtasks: BTreeMap<TaskKey, SubtaskCheckpointMetrics>,
+}
+
+impl fmt::Display for CheckpointStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dur = self
+            .end_to_end
+            .map(|d| format!("{:.1}ms", d.as_secs_f64() * 1e3))
+            .unwrap_or_else(|| "-".into());
+        let max_align = self
+            .subtasks
+            .values()
+            .map(|m| m.alignment)
+            .max()
+            .unwrap_or_default();
+        let max_sync = self
+            .subtasks
+            .values()
+            .map(|m| m.sync_duration)
+            .max()
+            .unwrap_or_default();
+        let max_async = self
+            .subtasks
+            .values()
+            .map(|m| m.async_duration)
+            .max()
+            .unwrap_or_default();
+        let status = match &self.status {
+            CheckpointStatus::InProgress => "IN_PROGRESS".to_string(),
+            CheckpointStatus::Completed => "COMPLETED".to_string(),
+            CheckpointStatus::Failed(r) => format!("FAILED ({r})"),
+        };
+        write!(
+            f,
+            "checkpoint {} {:?} {status}: duration {dur}, state {} B, acked {}/{}, max alignment {:.1}ms, max sync {:.1}ms, max async {:.1}ms",
+            self.id,
+            self.kind,
+            self.state_size,
+            self.num_acknowledged,
+            self.num_subtasks,
+            max_align.as_secs_f64() * 1e3,
+            max_sync.as_secs_f64() * 1e3,
+            max_async.as_secs_f64() * 1e3,
+        )
+    }
+}
+
+/// What the runtime must carry out.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CoordinatorAction {
+    /// Prepare the storage location of `id`, then trigger every source subtask in `tasks`
+    /// (the reference's `triggerCheckpointAsync`). If the location fails, report
+    /// [`CheckpointCoordinator::trigger_failed`].
+    Trigger {
+        /// The checkpoint.
+        id: CheckpointId,
+        /// Barrier timestamp, ms since the Unix epoch.
+        timestamp_ms: u64,
+        /// How it is taken.
+        options: CheckpointOptions,
+        /// The source subtasks.
+        tasks: Vec<TaskKey>,
+    },
+    /// Every subtask acknowledged: write `_metadata` from these acknowledgements, then report
+    /// [`CheckpointCoordinator::finalized`].
+    Finalize {
+        /// The checkpoint.
+        id: CheckpointId,
+        /// Checkpoint or savepoint.
+        kind: SnapshotKind,
+        /// Trigger time, ms since the Unix epoch.
+        timestamp_ms: u64,
+        /// Each subtask's state handles.
+        acks: BTreeMap<TaskKey, TaskStateSnapshot>,
+    },
+    /// The checkpoint is complete: call `notify_checkpoint_complete` on these subtasks.
+    NotifyComplete {
+        /// The checkpoint.
+        id: CheckpointId,
+        /// The subtasks to commit to.
+        tasks: Vec<TaskKey>,
+    },
+    /// The checkpoint was aborted: call `notify_checkpoint_aborted` on these subtasks, and
+    /// discard its partial location.
+    NotifyAborted {
+        /// The checkpoint.
+        id: CheckpointId,
+        /// Why.
+        reason: CheckpointFailureReason,
+        /// The subtasks.
+        tasks: Vec<TaskKey>,
+    },
+    /// More consecutive failures than tolerated: fail the job.
+    FailJob {
+        /// The message.
+        reason: String,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Pending {
+    kind: SnapshotKind,
+    timestamp_ms: u64,
+    triggered_at: Duration,
+    deadline: Duration,
+    not_yet_acked: BTreeSet<TaskKey>,
+    acks: BTreeMap<TaskKey, TaskStateSnapshot>,
+    metrics: BTreeMap<TaskKey, SubtaskCheckpointMetrics>,
+    finalizing: bool,
+}
+
+/// The fixed facts the coordinator is built from (reference step 1).
+#[derive(Clone, Debug)]
+pub struct CoordinatorSetup {
+    /// Checkpointing options.
+    pub config: CheckpointConfig,
+    /// The source subtasks, which receive triggers.
+    pub tasks_to_trigger: Vec<TaskKey>,
+    /// Every subtask, which must acknowledge.
+    pub tasks_to_wait_for: Vec<TaskKey>,
+    /// The next checkpoint id (1, or one past the restored checkpoint's).
+    pub next_checkpoint_id: u64,
+    /// Wall-clock ms since the Unix epoch at `now == 0`.
+    pub epoch_wall_ms: u64,
+}
+
+/// How many checkpoints' statistics are kept (Flink's `web.checkpoints.history`).
+pub const STATS_HISTORY: usize = 10;
+/// How many end-to-end durations are kept for percentiles.
+const DURATION_HISTORY: usize = 10_000;
+
+/// The checkpoint coordinator of one job.
+#[derive(Debug)]
+pub struct CheckpointCoordinator {
+    setup: CoordinatorSetup,
+    active: bool,
+    running: BTreeSet<TaskKey>,
+    finished: BTreeSet<TaskKey>,
+    next_id: u64,
+    pending: BTreeMap<CheckpointId, Pending>,
+    next_periodic: Option<Duration>,
+    last_completion: Option<Duration>,
+    consecutive_failures: u32,
+    history: VecDeque<CheckpointStats>,
+    durations: VecDeque<Duration>,
+    completed: u64,
+    failed: u64,
+    latest_completed: Option<CheckpointId>,
+}
+
+impl CheckpointCoordinator {
+    /// Builds the coordinator (inactive until the job turns RUNNING).
+    pub fn new(setup: CoordinatorSetup) -> CheckpointCoordinator {
+        let next_id = setup.next_checkpoint_id.max(1);
+        CheckpointCoordinator {
+            setup,
+            active: false,
+            running: BTreeSet::new(),
+            finished: BTreeSet::new(),
+            next_id,
+            pending: BTreeMap::new(),
+            next_periodic: None,
+            last_completion: None,
+            consecutive_failures: 0,
+            history: VecDeque::new(),
+            durations: VecDeque::new(),
+            completed: 0,
+            failed: 0,
+            latest_completed: None,
+        }
+    }
+
+    fn wall_ms(&self, now: Duration) -> u64 {
+        self.setup.epoch_wall_ms + now.as_millis() as u64
+    }
+
+    /// The job-status listener (reference step 3): RUNNING starts the periodic scheduler, any
+    /// other status stops it and aborts what is pending.
+    pub fn job_status_changed(
+        &mut self,
+        running: bool,
+        now: Duration,
+        out: &mut Vec<CoordinatorAction>,
+    ) {
+        if running {
+            self.active = true;
+            self.next_periodic = self.setup.config.interval.map(|i| now + i);
+        } else {
+            self.active = false;
+            self.next_periodic = None;
+            self.running.clear();
+            let ids: Vec<CheckpointId> = self.pending.keys().copied().collect();
+            for id in ids {
+                self.abort(id, CheckpointFailureReason::JobNotRunning, now, out);
+            }
+        }
+    }
+
+    /// A subtask's current attempt is running.
+    pub fn task_running(&mut self, task: TaskKey) {
+        self.finished.remove(&task);
+        self.running.insert(task);
+    }
+
+    /// A subtask finished (its input ended). Pending checkpoints still waiting for it abort,
+    /// and no new checkpoint can start.
+    pub fn task_finished(
+        &mut self,
+        task: TaskKey,
+        now: Duration,
+        out: &mut Vec<CoordinatorAction>,
+    ) {
+        self.running.remove(&task);
+        self.finished.insert(task);
+        let waiting: Vec<CheckpointId> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.not_yet_acked.contains(&task))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in waiting {
+            self.abort(id, CheckpointFailureReason::TaskFinished(task), now, out);
+        }
+    }
+
+    /// When the runtime should call [`tick`](Self::tick) next, if ever.
+    pub fn next_wakeup(&self) -> Option<Duration> {
+        let deadline = self.pending.values().map(|p| p.deadline).min();
+        match (self.next_periodic, deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Time passed: expire pending checkpoints past their timeout (the canceller) and trigger a
+    /// periodic checkpoint when one is due.
+    pub fn tick(&mut self, now: Duration, out: &mut Vec<CoordinatorAction>) {
+        let expired: Vec<CheckpointId> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            self.abort(id, CheckpointFailureReason::Expired, now, out);
+        }
+        if let (Some(due), Some(interval)) = (self.next_periodic, self.setup.config.interval)
+            && due <= now
+        {
+            match self.try_trigger(SnapshotKind::Checkpoint, now, out) {
+                Err(TriggerRefusal::MinPause(at)) => self.next_periodic = Some(at),
+                _ => self.next_periodic = Some(now + interval),
+            }
+        }
+    }
+
+    /// An on-demand checkpoint or savepoint (from the API).
+    pub fn trigger(
+        &mut self,
+        kind: SnapshotKind,
+        now: Duration,
+        out: &mut Vec<CoordinatorAction>,
+    ) -> Result<CheckpointId, TriggerRefusal> {
+        self.try_trigger(kind, now, out)
+    }
+
+    fn try_trigger(
+        &mut self,
+        kind: SnapshotKind,
+        now: Duration,
+        out: &mut Vec<CoordinatorAction>,
+    ) -> Result<CheckpointId, TriggerRefusal> {
+        if !self.active {
+            return Err(TriggerRefusal::NotRunning);
+        }
+        for t in self
+            .setup
+            .tasks_to_trigger
+            .iter()
+            .chain(&self.setup.tasks_to_wait_for)
+        {
+            if !self.running.contains(t) {
+                return Err(TriggerRefusal::NotAllTasksRunning(*t));
+            }
+        }
+        let max = self.setup.config.max_concurrent as usize;
+        if self.pending.len() >= max {
+            return Err(TriggerRefusal::TooManyConcurrent(self.pending.len()));
+        }
+        if let Some(last) = self.last_completion {
+            let earliest = last + self.setup.config.min_pause;
+            if now < earliest {
+                return Err(TriggerRefusal::MinPause(earliest));
+            }
+        }
+        let id = CheckpointId(self.next_id);
+        self.next_id += 1;
+        let timestamp_ms = self.wall_ms(now);
+        let alignment = match self.setup.config.mode {
+            CheckpointingMode::ExactlyOnce => AlignmentType::Aligned,
+            CheckpointingMode::AtLeastOnce => AlignmentType::AtLeastOnce,
+        };
+        let wait: BTreeSet<TaskKey> = self.setup.tasks_to_wait_for.iter().copied().collect();
+        self.pending.insert(
+            id,
+            Pending {
+                kind,
+                timestamp_ms,
+                triggered_at: now,
+                deadline: now + self.setup.config.timeout,
+                not_yet_acked: wait,
+                acks: BTreeMap::new(),
+                metrics: BTreeMap::new(),
+                finalizing: false,
+            },
+        );
+        self.push_history(CheckpointStats {
+            id,
+            kind,
+            status: CheckpointStatus::InProgress,
+            trigger_timestamp_ms: timestamp_ms,
+            end_to_end: None,
+            state_size: 0,
+            num_acknowledged: 0,
+            num_subtasks: self.setup.tasks_to_wait_for.len(),
+            subtasks: BTreeMap::new(),
+        });
+        out.push(CoordinatorAction::Trigger {
+            id,
+            timestamp_ms,
+            options: CheckpointOptions { kind, alignment },
+            tasks: self.setup.tasks_to_trigger.clone(),
+        });
+        Ok(id)
+    }
+
+    /// The storage location of `id` could not be prepared.
+    pub fn trigger_failed(
+        &mut self,
+        id: CheckpointId,
+        reason: String,
+        now: Duration,
+        out: &mut Vec<CoordinatorAction>,
+    ) {
+        self.abort(
+            id,
+            CheckpointFailureReason::StorageFailure(reason),
+            now,
+            out,
+        );
+    }
+
+    /// A subtask acknowledged `id` with its state handles (reference step 5).
+    pub fn acknowledge(
+        &mut self,
+        task: TaskKey,
+        id: CheckpointId,
+        state: TaskStateSnapshot,
+        metrics: SubtaskCheckpointMetrics,
+        _now: Duration,
+        out: &mut Vec<CoordinatorAction>,
+    ) {
+        let Some(p) = self.pending.get_mut(&id) else {
+            return; // late acknowledgement of an aborted checkpoint: its location is discarded
+        };
+        if !p.not_yet_acked.remove(&task) {
+            return;
+        }
+        p.acks.insert(task, state);
+        p.metrics.insert(task, metrics);
+        let (num_acked, state_size) = (p.acks.len(), p.acks.values().map(|s| s.state_size()).sum());
+        let done = p.not_yet_acked.is_empty();
+        if let Some(s) = self.history.iter_mut().find(|s| s.id == id) {
+            s.num_acknowledged = num_acked;
+            s.state_size = state_size;
+            s.subtasks.insert(task, metrics);
+        }
+        let Some(p) = self.pending.get_mut(&id) else {
+            return;
+        };
+        if done && !p.finalizing {
+            p.finalizing = true;
+            out.push(CoordinatorAction::Finalize {
+                id,
+                kind: p.kind,
+                timestamp_ms: p.timestamp_ms,
+                acks: std::mem::take(&mut p.acks),
+            });
+        }
+    }
+
+    /// A subtask declined `id`.
+    pub fn decline(
+        &mut self,
+        task: TaskKey,
+        id: CheckpointId,
+        reason: CheckpointFailureReason,
+        now: Duration,
+        out: &mut Vec<CoordinatorAction>,
+    ) {
+        if self.pending.get(&id).is_some_and(|p| !p.finalizing) {
+            let _ = task;
+            self.abort(id, reason, now, out);
+        }
+    }
+
+    /// `_metadata` of `id` was written (`Ok`) or could not be (`Err`).
+    pub fn finalized(
+        &mut self,
+        id: CheckpointId,
+        result: Result<(), String>,
+        now: Duration,
+        out: &mut Vec<CoordinatorAction>,
+    ) {
+        if let Err(e) = result {
+            self.abort(id, CheckpointFailureReason::FinalizeFailed(e), now, out);
+            return;
+        }
+        let Some(p) = self.pending.remove(&id) else {
+            return;
+        };
+        let duration = now.saturating_sub(p.triggered_at);
+        self.completed += 1;
+        self.consecutive_failures = 0;
+        self.last_completion = Some(now);
+        self.latest_completed = Some(id);
+        if self.durations.len() == DURATION_HISTORY {
+            self.durations.pop_front();
+        }
+        self.durations.push_back(duration);
+        if let Some(s) = self.history.iter_mut().find(|s| s.id == id) {
+            s.status = CheckpointStatus::Completed;
+            s.end_to_end = Some(duration);
+        }
+        out.push(CoordinatorAction::NotifyComplete {
+            id,
+            tasks: self.setup.tasks_to_wait_for.clone(),
+        });
+        // Older pending checkpoints are subsumed (savepoints are not).
+        let older: Vec<CheckpointId> = self
+            .pending
+            .iter()
+            .filter(|(pid, pp)| **pid < id && pp.kind == SnapshotKind::Checkpoint)
+            .map(|(pid, _)| *pid)
+            .collect();
+        for old in older {
+            self.abort(old, CheckpointFailureReason::Subsumed, now, out);
+        }
+    }
+
+    fn abort(
+        &mut self,
+        id: CheckpointId,
+        reason: CheckpointFailureReason,
+        now: Duration,
+        out: &mut Vec<CoordinatorAction>,
+    ) {
+        let Some(p) = self.pending.remove(&id) else {
+            return;
+        };
+        self.failed += 1;
+        if let Some(s) = self.history.iter_mut().find(|s| s.id == id) {
+            s.status = CheckpointStatus::Failed(reason.clone());
+            s.end_to_end = Some(now.saturating_sub(p.triggered_at));
+        }
+        let counts = reason.counts_as_failure();
+        out.push(CoordinatorAction::NotifyAborted {
+            id,
+            reason: reason.clone(),
+            tasks: self.setup.tasks_to_wait_for.clone(),
+        });
+        if counts {
+            self.consecutive_failures += 1;
+            if let Some(tolerable) = self.setup.config.tolerable_failed_checkpoints
+                && self.consecutive_failures > tolerable
+            {
+                out.push(CoordinatorAction::FailJob {
+                    reason: format!(
+                        "exceeded the tolerable failed checkpoints ({tolerable}): {} consecutive failures, the last: checkpoint {id} {reason}",
+                        self.consecutive_failures
+                    ),
+                });
+                self.consecutive_failures = 0;
+            }
+        }
+    }
+
+    fn push_history(&mut self, s: CheckpointStats) {
+        if self.history.len() == STATS_HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(s);
+    }
+
+    /// The last [`STATS_HISTORY`] checkpoints, oldest first.
+    pub fn history(&self) -> impl Iterator<Item = &CheckpointStats> {
+        self.history.iter()
+    }
+
+    /// The statistics of checkpoint `id`, if still in the history.
+    pub fn stats(&self, id: CheckpointId) -> Option<&CheckpointStats> {
+        self.history.iter().find(|s| s.id == id)
+    }
+
+    /// Counts of completed and failed checkpoints.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.completed, self.failed)
+    }
+
+    /// End-to-end durations of recent completed checkpoints, oldest first.
+    pub fn completed_durations(&self) -> impl Iterator<Item = Duration> + '_ {
+        self.durations.iter().copied()
+    }
+
+    /// The newest completed checkpoint.
+    pub fn latest_completed(&self) -> Option<CheckpointId> {
+        self.latest_completed
+    }
+
+    /// The ids pending now.
+    pub fn pending_ids(&self) -> Vec<CheckpointId> {
+        self.pending.keys().copied().collect()
+    }
+
+    /// The id the next checkpoint will get.
+    pub fn next_checkpoint_id(&self) -> u64 {
+        self.next_id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(v: u32, s: u32) -> TaskKey {
+        TaskKey {
+            vertex: VertexId(v),
+            subtask: s,
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn coordinator(config: CheckpointConfig) -> CheckpointCoordinator {
+        let mut c = CheckpointCoordinator::new(CoordinatorSetup {
+            config,
+            tasks_to_trigger: vec![key(0, 0)],
+            tasks_to_wait_for: vec![key(0, 0), key(1, 0), key(1, 1)],
+            next_checkpoint_id: 1,
+            epoch_wall_ms: 1_000_000,
+        });
+        for t in [key(0, 0), key(1, 0), key(1, 1)] {
+            c.task_running(t);
+        }
+        c
+    }
+
+    fn periodic(interval: u64) -> CheckpointConfig {
+        CheckpointConfig {
+            interval: Some(ms(interval)),
+            ..CheckpointConfig::default()
+        }
+    }
+
+    fn ack_all(c: &mut CheckpointCoordinator, id: u64, now: u64, out: &mut Vec<CoordinatorAction>) {
+        for t in [key(0, 0), key(1, 0), key(1, 1)] {
+            c.acknowledge(
+                t,
+                CheckpointId(id),
+                TaskStateSnapshot::default(),
+                SubtaskCheckpointMetrics::default(),
+                ms(now),
+                out,
+            );
+        }
+    }
+
+    #[test]
+    fn inactive_until_running_then_periodic() {
+        let mut c = coordinator(periodic(100));
+        let mut out = vec![];
+        c.tick(ms(500), &mut out);
+        assert!(out.is_empty(), "not active before RUNNING");
+        c.job_status_changed(true, ms(1000), &mut out);
+        assert_eq!(c.next_wakeup(), Some(ms(1100)));
+        c.tick(ms(1050), &mut out);
+        assert!(out.is_empty());
+        c.tick(ms(1100), &mut out);
+        match &out[..] {
+            [
+                CoordinatorAction::Trigger {
+                    id,
+                    timestamp_ms,
+                    tasks,
+                    options,
+                },
+            ] => {
+                assert_eq!(*id, CheckpointId(1));
+                assert_eq!(*timestamp_ms, 1_001_100);
+                assert_eq!(tasks, &vec![key(0, 0)]);
+                assert_eq!(options.alignment, AlignmentType::Aligned);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn off_by_default_but_on_demand_works() {
+        let mut c = coordinator(CheckpointConfig::default());
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        assert_eq!(c.next_wakeup(), None);
+        let id = c.trigger(SnapshotKind::Savepoint, ms(5), &mut out).unwrap();
+        assert_eq!(id, CheckpointId(1));
+    }
+
+    #[test]
+    fn completes_after_all_acks_and_notifies() {
+        let mut c = coordinator(periodic(100));
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.tick(ms(100), &mut out);
+        out.clear();
+        c.acknowledge(
+            key(1, 0),
+            CheckpointId(1),
+            TaskStateSnapshot::default(),
+            SubtaskCheckpointMetrics::default(),
+            ms(101),
+            &mut out,
+        );
+        assert!(out.is_empty());
+        // A duplicate acknowledgement changes nothing.
+        c.acknowledge(
+            key(1, 0),
+            CheckpointId(1),
+            TaskStateSnapshot::default(),
+            SubtaskCheckpointMetrics::default(),
+            ms(101),
+            &mut out,
+        );
+        ack_all(&mut c, 1, 102, &mut out);
+        assert!(
+            matches!(&out[..], [CoordinatorAction::Finalize { id: CheckpointId(1), acks, .. }] if acks.len() == 3)
+        );
+        out.clear();
+        c.finalized(CheckpointId(1), Ok(()), ms(110), &mut out);
+        assert!(
+            matches!(&out[..], [CoordinatorAction::NotifyComplete { id: CheckpointId(1), tasks }] if tasks.len() == 3)
+        );
+        let s = c.stats(CheckpointId(1)).unwrap();
+        assert_eq!(s.status, CheckpointStatus::Completed);
+        assert_eq!(s.end_to_end, Some(ms(10)));
+        assert_eq!(c.latest_completed(), Some(CheckpointId(1)));
+    }
+
+    #[test]
+    fn timeout_aborts_and_notifies() {
+        let mut c = coordinator(CheckpointConfig {
+            timeout: ms(50),
+            ..periodic(100)
+        });
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.tick(ms(100), &mut out);
+        out.clear();
+        assert_eq!(c.next_wakeup(), Some(ms(150)));
+        c.tick(ms(150), &mut out);
+        assert!(matches!(
+            &out[0],
+            CoordinatorAction::NotifyAborted {
+                id: CheckpointId(1),
+                reason: CheckpointFailureReason::Expired,
+                ..
+            }
+        ));
+        // A late acknowledgement is ignored.
+        out.clear();
+        ack_all(&mut c, 1, 160, &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn concurrency_limit_and_min_pause() {
+        let mut c = coordinator(CheckpointConfig {
+            min_pause: ms(30),
+            ..periodic(10)
+        });
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.tick(ms(10), &mut out);
+        assert_eq!(c.pending_ids(), vec![CheckpointId(1)]);
+        assert_eq!(
+            c.trigger(SnapshotKind::Checkpoint, ms(12), &mut out),
+            Err(TriggerRefusal::TooManyConcurrent(1))
+        );
+        c.tick(ms(20), &mut out);
+        assert_eq!(
+            c.pending_ids(),
+            vec![CheckpointId(1)],
+            "periodic trigger skipped at the limit"
+        );
+        ack_all(&mut c, 1, 25, &mut out);
+        c.finalized(CheckpointId(1), Ok(()), ms(25), &mut out);
+        assert_eq!(
+            c.trigger(SnapshotKind::Checkpoint, ms(40), &mut out),
+            Err(TriggerRefusal::MinPause(ms(55)))
+        );
+        out.clear();
+        c.tick(ms(40), &mut out);
+        assert!(out.is_empty());
+        assert_eq!(
+            c.next_wakeup(),
+            Some(ms(55)),
+            "periodic trigger moved to the end of the pause"
+        );
+        c.tick(ms(55), &mut out);
+        assert!(matches!(
+            &out[..],
+            [CoordinatorAction::Trigger {
+                id: CheckpointId(2),
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn not_all_tasks_running_refuses() {
+        let mut c = coordinator(periodic(10));
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.task_finished(key(0, 0), ms(5), &mut out);
+        assert_eq!(
+            c.trigger(SnapshotKind::Checkpoint, ms(10), &mut out),
+            Err(TriggerRefusal::NotAllTasksRunning(key(0, 0)))
+        );
+    }
+
+    #[test]
+    fn finished_task_aborts_pending() {
+        let mut c = coordinator(periodic(10));
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.tick(ms(10), &mut out);
+        out.clear();
+        c.task_finished(key(1, 1), ms(11), &mut out);
+        assert!(matches!(
+            &out[..],
+            [CoordinatorAction::NotifyAborted {
+                reason: CheckpointFailureReason::TaskFinished(_),
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn tolerable_failures_count_consecutive_counted_kinds() {
+        let mut c = coordinator(CheckpointConfig {
+            tolerable_failed_checkpoints: Some(1),
+            ..periodic(10)
+        });
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        let fail_job = |out: &Vec<CoordinatorAction>| {
+            out.iter()
+                .any(|a| matches!(a, CoordinatorAction::FailJob { .. }))
+        };
+        // A decline does not count.
+        c.tick(ms(10), &mut out);
+        c.decline(
+            key(1, 0),
+            CheckpointId(1),
+            CheckpointFailureReason::Declined {
+                task: key(1, 0),
+                reason: "closing".into(),
+            },
+            ms(11),
+            &mut out,
+        );
+        // One storage failure is tolerated...
+        c.tick(ms(21), &mut out);
+        c.trigger_failed(CheckpointId(2), "disk full".into(), ms(22), &mut out);
+        assert!(!fail_job(&out));
+        // ...a success resets the count...
+        c.tick(ms(32), &mut out);
+        ack_all(&mut c, 3, 33, &mut out);
+        c.finalized(CheckpointId(3), Ok(()), ms(34), &mut out);
+        c.tick(ms(44), &mut out);
+        c.finalized(CheckpointId(4), Err("io".into()), ms(45), &mut out);
+        assert!(!fail_job(&out));
+        // ...and the second consecutive one fails the job.
+        c.tick(ms(55), &mut out);
+        c.tick(ms(55) + CheckpointConfig::default().timeout, &mut out);
+        assert!(fail_job(&out), "{out:?}");
+        let reasons: Vec<String> = c.history().map(|s| format!("{:?}", s.status)).collect();
+        assert_eq!(reasons.len(), 6, "five failed or completed, and the periodic trigger after the timeout");
+    }
+
+    #[test]
+    fn completion_subsumes_older_pending_and_job_stop_aborts_all() {
+        let mut c = coordinator(CheckpointConfig {
+            max_concurrent: 2,
+            ..periodic(10)
+        });
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.tick(ms(10), &mut out);
+        c.tick(ms(20), &mut out);
+        assert_eq!(c.pending_ids().len(), 2);
+        ack_all(&mut c, 2, 21, &mut out);
+        out.clear();
+        c.finalized(CheckpointId(2), Ok(()), ms(22), &mut out);
+        assert!(matches!(
+            &out[1],
+            CoordinatorAction::NotifyAborted {
+                id: CheckpointId(1),
+                reason: CheckpointFailureReason::Subsumed,
+                ..
+            }
+        ));
+        c.tick(ms(32), &mut out);
+        out.clear();
+        c.job_status_changed(false, ms(33), &mut out);
+        assert!(matches!(
+            &out[..],
+            [CoordinatorAction::NotifyAborted {
+                id: CheckpointId(3),
+                reason: CheckpointFailureReason::JobNotRunning,
+                ..
+            }]
+        ));
+        assert_eq!(c.next_wakeup(), None);
+    }
+}
