@@ -971,7 +971,11 @@ mod tests {
         c.tick(ms(55) + CheckpointConfig::default().timeout, &mut out);
         assert!(fail_job(&out), "{out:?}");
         let reasons: Vec<String> = c.history().map(|s| format!("{:?}", s.status)).collect();
-        assert_eq!(reasons.len(), 6, "five failed or completed, and the periodic trigger after the timeout");
+        assert_eq!(
+            reasons.len(),
+            6,
+            "five failed or completed, and the periodic trigger after the timeout"
+        );
     }
 
     #[test]

@@ -25,7 +25,9 @@ pub enum CheckpointError {
         reason: String,
     },
     /// No complete checkpoint where one was expected.
-    #[error("no complete checkpoint at '{0}': no _metadata found in it, in its chk-* directories, or in its <job-id>/chk-* directories")]
+    #[error(
+        "no complete checkpoint at '{0}': no _metadata found in it, in its chk-* directories, or in its <job-id>/chk-* directories"
+    )]
     NoCompleteCheckpoint(String),
     /// The storage was configured wrongly.
     #[error("invalid checkpoint storage configuration: {0}")]

@@ -68,7 +68,11 @@ impl CheckpointMetadata {
     /// Encodes the file: an envelope around the postcard payload.
     pub fn to_bytes(&self) -> Result<Vec<u8>, CheckpointError> {
         let payload = weir_core::codec::encode("checkpoint metadata", self)?;
-        Ok(weir_core::codec::seal(METADATA_MAGIC, METADATA_VERSION, &payload))
+        Ok(weir_core::codec::seal(
+            METADATA_MAGIC,
+            METADATA_VERSION,
+            &payload,
+        ))
     }
 
     /// Decodes and checks the file; `path` names it in errors.

@@ -113,14 +113,18 @@ pub trait CheckpointStorage: Send + Sync + 'static {
     async fn discard(&self, location: &CheckpointLocation) -> Result<(), CheckpointError>;
 
     /// Every `chk-<n>` of `job`, complete or not, sorted by id.
-    async fn list_checkpoints(&self, job: JobId) -> Result<Vec<CheckpointListing>, CheckpointError>;
+    async fn list_checkpoints(&self, job: JobId)
+    -> Result<Vec<CheckpointListing>, CheckpointError>;
 
     /// Finds checkpoints under a path a user gave (relative to the root; `""` is the root):
     /// the path itself if it holds `_metadata`; else its `chk-<n>` children; else the `chk-<n>`
     /// of its `<job-id>` children. Sorted by id, newest last, complete or not.
-    async fn find_checkpoints(&self, path: &str) -> Result<Vec<CheckpointListing>, CheckpointError>;
+    async fn find_checkpoints(&self, path: &str)
+    -> Result<Vec<CheckpointListing>, CheckpointError>;
 }
 
 pub use opendal_impl::OpendalCheckpointStorage;
+
+pub mod conformance;
 
 mod opendal_impl;

@@ -1,5 +1,665 @@
-//! [`CheckpointStorage`](super::CheckpointStorage) over an opendal `Operator` (being written).
+//! [`CheckpointStorage`](super::CheckpointStorage) over an opendal `Operator`: Flink's layout on
+//! any opendal service (fs and memory here; s3 and others through [`OpendalCheckpointStorage::from_operator`]).
+
+use super::{CheckpointListing, CheckpointLocation, CheckpointStorage};
+use crate::{CheckpointError, CheckpointMetadata};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use opendal::{ErrorKind, Operator, services};
+use tracing::debug;
+use weir_core::handle::StreamStateHandle;
+use weir_core::ids::{CheckpointId, JobId};
+
+/// The name of the file whose presence marks a checkpoint complete.
+const METADATA_FILE: &str = "_metadata";
+/// Where `_metadata` is written before it is renamed into place, on services that can rename.
+const METADATA_INPROGRESS_FILE: &str = "_metadata.inprogress";
+/// How many `_metadata` stats a listing runs at once.
+const LIST_CONCURRENCY: usize = 16;
 
 /// Checkpoint storage over any opendal service.
-#[derive(Debug)]
-pub struct OpendalCheckpointStorage;
+///
+/// State at or below the inline threshold is returned as [`StreamStateHandle::Inline`] and ends up
+/// inside `_metadata`; larger state becomes a file `<location>/<name>`. `_metadata` is written to
+/// `_metadata.inprogress` and renamed into place where the service can rename (fs); elsewhere it
+/// is one write, which object stores and the memory service make atomic.
+#[derive(Clone, Debug)]
+pub struct OpendalCheckpointStorage {
+    op: Operator,
+    description: String,
+    inline_threshold: usize,
+}
+
+impl OpendalCheckpointStorage {
+    /// The default inline threshold: 20 KiB, Flink's `state.storage.fs.memory-threshold`.
+    pub const DEFAULT_INLINE_THRESHOLD: usize = 20 * 1024;
+
+    /// Storage in a local directory (opendal's fs service). The directory is created if needed;
+    /// a root that cannot be created (for example one below a regular file) is a
+    /// [`CheckpointError::Storage`] error naming it.
+    pub fn fs(root: impl AsRef<std::path::Path>) -> Result<Self, CheckpointError> {
+        let root = root.as_ref();
+        let absolute = std::path::absolute(root).map_err(|e| {
+            CheckpointError::Config(format!(
+                "cannot make checkpoint directory '{}' absolute: {e}",
+                root.display()
+            ))
+        })?;
+        let Some(root_str) = absolute.to_str() else {
+            return Err(CheckpointError::Config(format!(
+                "checkpoint directory '{}' is not valid UTF-8",
+                absolute.display()
+            )));
+        };
+        let description = format!("file://{root_str}");
+        let op = Operator::new(services::Fs::default().root(root_str)).map_err(|source| {
+            CheckpointError::Storage {
+                path: description.clone(),
+                source,
+            }
+        })?;
+        Ok(Self::from_operator(op, description))
+    }
+
+    /// Storage in memory (opendal's memory service): for tests and for jobs that need no recovery
+    /// across processes. Each call gets its own, empty store.
+    pub fn memory() -> Result<Self, CheckpointError> {
+        let description = "memory://".to_string();
+        let op = Operator::new(services::Memory::default()).map_err(|source| {
+            CheckpointError::Storage {
+                path: description.clone(),
+                source,
+            }
+        })?;
+        Ok(Self::from_operator(op, description))
+    }
+
+    /// Storage over an operator built elsewhere (s3, gcs, …). `description` says where its root
+    /// is (`s3://bucket/prefix`); it is shown to users and prefixes every path in errors.
+    pub fn from_operator(op: Operator, description: String) -> Self {
+        OpendalCheckpointStorage {
+            op,
+            description,
+            inline_threshold: Self::DEFAULT_INLINE_THRESHOLD,
+        }
+    }
+
+    /// Sets the inline threshold: state of at most `bytes` bytes is kept inside `_metadata`
+    /// instead of in a file of its own.
+    pub fn with_inline_threshold(mut self, bytes: usize) -> Self {
+        self.inline_threshold = bytes;
+        self
+    }
+
+    /// The inline threshold in bytes.
+    pub fn inline_threshold(&self) -> usize {
+        self.inline_threshold
+    }
+
+    /// The underlying operator, for raw access (inspection tools and tests).
+    pub fn operator(&self) -> &Operator {
+        &self.op
+    }
+
+    /// The user-facing name of `rel` (a path relative to the root): the description followed by
+    /// the path, for example `file:///tmp/ckpt/<job>/chk-3/_metadata`.
+    fn full_path(&self, rel: &str) -> String {
+        if rel.is_empty() || self.description.ends_with('/') {
+            format!("{}{rel}", self.description)
+        } else {
+            format!("{}/{rel}", self.description)
+        }
+    }
+
+    /// Wraps an opendal error on `rel` with the full path.
+    fn storage_err(&self, rel: &str) -> impl FnOnce(opendal::Error) -> CheckpointError + use<> {
+        let path = self.full_path(rel);
+        move |source| CheckpointError::Storage { path, source }
+    }
+
+    fn can_rename(&self) -> bool {
+        self.op.info().capability().rename
+    }
+
+    fn can_create_dir(&self) -> bool {
+        self.op.info().capability().create_dir
+    }
+
+    /// The immediate children of directory `dir` (`""` or ending in `/`): each child's name
+    /// without a trailing `/`, and whether it is a directory.
+    async fn list_children(&self, dir: &str) -> Result<Vec<(String, bool)>, CheckpointError> {
+        let entries = self
+            .op
+            .list_with(dir)
+            .recursive(false)
+            .await
+            .map_err(self.storage_err(dir))?;
+        let mut children = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let path = entry.path();
+            let Some(rest) = path.strip_prefix(dir) else {
+                continue;
+            };
+            let rest = rest.strip_prefix('/').unwrap_or(rest);
+            let is_dir = rest.ends_with('/') || entry.metadata().mode().is_dir();
+            let name = rest.trim_end_matches('/');
+            if name.is_empty() || name.contains('/') {
+                // The directory itself, or something deeper that a service returned anyway.
+                continue;
+            }
+            children.push((name.to_string(), is_dir));
+        }
+        children.sort();
+        children.dedup();
+        Ok(children)
+    }
+
+    /// The `chk-<n>` directories directly under `dir`, with their completeness, sorted by id.
+    async fn checkpoints_in(&self, dir: &str) -> Result<Vec<CheckpointListing>, CheckpointError> {
+        let children = self.list_children(dir).await?;
+        let candidates: Vec<(CheckpointId, CheckpointLocation)> = children
+            .into_iter()
+            .filter(|(_, is_dir)| *is_dir)
+            .filter_map(|(name, _)| {
+                parse_chk(&name).map(|id| {
+                    (
+                        id,
+                        CheckpointLocation {
+                            dir: format!("{dir}{name}/"),
+                        },
+                    )
+                })
+            })
+            .collect();
+        let mut listings: Vec<CheckpointListing> = futures::stream::iter(candidates)
+            .map(|(id, location)| async move {
+                let complete = self.has_metadata(&location).await?;
+                Ok::<_, CheckpointError>(CheckpointListing {
+                    id,
+                    location,
+                    complete,
+                })
+            })
+            .buffered(LIST_CONCURRENCY)
+            .try_collect()
+            .await?;
+        listings.sort_by(|a, b| (a.id, &a.location).cmp(&(b.id, &b.location)));
+        Ok(listings)
+    }
+
+    /// Whether `location` holds a `_metadata` file.
+    async fn has_metadata(&self, location: &CheckpointLocation) -> Result<bool, CheckpointError> {
+        let path = location.metadata_path();
+        match self.op.stat(&path).await {
+            Ok(meta) => Ok(meta.mode().is_file()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(self.storage_err(&path)(e)),
+        }
+    }
+}
+
+/// The id of a directory named `chk-<n>` (canonical decimal, as [`CheckpointLocation`] writes it).
+fn parse_chk(name: &str) -> Option<CheckpointId> {
+    let digits = name.strip_prefix("chk-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    (format!("chk-{n}") == name).then_some(CheckpointId(n))
+}
+
+/// Checks that `name` is a plain file name that may hold state.
+fn validate_state_name(name: &str) -> Result<(), CheckpointError> {
+    let bad = |why: &str| {
+        Err(CheckpointError::Config(format!(
+            "invalid state file name {name:?}: {why}"
+        )))
+    };
+    if name.is_empty() {
+        return bad("it is empty");
+    }
+    if name == "." || name == ".." {
+        return bad("it must be a plain file name");
+    }
+    if name.contains(['/', '\\']) {
+        return bad("it must be a plain file name, without '/' or '\\'");
+    }
+    if name.contains('\0') || name.chars().any(char::is_control) {
+        return bad("it contains control characters");
+    }
+    if name == METADATA_FILE || name == METADATA_INPROGRESS_FILE {
+        return bad("the name is reserved for the checkpoint's metadata");
+    }
+    Ok(())
+}
+
+/// A location's directory as a prefix: empty, or ending in `/`.
+fn dir_of(location: &CheckpointLocation) -> String {
+    let dir = location.dir.trim_start_matches('/');
+    if dir.is_empty() || dir.ends_with('/') {
+        dir.to_string()
+    } else {
+        format!("{dir}/")
+    }
+}
+
+/// Resolves `rel` (a handle's path) against `dir`, lexically, refusing to leave the root.
+fn resolve(dir: &str, rel: &str) -> Result<String, CheckpointError> {
+    if rel.is_empty() || rel.starts_with('/') || rel.ends_with('/') || rel.contains('\\') {
+        return Err(CheckpointError::Config(format!(
+            "invalid state file path {rel:?} in location '{dir}': it must be a relative file path"
+        )));
+    }
+    let mut parts: Vec<&str> = dir.split('/').filter(|s| !s.is_empty()).collect();
+    for seg in rel.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() {
+                    return Err(CheckpointError::Config(format!(
+                        "state file path {rel:?} in location '{dir}' leaves the storage root"
+                    )));
+                }
+            }
+            s => parts.push(s),
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+/// Normalises a user-given directory path (relative to the root) to `""` or `a/b/`.
+fn normalize_dir(path: &str) -> Result<String, CheckpointError> {
+    let trimmed = path.trim_matches('/');
+    if trimmed.is_empty() {
+        return Ok(String::new());
+    }
+    let mut out = String::with_capacity(trimmed.len() + 1);
+    for seg in trimmed.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                return Err(CheckpointError::Config(format!(
+                    "checkpoint path {path:?} must not contain '..'"
+                )));
+            }
+            s => {
+                out.push_str(s);
+                out.push('/');
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The last segment of a directory prefix (`"a/chk-3/"` → `"chk-3"`).
+fn last_segment(dir: &str) -> &str {
+    dir.trim_end_matches('/').rsplit('/').next().unwrap_or("")
+}
+
+/// The error for a range outside the data.
+fn range_error(path: String, range: (u64, u64), len: u64) -> CheckpointError {
+    CheckpointError::Storage {
+        source: opendal::Error::new(
+            ErrorKind::RangeNotSatisfied,
+            format!(
+                "range {}..{} is outside the {len} bytes of the state",
+                range.0, range.1
+            ),
+        ),
+        path,
+    }
+}
+
+#[async_trait]
+impl CheckpointStorage for OpendalCheckpointStorage {
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+
+    async fn check_writable(&self) -> Result<(), CheckpointError> {
+        // Writing the probe creates the root where directories exist (fs creates parents).
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let probe = format!("_weir-write-probe-{}-{nanos}", std::process::id());
+        self.op
+            .write(&probe, b"weir".to_vec())
+            .await
+            .map_err(self.storage_err(&probe))?;
+        self.op
+            .delete(&probe)
+            .await
+            .map_err(self.storage_err(&probe))?;
+        debug!(root = %self.description, "checkpoint storage is writable");
+        Ok(())
+    }
+
+    async fn init_location(
+        &self,
+        job: JobId,
+        id: CheckpointId,
+    ) -> Result<CheckpointLocation, CheckpointError> {
+        let location = CheckpointLocation::for_checkpoint(job, id);
+        if self.can_create_dir() {
+            self.op
+                .create_dir(&location.dir)
+                .await
+                .map_err(self.storage_err(&location.dir))?;
+        }
+        debug!(location = %self.full_path(&location.dir), "initialised checkpoint location");
+        Ok(location)
+    }
+
+    async fn write_state(
+        &self,
+        location: &CheckpointLocation,
+        name: &str,
+        bytes: Bytes,
+    ) -> Result<StreamStateHandle, CheckpointError> {
+        validate_state_name(name)?;
+        let dir = dir_of(location);
+        if bytes.len() <= self.inline_threshold {
+            debug!(location = %self.full_path(&dir), name, size = bytes.len(), "inlined state");
+            return Ok(StreamStateHandle::Inline(bytes.to_vec()));
+        }
+        let path = format!("{dir}{name}");
+        let size = bytes.len() as u64;
+        let crc32 = crc32fast::hash(&bytes);
+        self.op
+            .write(&path, bytes)
+            .await
+            .map_err(self.storage_err(&path))?;
+        debug!(path = %self.full_path(&path), size, crc32, "wrote state file");
+        Ok(StreamStateHandle::File {
+            path: name.to_string(),
+            size,
+            crc32,
+        })
+    }
+
+    async fn read_state(
+        &self,
+        location: &CheckpointLocation,
+        handle: &StreamStateHandle,
+        range: Option<(u64, u64)>,
+    ) -> Result<Bytes, CheckpointError> {
+        let dir = dir_of(location);
+        match handle {
+            StreamStateHandle::Inline(data) => match range {
+                None => Ok(Bytes::copy_from_slice(data)),
+                Some((start, end)) => {
+                    let len = data.len() as u64;
+                    if start > end || end > len {
+                        return Err(range_error(
+                            self.full_path(&format!("{dir}<inline state>")),
+                            (start, end),
+                            len,
+                        ));
+                    }
+                    // Both bounds are at most `data.len()`, so they fit in usize.
+                    Ok(Bytes::copy_from_slice(&data[start as usize..end as usize]))
+                }
+            },
+            StreamStateHandle::File { path, size, crc32 } => {
+                let rel = resolve(&dir, path)?;
+                let full = self.full_path(&rel);
+                match range {
+                    None => {
+                        let data = self
+                            .op
+                            .read(&rel)
+                            .await
+                            .map_err(self.storage_err(&rel))?
+                            .to_bytes();
+                        if data.len() as u64 != *size {
+                            return Err(CheckpointError::Corrupt {
+                                path: full,
+                                reason: format!(
+                                    "length mismatch: the handle says {size} bytes, the file has {}{}",
+                                    data.len(),
+                                    if (data.len() as u64) < *size {
+                                        " (truncated)"
+                                    } else {
+                                        ""
+                                    }
+                                ),
+                            });
+                        }
+                        let actual = crc32fast::hash(&data);
+                        if actual != *crc32 {
+                            return Err(CheckpointError::Corrupt {
+                                path: full,
+                                reason: format!(
+                                    "checksum mismatch: the handle says {crc32:08x}, the file has {actual:08x}"
+                                ),
+                            });
+                        }
+                        debug!(path = %full, size, "read state file");
+                        Ok(data)
+                    }
+                    Some((start, end)) => {
+                        if start > end || end > *size {
+                            return Err(range_error(full, (start, end), *size));
+                        }
+                        if start == end {
+                            return Ok(Bytes::new());
+                        }
+                        let data = match self.op.read_with(&rel).range(start..end).await {
+                            Ok(buffer) => buffer.to_bytes(),
+                            // The range is inside the handle's size, so the file is shorter
+                            // than the handle says.
+                            Err(e) if e.kind() == ErrorKind::RangeNotSatisfied => {
+                                return Err(CheckpointError::Corrupt {
+                                    path: full,
+                                    reason: format!(
+                                        "truncated: reading {start}..{end} of a {size}-byte file failed: {e}"
+                                    ),
+                                });
+                            }
+                            Err(e) => return Err(self.storage_err(&rel)(e)),
+                        };
+                        if data.len() as u64 != end - start {
+                            return Err(CheckpointError::Corrupt {
+                                path: full,
+                                reason: format!(
+                                    "truncated: reading {start}..{end} of a {size}-byte file returned {} bytes",
+                                    data.len()
+                                ),
+                            });
+                        }
+                        debug!(path = %full, start, end, "read state file range");
+                        Ok(data)
+                    }
+                }
+            }
+        }
+    }
+
+    async fn write_metadata(
+        &self,
+        location: &CheckpointLocation,
+        metadata: &CheckpointMetadata,
+    ) -> Result<(), CheckpointError> {
+        let dir = dir_of(location);
+        let bytes = metadata.to_bytes()?;
+        let size = bytes.len();
+        let target = format!("{dir}{METADATA_FILE}");
+        if self.can_rename() {
+            let temp = format!("{dir}{METADATA_INPROGRESS_FILE}");
+            self.op
+                .write(&temp, bytes)
+                .await
+                .map_err(self.storage_err(&temp))?;
+            if let Err(e) = self.op.rename(&temp, &target).await {
+                // Best effort: leave no half-done metadata behind; the rename error is the one
+                // that matters.
+                if let Err(cleanup) = self.op.delete(&temp).await {
+                    debug!(path = %self.full_path(&temp), error = %cleanup, "could not remove in-progress metadata");
+                }
+                return Err(self.storage_err(&target)(e));
+            }
+        } else {
+            self.op
+                .write(&target, bytes)
+                .await
+                .map_err(self.storage_err(&target))?;
+        }
+        debug!(
+            path = %self.full_path(&target),
+            size,
+            checkpoint = metadata.checkpoint_id.0,
+            "wrote checkpoint metadata"
+        );
+        Ok(())
+    }
+
+    async fn read_metadata(
+        &self,
+        location: &CheckpointLocation,
+    ) -> Result<CheckpointMetadata, CheckpointError> {
+        let path = format!("{}{METADATA_FILE}", dir_of(location));
+        let full = self.full_path(&path);
+        let data = self
+            .op
+            .read(&path)
+            .await
+            .map_err(self.storage_err(&path))?
+            .to_vec();
+        let metadata = CheckpointMetadata::from_bytes(&full, &data)?;
+        debug!(path = %full, size = data.len(), "read checkpoint metadata");
+        Ok(metadata)
+    }
+
+    async fn discard(&self, location: &CheckpointLocation) -> Result<(), CheckpointError> {
+        let dir = dir_of(location);
+        if dir.is_empty() {
+            return Err(CheckpointError::Config(format!(
+                "refusing to discard the storage root {}",
+                self.description
+            )));
+        }
+        match self.op.delete_with(&dir).recursive(true).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(self.storage_err(&dir)(e)),
+        }
+        debug!(location = %self.full_path(&dir), "discarded checkpoint location");
+        Ok(())
+    }
+
+    async fn list_checkpoints(
+        &self,
+        job: JobId,
+    ) -> Result<Vec<CheckpointListing>, CheckpointError> {
+        self.checkpoints_in(&format!("{job}/")).await
+    }
+
+    async fn find_checkpoints(
+        &self,
+        path: &str,
+    ) -> Result<Vec<CheckpointListing>, CheckpointError> {
+        let dir = normalize_dir(path)?;
+        let children = self.list_children(&dir).await?;
+        let own_id = parse_chk(last_segment(&dir));
+
+        // The path itself holds `_metadata` (a checkpoint or savepoint directory).
+        if children.iter().any(|(n, d)| n == METADATA_FILE && !d) {
+            let location = CheckpointLocation { dir };
+            let id = match own_id {
+                Some(id) => id,
+                None => self.read_metadata(&location).await?.checkpoint_id,
+            };
+            return Ok(vec![CheckpointListing {
+                id,
+                location,
+                complete: true,
+            }]);
+        }
+        // The path is a `chk-<n>` directory without `_metadata`: a partial checkpoint (listed
+        // even when empty, as `list_checkpoints` lists an initialised location).
+        if let Some(id) = own_id
+            && (!children.is_empty()
+                || self.op.exists(&dir).await.map_err(self.storage_err(&dir))?)
+        {
+            return Ok(vec![CheckpointListing {
+                id,
+                location: CheckpointLocation { dir },
+                complete: false,
+            }]);
+        }
+        // Its `chk-<n>` children (a job directory).
+        let here = self.checkpoints_in(&dir).await?;
+        if !here.is_empty() {
+            return Ok(here);
+        }
+        // The `chk-<n>` of its `<job-id>` children (a storage root).
+        let mut all = Vec::new();
+        for (name, is_dir) in &children {
+            if *is_dir && JobId::parse(name).is_some() {
+                all.extend(self.checkpoints_in(&format!("{dir}{name}/")).await?);
+            }
+        }
+        all.sort_by(|a, b| (a.id, &a.location).cmp(&(b.id, &b.location)));
+        Ok(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chk_names_parse_only_in_canonical_form() {
+        assert_eq!(parse_chk("chk-7"), Some(CheckpointId(7)));
+        assert_eq!(parse_chk("chk-0"), Some(CheckpointId(0)));
+        for bad in [
+            "chk-", "chk-007", "chk-+7", "chk-7a", "chk--1", "shared", "chk-7/",
+        ] {
+            assert_eq!(parse_chk(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn state_names_must_be_plain() {
+        assert!(validate_state_name("op-1-subtask-0.keyed").is_ok());
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "/a",
+            "a\\b",
+            "_metadata",
+            "_metadata.inprogress",
+            "a\nb",
+        ] {
+            assert!(
+                matches!(validate_state_name(bad), Err(CheckpointError::Config(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn handle_paths_resolve_inside_the_root() {
+        assert_eq!(resolve("j/chk-1/", "s").unwrap(), "j/chk-1/s");
+        assert_eq!(resolve("j/chk-1/", "../shared/x").unwrap(), "j/shared/x");
+        assert_eq!(resolve("", "s").unwrap(), "s");
+        assert!(resolve("j/chk-1/", "../../../etc/passwd").is_err());
+        assert!(resolve("j/chk-1/", "/etc/passwd").is_err());
+        assert!(resolve("j/chk-1/", "").is_err());
+    }
+
+    #[test]
+    fn user_paths_normalise() {
+        assert_eq!(normalize_dir("").unwrap(), "");
+        assert_eq!(normalize_dir("/").unwrap(), "");
+        assert_eq!(normalize_dir("a/chk-3").unwrap(), "a/chk-3/");
+        assert_eq!(normalize_dir("/a//chk-3/").unwrap(), "a/chk-3/");
+        assert!(normalize_dir("a/../b").is_err());
+        assert_eq!(last_segment("a/chk-3/"), "chk-3");
+        assert_eq!(last_segment(""), "");
+    }
+}
