@@ -6,7 +6,9 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum CoreError {
     /// Parallelism must be in `1..=max_parallelism`.
-    #[error("invalid parallelism {parallelism} for {what}: it must be between 1 and the max parallelism {max_parallelism}")]
+    #[error(
+        "invalid parallelism {parallelism} for {what}: it must be between 1 and the max parallelism {max_parallelism}"
+    )]
     InvalidParallelism {
         /// What the parallelism was set on.
         what: String,

@@ -138,7 +138,11 @@ impl StreamGraph {
         }
         let mut uids: BTreeMap<OperatorId, &str> = BTreeMap::new();
         for n in &self.nodes {
-            check_parallelism(&format!("operator '{}'", n.name), n.parallelism, n.max_parallelism)?;
+            check_parallelism(
+                &format!("operator '{}'", n.name),
+                n.parallelism,
+                n.max_parallelism,
+            )?;
             if let Some(prev) = uids.insert(n.operator_id, &n.name) {
                 return Err(CoreError::InvalidGraph(format!(
                     "operators '{prev}' and '{}' have the same uid {:?}; uids must be unique",
@@ -448,7 +452,12 @@ mod tests {
         let mut eg = ExecutionGraph::new(&jg);
         assert_eq!(eg.subtasks.iter().flatten().count(), 4);
         eg.restart_all();
-        assert!(eg.subtasks.iter().flatten().all(|e| e.attempt == AttemptNumber(1)));
+        assert!(
+            eg.subtasks
+                .iter()
+                .flatten()
+                .all(|e| e.attempt == AttemptNumber(1))
+        );
     }
 
     #[test]

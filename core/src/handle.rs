@@ -75,7 +75,9 @@ impl KeyedStateHandle {
         if !self.key_group_range.contains(kg) {
             return None;
         }
-        self.offsets.get((kg - self.key_group_range.start) as usize).copied()
+        self.offsets
+            .get((kg - self.key_group_range.start) as usize)
+            .copied()
     }
 }
 

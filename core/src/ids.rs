@@ -74,7 +74,9 @@ impl fmt::Debug for OperatorId {
 pub type SubtaskIndex = u32;
 
 /// Which execution attempt of a subtask this is: 0 first, then +1 for each redeployment.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 pub struct AttemptNumber(pub u32);
 
 /// One execution attempt of one subtask of one vertex.

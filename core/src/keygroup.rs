@@ -78,7 +78,10 @@ impl KeyHash for bool {
 impl<A: KeyHash, B: KeyHash> KeyHash for (A, B) {
     /// As Flink's `Tuple2.hashCode`: `31 * hash(f0) + hash(f1)`.
     fn key_hash(&self) -> i32 {
-        self.0.key_hash().wrapping_mul(31).wrapping_add(self.1.key_hash())
+        self.0
+            .key_hash()
+            .wrapping_mul(31)
+            .wrapping_add(self.1.key_hash())
     }
 }
 
@@ -159,7 +162,11 @@ pub fn compute_default_max_parallelism(parallelism: u32) -> u32 {
 }
 
 /// Checks a max parallelism and a parallelism against each other and Flink's bounds.
-pub fn check_parallelism(what: &str, parallelism: u32, max_parallelism: u32) -> Result<(), CoreError> {
+pub fn check_parallelism(
+    what: &str,
+    parallelism: u32,
+    max_parallelism: u32,
+) -> Result<(), CoreError> {
     if max_parallelism == 0 || max_parallelism > UPPER_BOUND_MAX_PARALLELISM {
         return Err(CoreError::InvalidMaxParallelism(max_parallelism));
     }

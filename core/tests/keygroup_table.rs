@@ -133,8 +133,10 @@ const TUPLE_LONG_BOOL_KEYS: &[(i64, bool, i32, u32, u32)] = &[
     (9876543210, false, 1230162669, 3, 1539),
 ];
 
-// (max_parallelism, parallelism, [(start, end) for each operator index])
-const RANGES: &[(u32, u32, &[(u32, u32)])] = &[
+/// `(max_parallelism, parallelism, [(start, end) per operator index])`.
+type RangeRow = (u32, u32, &'static [(u32, u32)]);
+
+const RANGES: &[RangeRow] = &[
     (128, 1, &[(0, 127)]),
     (128, 2, &[(0, 63), (64, 127)]),
     (128, 3, &[(0, 42), (43, 85), (86, 127)]),

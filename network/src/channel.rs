@@ -75,12 +75,15 @@ impl<T: Data> Sender<T> {
         self.raw.poll_ready(cx)
     }
 
+    /// Sends using the credit [`poll_ready`](Self::poll_ready) reported.
+    pub fn start_send(&mut self, element: StreamElement<T>) -> Result<(), NetworkError> {
+        self.raw.start_send(Box::new(element)).map_err(|(_, e)| e)
+    }
+
     /// Waits for a credit, then sends.
     pub async fn send(&mut self, element: StreamElement<T>) -> Result<(), NetworkError> {
         poll_fn(|cx| self.raw.poll_ready(cx)).await?;
-        self.raw
-            .start_send(Box::new(element))
-            .map_err(|(_, e)| e)
+        self.raw.start_send(Box::new(element)).map_err(|(_, e)| e)
     }
 }
 
@@ -134,7 +137,10 @@ pub fn open_output<T: Data>(
     transport: &dyn crate::Transport,
     id: ChannelId,
 ) -> Result<Sender<T>, NetworkError> {
-    Ok(Sender::new(id, transport.open_output(id, ElementCodec::of::<T>())?))
+    Ok(Sender::new(
+        id,
+        transport.open_output(id, ElementCodec::of::<T>())?,
+    ))
 }
 
 /// Opens a typed consumer end.
@@ -142,5 +148,8 @@ pub fn open_input<T: Data>(
     transport: &dyn crate::Transport,
     id: ChannelId,
 ) -> Result<Receiver<T>, NetworkError> {
-    Ok(Receiver::new(id, transport.open_input(id, ElementCodec::of::<T>())?))
+    Ok(Receiver::new(
+        id,
+        transport.open_input(id, ElementCodec::of::<T>())?,
+    ))
 }

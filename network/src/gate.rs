@@ -137,11 +137,19 @@ mod tests {
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         assert!(tx.poll_ready(&mut cx).is_pending());
-        assert_eq!(rx.recv().await.unwrap().unwrap(), StreamElement::Batch(vec![1]));
+        assert_eq!(
+            rx.recv().await.unwrap().unwrap(),
+            StreamElement::Batch(vec![1])
+        );
         assert!(tx.poll_ready(&mut cx).is_ready());
-        tx.send(StreamElement::Event(Event::EndOfInput)).await.unwrap();
+        tx.send(StreamElement::Event(Event::EndOfInput))
+            .await
+            .unwrap();
         drop(tx);
-        assert_eq!(rx.recv().await.unwrap().unwrap(), StreamElement::Batch(vec![2]));
+        assert_eq!(
+            rx.recv().await.unwrap().unwrap(),
+            StreamElement::Batch(vec![2])
+        );
         assert_eq!(
             rx.recv().await.unwrap().unwrap(),
             StreamElement::Event(Event::EndOfInput)
@@ -163,9 +171,19 @@ mod tests {
             tx.send(StreamElement::Batch(vec![1])).await,
             Err(NetworkError::Disconnected(_))
         ));
-        let _orphan = open_output::<u32>(&t, ChannelId { generation: 0, ..id(2) }).unwrap();
+        let _orphan = open_output::<u32>(
+            &t,
+            ChannelId {
+                generation: 0,
+                ..id(2)
+            },
+        )
+        .unwrap();
         t.release_before(1);
-        assert!(open_output::<u32>(&t, id(2)).is_ok(), "released ends can be opened anew");
+        assert!(
+            open_output::<u32>(&t, id(2)).is_ok(),
+            "released ends can be opened anew"
+        );
     }
 
     #[tokio::test]

@@ -79,7 +79,8 @@ pub trait RawSender: Send {
 pub trait RawReceiver: Send {
     /// The next element in order; `Ready(None)` when the producer closed its end and everything
     /// it sent has been read.
-    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<AnyElement, NetworkError>>>;
+    fn poll_recv(&mut self, cx: &mut Context<'_>)
+    -> Poll<Option<Result<AnyElement, NetworkError>>>;
 }
 
 /// Opens the ends of channels.

@@ -171,7 +171,10 @@ impl Drop for LocalSender {
 }
 
 impl RawReceiver for LocalReceiver {
-    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<AnyElement, NetworkError>>> {
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<AnyElement, NetworkError>>> {
         let mut q = lock(&self.shared);
         if let Some(item) = q.items.pop_front() {
             let waker = q.tx_waker.take();

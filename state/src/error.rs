@@ -7,7 +7,9 @@ use weir_core::CoreError;
 #[derive(Debug, Error)]
 pub enum StateError {
     /// More states than the format can number (`i16::MAX`).
-    #[error("too many registered states: at most {max} states per operator, and '{name}' would be number {count}")]
+    #[error(
+        "too many registered states: at most {max} states per operator, and '{name}' would be number {count}"
+    )]
     TooManyStates {
         /// The state that did not fit.
         name: String,

@@ -1,5 +1,762 @@
-//! The heap keyed-state backend (being written).
+//! The heap keyed-state backend: one hash table per state and key group behind an `Arc`,
+//! copy-on-write snapshots, and restore by key group.
+//!
+//! Each registered state keeps, for every key group of the backend's range, an
+//! `Arc<HashMap<K, V>>` (hashbrown with the Fx hasher, the map inside `rustc_hash::FxHashMap`).
+//! Writes go through [`Arc::make_mut`], so a key group's table is copied only when it is written
+//! while a snapshot still holds it. [`KeyedStateBackend::snapshot`] clones the `Arc`s (cost
+//! O(key groups × states), whatever the number of entries); the returned [`KeyedSnapshot`] owns
+//! that frozen view and encodes it later, on another thread, in the [`crate::format`].
+//!
+//! [`KeyedStateBackend::restore`] keeps the raw bytes of each state in each key group until the
+//! state is registered, then decodes them with the registered types after checking the type
+//! names the snapshot recorded. Restored states that are never registered are carried, as bytes,
+//! into later snapshots, so a state registered lazily is not lost by a checkpoint taken first.
 
-/// The heap backend.
-#[derive(Debug)]
-pub struct HeapKeyedStateBackend<K>(std::marker::PhantomData<K>);
+use crate::StateError;
+use crate::format::{
+    self, EntryEncoder, MAX_STATES, SERIALIZER_VERSION, SectionWriter, SnapshotHeader, StateKind,
+    StateMeta,
+};
+use crate::keyed::{
+    KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart, StateKey, StateValue,
+    ValueState, ValueStateDescriptor,
+};
+use hashbrown::hash_map::EntryRef;
+use rustc_hash::{FxBuildHasher, FxHashMap};
+use std::any::{Any, type_name};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use weir_core::CoreError;
+use weir_core::keygroup::{KeyGroup, KeyGroupRange, assign_to_key_group};
+
+/// One state's entries in one key group.
+type Group<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
+
+/// A value state's table: one copy-on-write map per key group, indexed by `kg - range.start`.
+struct ValueTable<K, V> {
+    groups: Vec<Arc<Group<K, V>>>,
+}
+
+/// A state's table with its value type erased, so the backend can hold states of any types.
+trait ErasedTable<K>: Send + Sync {
+    /// For typed read access.
+    fn as_any(&self) -> &dyn Any;
+    /// For typed write access.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// The synchronous part of a snapshot: clones the `Arc` of every key group.
+    fn freeze(&self) -> Box<dyn FrozenTable>;
+    /// Number of entries over all key groups.
+    fn len(&self) -> usize;
+}
+
+impl<K: StateKey, V: StateValue> ErasedTable<K> for ValueTable<K, V> {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn freeze(&self) -> Box<dyn FrozenTable> {
+        Box::new(FrozenValueTable {
+            groups: self.groups.clone(),
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.groups.iter().map(|g| g.len()).sum()
+    }
+}
+
+/// A table as a snapshot froze it, able to write one key group's block.
+trait FrozenTable: Send {
+    /// Appends this state's block for the key group at `index` in the range, if it has entries.
+    fn write_group(
+        &self,
+        index: usize,
+        state_id: i16,
+        encoder: &mut EntryEncoder,
+        section: &mut SectionWriter,
+    ) -> Result<(), StateError>;
+}
+
+struct FrozenValueTable<K, V> {
+    groups: Vec<Arc<Group<K, V>>>,
+}
+
+impl<K: StateKey, V: StateValue> FrozenTable for FrozenValueTable<K, V> {
+    fn write_group(
+        &self,
+        index: usize,
+        state_id: i16,
+        encoder: &mut EntryEncoder,
+        section: &mut SectionWriter,
+    ) -> Result<(), StateError> {
+        match self.groups.get(index) {
+            Some(group) if !group.is_empty() => {
+                let (count, bytes) = encoder.encode(group.iter())?;
+                section.block(state_id, count, bytes)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A state's bytes in one key group, restored but not decoded yet.
+#[derive(Clone)]
+struct RawGroup {
+    entry_count: u32,
+    entries: Arc<[u8]>,
+}
+
+/// A restored state waiting for its registration.
+#[derive(Clone)]
+struct PendingState {
+    kind: StateKind,
+    key_type: String,
+    value_type: String,
+    serializer_version: u32,
+    /// By `kg - range.start`.
+    groups: Vec<Option<RawGroup>>,
+}
+
+impl PendingState {
+    fn meta(&self, id: i16, name: &str) -> StateMeta {
+        StateMeta {
+            id,
+            name: name.to_string(),
+            kind: self.kind,
+            key_type: self.key_type.clone(),
+            value_type: self.value_type.clone(),
+            serializer_version: self.serializer_version,
+        }
+    }
+}
+
+/// A pending state as a snapshot froze it: its bytes are written back as they were read.
+struct FrozenPending(Arc<PendingState>);
+
+impl FrozenTable for FrozenPending {
+    fn write_group(
+        &self,
+        index: usize,
+        state_id: i16,
+        _encoder: &mut EntryEncoder,
+        section: &mut SectionWriter,
+    ) -> Result<(), StateError> {
+        match self.0.groups.get(index) {
+            Some(Some(raw)) if raw.entry_count > 0 => {
+                section.block(state_id, raw.entry_count, &raw.entries)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A registered state.
+struct Registered<K> {
+    name: String,
+    kind: StateKind,
+    value_type: &'static str,
+    table: Box<dyn ErasedTable<K>>,
+}
+
+/// The heap keyed-state backend. See the [module docs](self).
+pub struct HeapKeyedStateBackend<K> {
+    max_parallelism: u32,
+    range: KeyGroupRange,
+    /// Registered states; a handle's id is the index.
+    states: Vec<Registered<K>>,
+    by_name: FxHashMap<String, u16>,
+    /// Restored states not registered yet, by name.
+    pending: BTreeMap<String, Arc<PendingState>>,
+    /// Which key groups have been restored, by `kg - range.start`; empty before any restore.
+    restored: Vec<bool>,
+}
+
+impl<K> fmt::Debug for HeapKeyedStateBackend<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeapKeyedStateBackend")
+            .field("max_parallelism", &self.max_parallelism)
+            .field("key_group_range", &self.range)
+            .field(
+                "states",
+                &self.states.iter().map(|s| &s.name).collect::<Vec<_>>(),
+            )
+            .field("pending", &self.pending.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn misuse(what: String) -> ! {
+    panic!("{what}")
+}
+
+impl<K: StateKey> HeapKeyedStateBackend<K> {
+    /// An empty backend for the key groups `key_group_range` of `max_parallelism`.
+    pub fn new(max_parallelism: u32, key_group_range: KeyGroupRange) -> Self {
+        HeapKeyedStateBackend {
+            max_parallelism,
+            range: key_group_range,
+            states: Vec::new(),
+            by_name: FxHashMap::default(),
+            pending: BTreeMap::new(),
+            restored: Vec::new(),
+        }
+    }
+
+    /// Every entry of a value state, in no particular order.
+    ///
+    /// # Panics
+    /// If `state` was not made by this backend for values of type `V`.
+    pub fn entries<V: StateValue>(
+        &self,
+        state: ValueState<V>,
+    ) -> impl Iterator<Item = (&K, &V)> + '_ {
+        self.table(state).groups.iter().flat_map(|g| g.iter())
+    }
+
+    /// Number of entries over all registered states and key groups.
+    pub fn num_entries(&self) -> usize {
+        self.states.iter().map(|s| s.table.len()).sum()
+    }
+
+    /// Names of the registered states, by id.
+    pub fn state_names(&self) -> Vec<&str> {
+        self.states.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// Names of the states restored from a snapshot and not registered yet.
+    pub fn pending_state_names(&self) -> Vec<&str> {
+        self.pending.keys().map(String::as_str).collect()
+    }
+
+    fn table<V: StateValue>(&self, state: ValueState<V>) -> &ValueTable<K, V> {
+        match self
+            .states
+            .get(usize::from(state.id))
+            .and_then(|s| s.table.as_any().downcast_ref::<ValueTable<K, V>>())
+        {
+            Some(t) => t,
+            None => misuse(format!(
+                "value state handle {} of `{}` was not made by this backend",
+                state.id,
+                type_name::<V>()
+            )),
+        }
+    }
+
+    #[inline]
+    fn index(&self, key_group: KeyGroup) -> usize {
+        if !self.range.contains(key_group) {
+            misuse(format!(
+                "key group {key_group} is not in this backend's range {}",
+                self.range
+            ));
+        }
+        (key_group - self.range.start) as usize
+    }
+
+    #[inline]
+    fn group<V: StateValue>(&self, state: ValueState<V>, key_group: KeyGroup) -> &Group<K, V> {
+        let index = self.index(key_group);
+        match self.table(state).groups.get(index) {
+            Some(g) => g,
+            None => misuse(format!("key group {key_group} has no table")),
+        }
+    }
+
+    #[inline]
+    fn group_mut<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        key_group: KeyGroup,
+    ) -> &mut Arc<Group<K, V>> {
+        let index = self.index(key_group);
+        let table = match self
+            .states
+            .get_mut(usize::from(state.id))
+            .and_then(|s| s.table.as_any_mut().downcast_mut::<ValueTable<K, V>>())
+        {
+            Some(t) => t,
+            None => misuse(format!(
+                "value state handle {} of `{}` was not made by this backend",
+                state.id,
+                type_name::<V>()
+            )),
+        };
+        match table.groups.get_mut(index) {
+            Some(g) => g,
+            None => misuse(format!("key group {key_group} has no table")),
+        }
+    }
+
+    /// Decodes a restored state's bytes into a fresh table, checking that each key belongs to
+    /// the key group it was found in and appears once.
+    fn decode_pending<V: StateValue>(
+        &self,
+        name: &str,
+        pending: &PendingState,
+    ) -> Result<ValueTable<K, V>, StateError> {
+        let mut groups = Vec::with_capacity(pending.groups.len());
+        for (index, raw) in pending.groups.iter().enumerate() {
+            let mut map = Group::<K, V>::default();
+            if let Some(raw) = raw {
+                let kg = self.range.start + index as u32;
+                let what = format!("state '{name}' in key group {kg}");
+                map.reserve((raw.entry_count as usize).min(raw.entries.len()));
+                let max_p = self.max_parallelism;
+                format::decode_entries::<K, V>(&what, raw.entry_count, &raw.entries, |k, v| {
+                    let actual = assign_to_key_group(&k, max_p);
+                    if actual != kg {
+                        return Err(StateError::Core(CoreError::Corrupt {
+                            what: what.clone(),
+                            reason: format!(
+                                "a key of key group {actual} was found in key group {kg}"
+                            ),
+                        }));
+                    }
+                    if map.insert(k, v).is_some() {
+                        return Err(StateError::Core(CoreError::Corrupt {
+                            what: what.clone(),
+                            reason: "a key appears twice".to_string(),
+                        }));
+                    }
+                    Ok(())
+                })?;
+            }
+            groups.push(Arc::new(map));
+        }
+        Ok(ValueTable { groups })
+    }
+}
+
+fn incompatible(name: &str, reason: String) -> StateError {
+    StateError::Incompatible {
+        name: name.to_string(),
+        reason,
+    }
+}
+
+/// The frozen view [`HeapKeyedStateBackend::snapshot`] returns.
+struct HeapSnapshot {
+    header: SnapshotHeader,
+    tables: Vec<Box<dyn FrozenTable>>,
+}
+
+impl KeyedSnapshot for HeapSnapshot {
+    fn write_to(
+        self: Box<Self>,
+        out: &mut dyn std::io::Write,
+    ) -> Result<KeyedSnapshotLayout, StateError> {
+        let header = self.header.encode()?;
+        out.write_all(&header)?;
+        let mut pos = header.len() as u64;
+        let range = self.header.key_group_range;
+        let mut offsets = Vec::with_capacity(range.len() as usize);
+        let mut section = SectionWriter::new();
+        let mut encoder = EntryEncoder::new();
+        for (index, kg) in range.iter().enumerate() {
+            offsets.push(pos);
+            section.begin(kg);
+            for (meta, table) in self.header.states.iter().zip(&self.tables) {
+                table.write_group(index, meta.id, &mut encoder, &mut section)?;
+            }
+            let bytes = section.finish();
+            out.write_all(bytes)?;
+            pos += bytes.len() as u64;
+        }
+        Ok(KeyedSnapshotLayout {
+            key_group_range: range,
+            header: (0, header.len() as u64),
+            offsets,
+            end: pos,
+        })
+    }
+}
+
+impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
+    fn key_group_range(&self) -> KeyGroupRange {
+        self.range
+    }
+
+    fn max_parallelism(&self) -> u32 {
+        self.max_parallelism
+    }
+
+    fn value_state<V: StateValue>(
+        &mut self,
+        descriptor: &ValueStateDescriptor<V>,
+    ) -> Result<ValueState<V>, StateError> {
+        let name = descriptor.name.as_str();
+        let value_type = descriptor.type_name();
+        if let Some(&id) = self.by_name.get(name) {
+            let Some(registered) = self.states.get(usize::from(id)) else {
+                return Err(StateError::Restore(format!(
+                    "state '{name}' has a lost id {id}"
+                )));
+            };
+            if registered.kind != StateKind::Value
+                || !registered.table.as_any().is::<ValueTable<K, V>>()
+            {
+                return Err(incompatible(
+                    name,
+                    format!(
+                        "it is registered as a {} state of `{}`, and is now asked for as a value \
+                         state of `{value_type}`",
+                        registered.kind, registered.value_type
+                    ),
+                ));
+            }
+            return Ok(ValueState::from_id(id));
+        }
+
+        let pending = self.pending.get(name).cloned();
+        let count = self.states.len() + self.pending.len() + usize::from(pending.is_none());
+        if count > MAX_STATES {
+            return Err(StateError::TooManyStates {
+                name: name.to_string(),
+                count,
+                max: MAX_STATES,
+            });
+        }
+        let table = match &pending {
+            None => ValueTable::<K, V> {
+                groups: (0..self.range.len())
+                    .map(|_| Arc::new(Group::default()))
+                    .collect(),
+            },
+            Some(p) => {
+                if p.kind != StateKind::Value {
+                    return Err(incompatible(
+                        name,
+                        format!(
+                            "the snapshot holds it as a {} state of `{}`, and it is now \
+                             registered as a value state of `{value_type}`",
+                            p.kind, p.value_type
+                        ),
+                    ));
+                }
+                if p.value_type != value_type {
+                    return Err(incompatible(
+                        name,
+                        format!(
+                            "the snapshot holds values of type `{}`, and it is now registered \
+                             with values of type `{value_type}`",
+                            p.value_type
+                        ),
+                    ));
+                }
+                if p.serializer_version != SERIALIZER_VERSION {
+                    return Err(incompatible(
+                        name,
+                        format!(
+                            "the snapshot's serializer version is {}, this build reads {}",
+                            p.serializer_version, SERIALIZER_VERSION
+                        ),
+                    ));
+                }
+                self.decode_pending::<V>(name, p)?
+            }
+        };
+        let id = u16::try_from(self.states.len()).map_err(|_| StateError::TooManyStates {
+            name: name.to_string(),
+            count,
+            max: MAX_STATES,
+        })?;
+        self.pending.remove(name);
+        self.states.push(Registered {
+            name: name.to_string(),
+            kind: StateKind::Value,
+            value_type,
+            table: Box::new(table),
+        });
+        self.by_name.insert(name.to_string(), id);
+        Ok(ValueState::from_id(id))
+    }
+
+    #[inline]
+    fn value<V: StateValue>(
+        &self,
+        state: ValueState<V>,
+        key: &K,
+        key_group: KeyGroup,
+    ) -> Option<&V> {
+        self.group(state, key_group).get(key)
+    }
+
+    #[inline]
+    fn value_mut_or_insert<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        key: &K,
+        key_group: KeyGroup,
+        init: impl FnOnce() -> V,
+    ) -> &mut V {
+        match Arc::make_mut(self.group_mut(state, key_group)).entry_ref(key) {
+            EntryRef::Occupied(e) => e.into_mut(),
+            EntryRef::Vacant(e) => e.insert_with_key(key.clone(), init()),
+        }
+    }
+
+    #[inline]
+    fn update<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        key: &K,
+        key_group: KeyGroup,
+        value: V,
+    ) {
+        match Arc::make_mut(self.group_mut(state, key_group)).entry_ref(key) {
+            EntryRef::Occupied(mut e) => {
+                e.insert(value);
+            }
+            EntryRef::Vacant(e) => {
+                e.insert_with_key(key.clone(), value);
+            }
+        }
+    }
+
+    #[inline]
+    fn clear<V: StateValue>(&mut self, state: ValueState<V>, key: &K, key_group: KeyGroup) {
+        let group = self.group_mut(state, key_group);
+        if let Some(map) = Arc::get_mut(group) {
+            map.remove(key);
+        } else if group.contains_key(key) {
+            // Shared with a snapshot: copy the key group only if there is something to remove.
+            Arc::make_mut(group).remove(key);
+        }
+    }
+
+    fn snapshot(&mut self) -> Result<Box<dyn KeyedSnapshot>, StateError> {
+        let total = self.states.len() + self.pending.len();
+        if total > MAX_STATES {
+            return Err(StateError::TooManyStates {
+                name: self.pending.keys().next_back().cloned().unwrap_or_default(),
+                count: total,
+                max: MAX_STATES,
+            });
+        }
+        let key_type = type_name::<K>();
+        let mut metas = Vec::with_capacity(total);
+        let mut tables: Vec<Box<dyn FrozenTable>> = Vec::with_capacity(total);
+        // `total <= MAX_STATES == i16::MAX`, so every index fits an i16.
+        let mut ids = 0..i16::MAX;
+        for (registered, id) in self.states.iter().zip(&mut ids) {
+            metas.push(StateMeta {
+                id,
+                name: registered.name.clone(),
+                kind: registered.kind,
+                key_type: key_type.to_string(),
+                value_type: registered.value_type.to_string(),
+                serializer_version: SERIALIZER_VERSION,
+            });
+            tables.push(registered.table.freeze());
+        }
+        for ((name, pending), id) in self.pending.iter().zip(&mut ids) {
+            metas.push(pending.meta(id, name));
+            tables.push(Box::new(FrozenPending(Arc::clone(pending))));
+        }
+        Ok(Box::new(HeapSnapshot {
+            header: SnapshotHeader {
+                flags: 0,
+                key_group_range: self.range,
+                max_parallelism: self.max_parallelism,
+                states: metas,
+            },
+            tables,
+        }))
+    }
+
+    fn restore(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError> {
+        if !self.states.is_empty() {
+            return Err(StateError::Restore(format!(
+                "restore must come before any state is registered, and {:?} already are",
+                self.state_names()
+            )));
+        }
+        let n = self.range.len() as usize;
+        // Work on copies, so that a failed restore leaves the backend as it was.
+        let mut restored = if self.restored.is_empty() {
+            vec![false; n]
+        } else {
+            self.restored.clone()
+        };
+        let mut pending = self.pending.clone();
+        let key_type = type_name::<K>();
+
+        for part in parts {
+            let header = SnapshotHeader::decode(part.header)?;
+            if header.max_parallelism != self.max_parallelism {
+                return Err(StateError::Restore(format!(
+                    "the snapshot of key groups {} was taken with max parallelism {}, this \
+                     backend has {}; key groups cannot be mapped across max parallelisms",
+                    header.key_group_range, header.max_parallelism, self.max_parallelism
+                )));
+            }
+            if header.key_group_range != part.handle.key_group_range {
+                return Err(StateError::Restore(format!(
+                    "the snapshot header covers key groups {}, its handle says {}",
+                    header.key_group_range, part.handle.key_group_range
+                )));
+            }
+            for meta in &header.states {
+                if meta.key_type != key_type {
+                    return Err(incompatible(
+                        &meta.name,
+                        format!(
+                            "the snapshot's keys are of type `{}`, this backend's are `{key_type}`",
+                            meta.key_type
+                        ),
+                    ));
+                }
+                match pending.get(&meta.name) {
+                    Some(p) => {
+                        if p.kind != meta.kind
+                            || p.value_type != meta.value_type
+                            || p.serializer_version != meta.serializer_version
+                        {
+                            return Err(incompatible(
+                                &meta.name,
+                                format!(
+                                    "the snapshots disagree: one holds a {} state of `{}` \
+                                     (serializer {}), another a {} state of `{}` (serializer {})",
+                                    p.kind,
+                                    p.value_type,
+                                    p.serializer_version,
+                                    meta.kind,
+                                    meta.value_type,
+                                    meta.serializer_version
+                                ),
+                            ));
+                        }
+                    }
+                    None => {
+                        pending.insert(
+                            meta.name.clone(),
+                            Arc::new(PendingState {
+                                kind: meta.kind,
+                                key_type: meta.key_type.clone(),
+                                value_type: meta.value_type.clone(),
+                                serializer_version: meta.serializer_version,
+                                groups: vec![None; n],
+                            }),
+                        );
+                    }
+                }
+            }
+            if pending.len() > MAX_STATES {
+                return Err(StateError::TooManyStates {
+                    name: pending.keys().next_back().cloned().unwrap_or_default(),
+                    count: pending.len(),
+                    max: MAX_STATES,
+                });
+            }
+            for (kg, bytes) in format::part_sections(part, &self.range)? {
+                let index = (kg - self.range.start) as usize;
+                match restored.get_mut(index) {
+                    Some(seen) if *seen => {
+                        return Err(StateError::Restore(format!(
+                            "key group {kg} is restored twice: two snapshots (or two restores) \
+                             hand it over"
+                        )));
+                    }
+                    Some(seen) => *seen = true,
+                    None => {
+                        return Err(StateError::Restore(format!(
+                            "key group {kg} is outside {}",
+                            self.range
+                        )));
+                    }
+                }
+                for block in format::parse_section(kg, bytes)? {
+                    let meta = usize::try_from(block.state_id)
+                        .ok()
+                        .and_then(|i| header.states.get(i))
+                        .ok_or_else(|| {
+                            StateError::Core(CoreError::Corrupt {
+                                what: format!("keyed snapshot section of key group {kg}"),
+                                reason: format!(
+                                    "state id {} is not in the header's {} states",
+                                    block.state_id,
+                                    header.states.len()
+                                ),
+                            })
+                        })?;
+                    let slot = pending
+                        .get_mut(&meta.name)
+                        .map(Arc::make_mut)
+                        .and_then(|p| p.groups.get_mut(index))
+                        .ok_or_else(|| {
+                            StateError::Restore(format!(
+                                "state '{}' lost its place for key group {kg}",
+                                meta.name
+                            ))
+                        })?;
+                    *slot = Some(RawGroup {
+                        entry_count: block.entry_count,
+                        entries: Arc::from(block.entries),
+                    });
+                }
+            }
+        }
+        self.pending = pending;
+        self.restored = restored;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_shares_key_groups_and_a_write_copies_only_its_group() {
+        let mut b = HeapKeyedStateBackend::<String>::new(8, KeyGroupRange::new(0, 7));
+        let s = b
+            .value_state(&ValueStateDescriptor::<u64>::new("c"))
+            .unwrap();
+        for i in 0..100u64 {
+            let k = format!("k{i}");
+            let g = assign_to_key_group(&k, 8);
+            b.update(s, &k, g, i);
+        }
+        let strong = |b: &HeapKeyedStateBackend<String>| -> Vec<usize> {
+            b.table(s).groups.iter().map(Arc::strong_count).collect()
+        };
+        assert_eq!(strong(&b), vec![1; 8]);
+        let snapshot = b.snapshot().unwrap();
+        assert_eq!(strong(&b), vec![2; 8], "the snapshot holds every group");
+
+        let k = "k1".to_string();
+        let g = assign_to_key_group(&k, 8);
+        *b.value_mut_or_insert(s, &k, g, || 0) += 1;
+        // Clearing an absent key in a shared group copies nothing.
+        let absent = "absent".to_string();
+        let ag = assign_to_key_group(&absent, 8);
+        b.clear(s, &absent, ag);
+        let counts = strong(&b);
+        for (kg, count) in counts.iter().enumerate() {
+            let expected = if kg as u32 == g { 1 } else { 2 };
+            assert_eq!(*count, expected, "key group {kg}");
+        }
+        drop(snapshot);
+        assert_eq!(strong(&b), vec![1; 8]);
+    }
+
+    #[test]
+    #[should_panic(expected = "key group 9 is not in this backend's range")]
+    fn a_key_group_out_of_range_is_a_caller_bug() {
+        let mut b = HeapKeyedStateBackend::<u32>::new(16, KeyGroupRange::new(0, 7));
+        let s = b
+            .value_state(&ValueStateDescriptor::<u64>::new("c"))
+            .unwrap();
+        b.update(s, &1, 9, 1);
+    }
+}

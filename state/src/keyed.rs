@@ -103,7 +103,10 @@ impl KeyedSnapshotLayout {
 /// thread, while processing goes on and changes the live state.
 pub trait KeyedSnapshot: Send + 'static {
     /// Writes the snapshot in the [`crate::format`] and returns where each key group landed.
-    fn write_to(self: Box<Self>, out: &mut dyn std::io::Write) -> Result<KeyedSnapshotLayout, StateError>;
+    fn write_to(
+        self: Box<Self>,
+        out: &mut dyn std::io::Write,
+    ) -> Result<KeyedSnapshotLayout, StateError>;
 }
 
 /// Bytes of one snapshot handed to a restore: the header, and a contiguous run of key-group
@@ -147,7 +150,12 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
     ) -> Result<ValueState<V>, StateError>;
 
     /// The value for `key`, if any.
-    fn value<V: StateValue>(&self, state: ValueState<V>, key: &K, key_group: KeyGroup) -> Option<&V>;
+    fn value<V: StateValue>(
+        &self,
+        state: ValueState<V>,
+        key: &K,
+        key_group: KeyGroup,
+    ) -> Option<&V>;
 
     /// A mutable reference to the value for `key`, inserting `init()` first if there is none.
     fn value_mut_or_insert<V: StateValue>(
@@ -159,7 +167,13 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
     ) -> &mut V;
 
     /// Sets the value for `key`.
-    fn update<V: StateValue>(&mut self, state: ValueState<V>, key: &K, key_group: KeyGroup, value: V);
+    fn update<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        key: &K,
+        key_group: KeyGroup,
+        value: V,
+    );
 
     /// Removes the value for `key`.
     fn clear<V: StateValue>(&mut self, state: ValueState<V>, key: &K, key_group: KeyGroup);

@@ -2,9 +2,11 @@
 //!
 //! - [`keyed`]: the [`KeyedStateBackend`] seam, state descriptors and typed state handles.
 //! - [`heap`]: the heap backend: per-key-group tables with copy-on-write snapshots.
-//! - [`operator`]: operator (non-keyed) list state, which sources use for their offsets.
-//! - [`format`]: the keyed snapshot format: versioned header, one checksummed section per key
-//!   group, and the offsets that let a restore read only the groups it owns.
+//! - [`operator`]: operator (non-keyed) list state, which sources use for their offsets, and
+//!   [`operator::redistribute`], which splits it for a new parallelism.
+//! - [`format`](mod@format): the keyed snapshot format: versioned header, one checksummed section per key
+//!   group, and the offsets that let a restore read only the groups it owns
+//!   (`docs/keyed-snapshot-format.md`).
 //!
 //! Architecture invariant: this crate never knows where snapshots go. It writes into a
 //! `std::io::Write` it is handed and restores from bytes it is handed; it knows nothing of

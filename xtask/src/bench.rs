@@ -1,0 +1,440 @@
+//! `cargo xtask bench [name]`: release benchmarks of the example jobs, printed beside their targets.
+//!
+//! A benchmark is a function in [`BENCHES`]; it runs the `word_count` binary (or another) through
+//! [`Bench::run`], which reads the binary's closing `summary:` line (see [`Summary`]).
+
+use anyhow::{Context, Result, bail};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// A named benchmark: a function of the [`Bench`] context.
+struct Named {
+    name: &'static str,
+    what: &'static str,
+    run: fn(&Bench) -> Result<()>,
+}
+
+/// The named benchmarks; the first is the default. Add new ones (e.g. `backpressure`) here.
+const BENCHES: &[Named] = &[Named {
+    name: "wordcount",
+    what: "word_count throughput with and without checkpoints, checkpoint latency, recovery time",
+    run: wordcount,
+}];
+
+/// The benchmark names, for the usage text.
+pub fn names() -> Vec<&'static str> {
+    BENCHES.iter().map(|b| b.name).collect()
+}
+
+/// Runs the benchmark called `args[0]` (default: the first in [`BENCHES`]).
+pub fn run(root: &Path, args: &[String]) -> Result<()> {
+    let name = args.first().map_or(BENCHES[0].name, String::as_str);
+    let Some(bench) = BENCHES.iter().find(|b| b.name == name) else {
+        bail!("unknown benchmark `{name}`; known: {}", names().join(", "));
+    };
+    if args.len() > 1 {
+        bail!("bench takes at most one argument (a benchmark name)");
+    }
+    let mut build = crate::cargo(root);
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "weir-examples",
+        "--bin",
+        "word_count",
+    ]);
+    crate::run_cmd(build)?;
+    let target = crate::tidy::target_dir(root)?;
+    let ctx = Bench {
+        word_count: target.join("release").join("word_count"),
+        scratch: target.join("xtask-bench"),
+    };
+    println!("\nbench `{name}`: {}\n", bench.what);
+    (bench.run)(&ctx)
+}
+
+/// What a benchmark function gets: the binaries and a scratch directory under `target/`.
+pub struct Bench {
+    /// The release `word_count` binary.
+    pub word_count: PathBuf,
+    /// Where fresh checkpoint directories are made.
+    pub scratch: PathBuf,
+}
+
+/// One invocation of the `word_count` contract.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    /// `--records N`.
+    pub records: u64,
+    /// `--parallelism P`.
+    pub parallelism: u32,
+    /// `--checkpoint-interval` (e.g. `1s`, `100ms`); `None` runs without checkpoints.
+    pub checkpoint_interval: Option<&'static str>,
+    /// `--fail-after K`: inject one failure after K records.
+    pub fail_after: Option<u64>,
+}
+
+impl Config {
+    fn label(&self) -> String {
+        let mut s = format!("p={}", self.parallelism);
+        match self.checkpoint_interval {
+            Some(i) => s.push_str(&format!(" ckpt={i}")),
+            None => s.push_str(" ckpt=off"),
+        }
+        if let Some(k) = self.fail_after {
+            s.push_str(&format!(" fail-after={k}"));
+        }
+        s
+    }
+}
+
+impl Bench {
+    /// Runs `word_count` once with `cfg` (a fresh checkpoint directory when checkpointing) and
+    /// returns its summary.
+    pub fn run(&self, cfg: &Config) -> Result<Summary> {
+        let mut cmd = Command::new(&self.word_count);
+        cmd.arg("--records")
+            .arg(cfg.records.to_string())
+            .arg("--parallelism")
+            .arg(cfg.parallelism.to_string());
+        let dir = match cfg.checkpoint_interval {
+            Some(interval) => {
+                let dir = self.fresh_dir()?;
+                cmd.arg("--checkpoint-interval")
+                    .arg(interval)
+                    .arg("--checkpoint-dir")
+                    .arg(&dir);
+                Some(dir)
+            }
+            None => None,
+        };
+        if let Some(k) = cfg.fail_after {
+            cmd.arg("--fail-after").arg(k.to_string());
+        }
+        let shown = crate::show(&cmd);
+        eprintln!("  $ {shown}");
+        let out = cmd
+            .stderr(Stdio::inherit())
+            .output()
+            .with_context(|| format!("could not start `{shown}`"));
+        if let Some(dir) = dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        let out = out?;
+        if !out.status.success() {
+            bail!("`{shown}` failed ({})", out.status);
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = last_line(&stdout).with_context(|| format!("`{shown}` printed nothing"))?;
+        parse_summary(line).with_context(|| format!("`{shown}`: bad closing line {line:?}"))
+    }
+
+    /// Runs `cfg` `reps` times and returns the records/s of each run.
+    pub fn repeat(&self, cfg: &Config, reps: usize) -> Result<Vec<f64>> {
+        (0..reps)
+            .map(|_| self.run(cfg).map(|s| s.records_per_s))
+            .collect()
+    }
+
+    fn fresh_dir(&self) -> Result<PathBuf> {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = self.scratch.join(format!(
+            "ckpt-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(dir)
+    }
+}
+
+/// The parsed closing line of a benchmark binary:
+/// `summary: records=N seconds=S records_per_s=R checkpoints=C restarts=K [checkpoint_p50_ms=..]
+/// [checkpoint_p99_ms=..] [recovery_ms=..] [other=..]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Records processed.
+    pub records: u64,
+    /// Wall time of the job.
+    pub seconds: f64,
+    /// Throughput.
+    pub records_per_s: f64,
+    /// Completed checkpoints.
+    pub checkpoints: u64,
+    /// Restarts after failures.
+    pub restarts: u64,
+    /// Median checkpoint duration, if reported.
+    pub checkpoint_p50_ms: Option<f64>,
+    /// 99th-percentile checkpoint duration, if reported.
+    pub checkpoint_p99_ms: Option<f64>,
+    /// Time from failure to running again, if reported.
+    pub recovery_ms: Option<f64>,
+    /// Any other `key=value` tokens, kept as text.
+    pub extra: BTreeMap<String, String>,
+}
+
+/// The last non-blank line of `text`.
+pub fn last_line(text: &str) -> Option<&str> {
+    text.lines().rev().map(str::trim).find(|l| !l.is_empty())
+}
+
+/// Parses a `summary:` line (see [`Summary`]).
+pub fn parse_summary(line: &str) -> Result<Summary> {
+    let Some(rest) = line.trim().strip_prefix("summary:") else {
+        bail!("the line does not start with `summary:`");
+    };
+    let mut fields = BTreeMap::new();
+    for token in rest.split_whitespace() {
+        let Some((key, value)) = token.split_once('=') else {
+            bail!("token {token:?} is not key=value");
+        };
+        if key.is_empty() || fields.insert(key.to_string(), value.to_string()).is_some() {
+            bail!("bad or repeated key in {token:?}");
+        }
+    }
+    fn take<T: std::str::FromStr>(f: &mut BTreeMap<String, String>, key: &str) -> Result<Option<T>>
+    where
+        T::Err: std::error::Error + Send + Sync + 'static,
+    {
+        f.remove(key)
+            .map(|v| v.parse::<T>().with_context(|| format!("{key}={v}")))
+            .transpose()
+    }
+    fn need<T: std::str::FromStr>(f: &mut BTreeMap<String, String>, key: &str) -> Result<T>
+    where
+        T::Err: std::error::Error + Send + Sync + 'static,
+    {
+        take(f, key)?.with_context(|| format!("missing `{key}=`"))
+    }
+    Ok(Summary {
+        records: need(&mut fields, "records")?,
+        seconds: need(&mut fields, "seconds")?,
+        records_per_s: need(&mut fields, "records_per_s")?,
+        checkpoints: need(&mut fields, "checkpoints")?,
+        restarts: need(&mut fields, "restarts")?,
+        checkpoint_p50_ms: take(&mut fields, "checkpoint_p50_ms")?,
+        checkpoint_p99_ms: take(&mut fields, "checkpoint_p99_ms")?,
+        recovery_ms: take(&mut fields, "recovery_ms")?,
+        extra: fields,
+    })
+}
+
+/// The median (mean of the middle two for an even count); `None` when empty.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
+}
+
+fn mrec(r: f64) -> String {
+    format!("{:.2}M/s", r / 1e6)
+}
+
+fn opt_ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.1} ms"))
+}
+
+/// The default benchmark: word count throughput, checkpoint overhead, latency and recovery.
+fn wordcount(b: &Bench) -> Result<()> {
+    const RECORDS: u64 = 20_000_000;
+    const REPS: usize = 3;
+    const TARGET_RATE: f64 = 10e6; // records/s at p=2 with 1s checkpoints
+    const TARGET_OVERHEAD: f64 = 0.05; // 1 - with/without
+    const TARGET_P99_MS: f64 = 20.0;
+    const TARGET_RECOVERY_MS: f64 = 50.0;
+
+    // Throughput: p ∈ {1, 2} × checkpoints {off, 1s}, REPS runs each.
+    let mut medians = BTreeMap::new();
+    let mut rows = Vec::new();
+    for parallelism in [1u32, 2] {
+        for interval in [None, Some("1s")] {
+            let cfg = Config {
+                records: RECORDS,
+                parallelism,
+                checkpoint_interval: interval,
+                ..Config::default()
+            };
+            let runs = b.repeat(&cfg, REPS)?;
+            let med = median(&runs).context("no runs")?;
+            medians.insert((parallelism, interval.is_some()), med);
+            let target = if parallelism == 2 && interval == Some("1s") {
+                format!(">= {}  {}", mrec(TARGET_RATE), verdict(med >= TARGET_RATE))
+            } else {
+                String::new()
+            };
+            let runs: Vec<String> = runs.iter().map(|r| mrec(*r)).collect();
+            rows.push((cfg.label(), runs.join(" "), mrec(med), target));
+        }
+    }
+    println!("\nthroughput ({RECORDS} records, {REPS} runs each, median):");
+    println!("  {:<18} {:<32} {:>10}  target", "config", "runs", "median");
+    for (label, runs, med, target) in rows {
+        println!("  {label:<18} {runs:<32} {med:>10}  {target}");
+    }
+
+    println!("\ncheckpoint overhead (median with 1s checkpoints / median without):");
+    for parallelism in [1u32, 2] {
+        let with = medians[&(parallelism, true)];
+        let without = medians[&(parallelism, false)];
+        let ratio = with / without;
+        let overhead = 1.0 - ratio;
+        println!(
+            "  p={parallelism}  ratio {ratio:.3}  overhead {:>5.1}%  target <= {:.0}%  {}",
+            overhead * 100.0,
+            TARGET_OVERHEAD * 100.0,
+            verdict(overhead <= TARGET_OVERHEAD)
+        );
+    }
+
+    let latency = b.run(&Config {
+        records: RECORDS,
+        parallelism: 2,
+        checkpoint_interval: Some("100ms"),
+        ..Config::default()
+    })?;
+    println!(
+        "\ncheckpoint latency (p=2, every 100ms, {} checkpoints):",
+        latency.checkpoints
+    );
+    println!("  p50  {}", opt_ms(latency.checkpoint_p50_ms));
+    println!(
+        "  p99  {}  target < {TARGET_P99_MS} ms  {}",
+        opt_ms(latency.checkpoint_p99_ms),
+        latency
+            .checkpoint_p99_ms
+            .map_or("not reported", |v| verdict(v < TARGET_P99_MS))
+    );
+
+    let recovery = b.run(&Config {
+        records: RECORDS,
+        parallelism: 2,
+        checkpoint_interval: Some("100ms"),
+        fail_after: Some(10_000_000),
+    })?;
+    println!(
+        "\nrecovery (p=2, every 100ms, one failure after 10000000 records, {} restart(s)):",
+        recovery.restarts
+    );
+    println!(
+        "  recovery  {}  target < {TARGET_RECOVERY_MS} ms  {}",
+        opt_ms(recovery.recovery_ms),
+        recovery
+            .recovery_ms
+            .map_or("not reported", |v| verdict(v < TARGET_RECOVERY_MS))
+    );
+    if recovery.restarts == 0 {
+        println!("  note: the run reported no restart; was the failure injected?");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_required_and_optional_fields() {
+        let s = parse_summary(
+            "summary: records=20000000 seconds=1.85 records_per_s=10810810.8 checkpoints=2 \
+             restarts=0 checkpoint_p50_ms=3.2 checkpoint_p99_ms=11 recovery_ms=27.5 words=512",
+        )
+        .unwrap();
+        assert_eq!(s.records, 20_000_000);
+        assert_eq!(s.seconds, 1.85);
+        assert_eq!(s.records_per_s, 10_810_810.8);
+        assert_eq!(s.checkpoints, 2);
+        assert_eq!(s.restarts, 0);
+        assert_eq!(s.checkpoint_p50_ms, Some(3.2));
+        assert_eq!(s.checkpoint_p99_ms, Some(11.0));
+        assert_eq!(s.recovery_ms, Some(27.5));
+        assert_eq!(s.extra.get("words").map(String::as_str), Some("512"));
+    }
+
+    #[test]
+    fn optional_fields_may_be_absent() {
+        let s = parse_summary(
+            "summary:  records=5 seconds=0.5 records_per_s=10 checkpoints=0 restarts=1  ",
+        )
+        .unwrap();
+        assert_eq!(s.checkpoint_p50_ms, None);
+        assert_eq!(s.checkpoint_p99_ms, None);
+        assert_eq!(s.recovery_ms, None);
+        assert!(s.extra.is_empty());
+    }
+
+    #[test]
+    fn rejects_bad_lines() {
+        let ok = "records=1 seconds=1 records_per_s=1 checkpoints=0 restarts=0";
+        assert!(parse_summary(ok).is_err(), "no `summary:` prefix");
+        assert!(parse_summary(&format!("result: {ok}")).is_err());
+        assert!(
+            parse_summary("summary: records=1 seconds=1 records_per_s=1 checkpoints=0").is_err()
+        );
+        assert!(
+            parse_summary(&format!("summary: {ok} junk")).is_err(),
+            "token without ="
+        );
+        assert!(
+            parse_summary(&format!("summary: {ok} records=2")).is_err(),
+            "repeated key"
+        );
+        let bad_number = "summary: records=1.5 seconds=1 records_per_s=1 checkpoints=0 restarts=0";
+        let err = format!("{:#}", parse_summary(bad_number).unwrap_err());
+        assert!(err.contains("records=1.5"), "{err}");
+        let missing = format!("{:#}", parse_summary("summary: records=1").unwrap_err());
+        assert!(missing.contains("seconds"), "{missing}");
+    }
+
+    #[test]
+    fn the_summary_is_the_last_non_blank_line() {
+        let out = "starting\ncheckpoint 1 done\nsummary: records=1 seconds=1 records_per_s=1 \
+                   checkpoints=1 restarts=0\n\n";
+        let line = last_line(out).unwrap();
+        assert_eq!(parse_summary(line).unwrap().checkpoints, 1);
+        assert_eq!(last_line("\n \n"), None);
+        assert!(parse_summary(last_line("summary: records=1\nbye\n").unwrap()).is_err());
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0]), Some(3.0));
+        assert_eq!(median(&[9.0, 1.0, 5.0]), Some(5.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+
+    #[test]
+    fn config_labels() {
+        let cfg = Config {
+            records: 1,
+            parallelism: 2,
+            checkpoint_interval: Some("100ms"),
+            fail_after: Some(10),
+        };
+        assert_eq!(cfg.label(), "p=2 ckpt=100ms fail-after=10");
+        assert_eq!(
+            Config {
+                parallelism: 1,
+                ..Config::default()
+            }
+            .label(),
+            "p=1 ckpt=off"
+        );
+    }
+}
