@@ -59,7 +59,7 @@ impl CompletedCheckpointStore {
     }
 
     /// All retained checkpoints, oldest first.
-    pub fn retained(&self) -> impl Iterator<Item = &CompletedCheckpoint> {
+    pub fn retained(&self) -> impl DoubleEndedIterator<Item = &CompletedCheckpoint> {
         self.retained.iter()
     }
 

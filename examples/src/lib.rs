@@ -1,1 +1,176 @@
-//! placeholder
+//! The word-count job of the checkpointing notes, as a library so that the binary, the tests and
+//! the benchmarks build exactly the same job.
+//!
+//! Random ints 1..9 (record `i`'s value depends only on the seed and `i`) → `to_string` →
+//! tokenizer `("7", 1)` → key by word → running sum → sink. The sink keeps the latest total per
+//! word (exactly once, through checkpoints) and, with `print`, prints every update as Flink does.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+use weir_runtime::source::RandomIntGenerator;
+use weir_runtime::{LatestHandle, RestartStrategy, StreamEnvironment};
+
+/// The job's options (the binary's flags).
+#[derive(Clone, Debug)]
+pub struct WordCountOptions {
+    /// Records over all source subtasks; `None`: unbounded.
+    pub records: Option<u64>,
+    /// Parallelism of every operator.
+    pub parallelism: u32,
+    /// Max parallelism; `None`: Flink's default.
+    pub max_parallelism: Option<u32>,
+    /// Generator seed.
+    pub seed: u64,
+    /// Checkpoint interval; `None`: off.
+    pub checkpoint_interval: Option<Duration>,
+    /// Checkpoint directory.
+    pub checkpoint_dir: PathBuf,
+    /// Injected failures: the map fails once when its subtasks have seen this many records in
+    /// total, for each value.
+    pub fail_after: Vec<u64>,
+    /// Start from this checkpoint or checkpoint root.
+    pub from: Option<PathBuf>,
+    /// Print every update.
+    pub print: bool,
+    /// Restart strategy; `None`: the default.
+    pub restart: Option<RestartStrategy>,
+    /// Records per batch.
+    pub batch_size: usize,
+}
+
+impl Default for WordCountOptions {
+    fn default() -> Self {
+        WordCountOptions {
+            records: Some(20_000_000),
+            parallelism: 1,
+            max_parallelism: None,
+            seed: 42,
+            checkpoint_interval: None,
+            checkpoint_dir: PathBuf::from("weir-checkpoints"),
+            fail_after: Vec::new(),
+            from: None,
+            print: false,
+            restart: None,
+            batch_size: 1024,
+        }
+    }
+}
+
+/// Fails the map operator once at each threshold of records seen (over all subtasks and
+/// attempts).
+#[derive(Debug, Default)]
+pub struct FailureInjector {
+    seen: AtomicU64,
+    thresholds: Vec<u64>,
+    next: AtomicUsize,
+}
+
+impl FailureInjector {
+    /// Failures at each of `thresholds` (sorted here).
+    pub fn new(mut thresholds: Vec<u64>) -> Self {
+        thresholds.sort_unstable();
+        FailureInjector {
+            seen: AtomicU64::new(0),
+            thresholds,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Counts one record; panics (a task failure) when a threshold is reached.
+    #[inline]
+    pub fn record(&self) {
+        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
+        let i = self.next.load(Ordering::Relaxed);
+        if let Some(&t) = self.thresholds.get(i)
+            && n >= t
+            && self
+                .next
+                .compare_exchange(i, i + 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            panic!(
+                "injected failure {} of {} after {n} records",
+                i + 1,
+                self.thresholds.len()
+            );
+        }
+    }
+
+    /// Failures injected so far.
+    pub fn injected(&self) -> usize {
+        self.next.load(Ordering::SeqCst)
+    }
+}
+
+/// The tokenizer of the notes: one `(word, 1)` per word.
+pub fn tokenize(line: String) -> Option<(String, i64)> {
+    Some((line, 1))
+}
+
+/// Builds the job; returns the environment and the handle of the final totals.
+pub fn build(
+    opts: &WordCountOptions,
+) -> (
+    StreamEnvironment,
+    LatestHandle<String, i64>,
+    Arc<FailureInjector>,
+) {
+    let env = StreamEnvironment::new();
+    env.set_job_name("word_count")
+        .set_parallelism(opts.parallelism);
+    if let Some(m) = opts.max_parallelism {
+        env.set_max_parallelism(m);
+    }
+    if let Some(i) = opts.checkpoint_interval {
+        env.enable_checkpointing(i);
+    }
+    env.set_checkpoint_dir(&opts.checkpoint_dir);
+    if let Some(r) = &opts.restart {
+        env.set_restart_strategy(r.clone());
+    }
+    if let Some(from) = &opts.from {
+        env.restore_from(from);
+    }
+    env.config_mut().batch_size = opts.batch_size;
+    let generator = RandomIntGenerator::new(opts.seed, 1, 9);
+    let injector = Arc::new(FailureInjector::new(opts.fail_after.clone()));
+    let numbers = env
+        .from_generator(opts.records, move |i| generator.value(i))
+        .uid("source");
+    let words = if opts.fail_after.is_empty() {
+        numbers.map(|x: i64| x.to_string())
+    } else {
+        let inj = injector.clone();
+        numbers.map(move |x: i64| {
+            inj.record();
+            x.to_string()
+        })
+    }
+    .uid("to-string");
+    let counts = words
+        .flat_map(tokenize)
+        .uid("tokenizer")
+        .key_by(|t: &(String, i64)| &t.0)
+        .sum()
+        .uid("sum");
+    if opts.print {
+        counts.clone().print().uid("print");
+    }
+    let totals = counts.latest_per_key();
+    (env, totals, injector)
+}
+
+/// The totals a failure-free run must produce, computed without the engine.
+pub fn expected_totals(records: u64, seed: u64) -> std::collections::BTreeMap<String, i64> {
+    let g = RandomIntGenerator::new(seed, 1, 9);
+    let mut counts = [0i64; 10];
+    for i in 0..records {
+        counts[g.value(i) as usize] += 1;
+    }
+    (1..=9)
+        .filter(|d| counts[*d] > 0)
+        .map(|d| (d.to_string(), counts[d]))
+        .collect()
+}

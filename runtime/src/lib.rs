@@ -1,1 +1,41 @@
-//! placeholder
+//! Weir's runtime: everything that runs a dataflow job, wired from the seams of `weir-state`,
+//! `weir-checkpoint` and `weir-network`.
+//!
+//! - [`env`]: the DataStream API ([`StreamEnvironment`], [`DataStream`], [`KeyedStream`]).
+//! - [`operator`], [`ops`], [`keyed`], [`source`], [`sink`]: operators and the push-based chain
+//!   they form inside a task (direct calls, no channel between chained operators).
+//! - [`writer`]: the record writer at a chain's network edge (batching, partitioning, credits).
+//! - `task`: the stream task's mailbox loop and the subtask side of checkpoints (steps 0–4).
+//! - `deploy`: turning a JobGraph vertex into a running chain from typed node factories.
+//! - `job`: the job master: deployment, the coordinator's actions, failover.
+//! - `restore`: choosing a checkpoint and assigning its state to subtasks.
+//! - [`restart`]: restart strategies. [`config`]: job configuration.
+//!
+//! Architecture invariant: this is the only crate that knows all seams and the only one that
+//! owns tokio tasks. It talks to storage only through `CheckpointStorage`, to channels only
+//! through `Transport`, to state only through the backends' APIs.
+#![warn(missing_docs)]
+
+pub mod config;
+pub(crate) mod deploy;
+pub mod env;
+pub mod error;
+pub(crate) mod job;
+pub mod keyed;
+pub mod operator;
+pub mod ops;
+pub mod restart;
+pub(crate) mod restore;
+pub mod sink;
+pub mod source;
+pub(crate) mod task;
+pub mod writer;
+
+pub use config::{JobConfig, StorageConfig};
+pub use deploy::OperatorContext;
+pub use env::{DataStream, KeyedStream, StreamEnvironment};
+pub use error::{JobError, TaskError};
+pub use job::{JobCanceller, JobResult, JobStatus};
+pub use restart::RestartStrategy;
+pub use sink::{CollectHandle, LatestHandle};
+pub use weir_core::config::{CheckpointConfig, CheckpointingMode};

@@ -1,2 +1,153 @@
-//! placeholder
-fn main() {}
+//! `word_count`: the job of the checkpointing notes, with checkpoints, failure injection and
+//! restore from a checkpoint.
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+use weir_examples::{WordCountOptions, build};
+use weir_runtime::{JobCanceller, JobStatus};
+
+/// Counts random words 1..9 with exactly-once keyed state, checkpointing as it goes.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Records over all source subtasks; 0 runs unbounded until Ctrl-C.
+    #[arg(long, default_value_t = 20_000_000)]
+    records: u64,
+    /// Parallelism of every operator.
+    #[arg(long, default_value_t = 2)]
+    parallelism: u32,
+    /// Max parallelism (key groups).
+    #[arg(long)]
+    max_parallelism: Option<u32>,
+    /// Generator seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Checkpoint interval, e.g. 100ms or 1s; absent: checkpoints off.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    checkpoint_interval: Option<Duration>,
+    /// Checkpoint directory.
+    #[arg(long, default_value = "weir-checkpoints")]
+    checkpoint_dir: PathBuf,
+    /// Inject one failure when the map has seen K records in total.
+    #[arg(long)]
+    fail_after: Option<u64>,
+    /// Start from a checkpoint directory, or the latest complete checkpoint under a root.
+    #[arg(long)]
+    from: Option<PathBuf>,
+    /// Write the final total per key as `key,total` lines sorted by key.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Print every update as `subtask> (word,count)`.
+    #[arg(long)]
+    print: bool,
+    /// Records per batch.
+    #[arg(long, default_value_t = 1024)]
+    batch_size: usize,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if args.checkpoint_interval == Some(Duration::ZERO) {
+        bail!("--checkpoint-interval must be greater than zero");
+    }
+    if args.batch_size == 0 {
+        bail!("--batch-size must be at least 1");
+    }
+    let opts = WordCountOptions {
+        records: (args.records > 0).then_some(args.records),
+        parallelism: args.parallelism,
+        max_parallelism: args.max_parallelism,
+        seed: args.seed,
+        checkpoint_interval: args.checkpoint_interval,
+        checkpoint_dir: args.checkpoint_dir.clone(),
+        fail_after: args.fail_after.into_iter().collect(),
+        from: args.from.clone(),
+        print: args.print,
+        restart: None,
+        batch_size: args.batch_size,
+    };
+    let (env, totals, _injector) = build(&opts);
+    let canceller = JobCanceller::default();
+    let c = canceller.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("word_count: cancelling (Ctrl-C)");
+            c.cancel();
+        }
+    });
+    let result = env
+        .execute_with(canceller)
+        .await
+        .context("word_count failed")?;
+    let totals = totals.get();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if !args.print {
+        let line: Vec<String> = totals.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        writeln!(out, "totals: {}", line.join(" "))?;
+    }
+    if let Some(path) = &args.output {
+        let mut text = String::new();
+        for (k, v) in &totals {
+            text.push_str(&format!("{k},{v}\n"));
+        }
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    for s in &result.checkpoint_history {
+        writeln!(out, "{s}")?;
+    }
+    if let Some(latest) = &result.latest_checkpoint {
+        writeln!(out, "latest checkpoint: {latest}")?;
+    }
+    if result.status == JobStatus::Canceled {
+        writeln!(out, "job cancelled")?;
+    }
+    let mut durations = result.checkpoint_durations.clone();
+    durations.sort();
+    let records = match opts.records {
+        Some(n) if result.status == JobStatus::Finished => n,
+        _ => result.source_records,
+    };
+    let secs = result.duration.as_secs_f64();
+    let mut summary = format!(
+        "summary: records={records} seconds={secs:.3} records_per_s={:.0} checkpoints={} restarts={}",
+        records as f64 / secs.max(1e-9),
+        result.checkpoints_completed,
+        result.restarts
+    );
+    if let (Some(p50), Some(p99)) = (percentile(&durations, 50.0), percentile(&durations, 99.0)) {
+        summary.push_str(&format!(
+            " checkpoint_p50_ms={} checkpoint_p99_ms={}",
+            ms(p50),
+            ms(p99)
+        ));
+    }
+    if let Some(r) = result.recovery_times.first() {
+        summary.push_str(&format!(" recovery_ms={}", ms(*r)));
+    }
+    writeln!(out, "{summary}")?;
+    Ok(())
+}

@@ -1,0 +1,78 @@
+//! A job's configuration: parallelism, checkpointing, storage, restarts and buffers.
+
+use crate::restart::RestartStrategy;
+use std::path::PathBuf;
+use std::sync::Arc;
+use weir_checkpoint::CheckpointStorage;
+use weir_core::config::CheckpointConfig;
+
+/// Where checkpoints go.
+#[derive(Clone)]
+pub enum StorageConfig {
+    /// A local directory through opendal's fs service (the default: `./weir-checkpoints`).
+    Filesystem(PathBuf),
+    /// opendal's memory service: gone with the process, for tests.
+    Memory,
+    /// Any other implementation of the storage seam.
+    Custom(Arc<dyn CheckpointStorage>),
+}
+
+impl std::fmt::Debug for StorageConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StorageConfig::Filesystem(p) => write!(f, "Filesystem({})", p.display()),
+            StorageConfig::Memory => write!(f, "Memory"),
+            StorageConfig::Custom(s) => write!(f, "Custom({})", s.describe()),
+        }
+    }
+}
+
+/// Everything about a job that is not its graph.
+#[derive(Clone, Debug)]
+pub struct JobConfig {
+    /// The job's name; its id derives from it, so reruns find their checkpoints.
+    pub job_name: String,
+    /// Default parallelism of operators.
+    pub parallelism: u32,
+    /// Max parallelism (key groups); `None`: Flink's default for the parallelism.
+    pub max_parallelism: Option<u32>,
+    /// Checkpointing.
+    pub checkpoint: CheckpointConfig,
+    /// Checkpoint storage.
+    pub storage: StorageConfig,
+    /// Restart strategy; `None`: fixed delay when checkpointing is on, no restart otherwise.
+    pub restart: Option<RestartStrategy>,
+    /// A checkpoint (or a checkpoint root) to start from, like `flink run -s`.
+    pub restore_from: Option<PathBuf>,
+    /// Records per batch that sources emit and writers send.
+    pub batch_size: usize,
+    /// Credits per channel.
+    pub buffers_per_channel: usize,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            job_name: "weir-job".into(),
+            parallelism: 1,
+            max_parallelism: None,
+            checkpoint: CheckpointConfig::default(),
+            storage: StorageConfig::Filesystem(PathBuf::from("weir-checkpoints")),
+            restart: None,
+            restore_from: None,
+            batch_size: 1024,
+            buffers_per_channel: 4,
+        }
+    }
+}
+
+impl JobConfig {
+    /// The restart strategy in force.
+    pub fn restart_strategy(&self) -> RestartStrategy {
+        match &self.restart {
+            Some(r) => r.clone(),
+            None if self.checkpoint.is_enabled() => RestartStrategy::default_with_checkpointing(),
+            None => RestartStrategy::NoRestart,
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! The errors of `weir-runtime`: task failures (which go to the restart strategy) and job errors
+//! (which reach the user).
+
+use thiserror::Error;
+use weir_checkpoint::CheckpointError;
+use weir_core::CoreError;
+use weir_network::NetworkError;
+use weir_state::StateError;
+
+/// Why a task failed. Every task failure goes through the restart strategy.
+#[derive(Debug, Error)]
+pub enum TaskError {
+    /// A user function or operator reported an error.
+    #[error("operator '{operator}' failed: {message}")]
+    Operator {
+        /// The operator's name.
+        operator: String,
+        /// Its message.
+        message: String,
+    },
+    /// A user function panicked.
+    #[error("task {task} panicked: {message}")]
+    Panic {
+        /// The subtask.
+        task: String,
+        /// The panic message.
+        message: String,
+    },
+    /// State access or restore failed.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// A channel failed.
+    #[error(transparent)]
+    Network(#[from] NetworkError),
+    /// Checkpoint storage failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// An upstream task went away without ending its input.
+    #[error("input channel {0} closed before its end of input: the upstream task failed")]
+    UpstreamGone(usize),
+    /// The job master went away.
+    #[error("lost the job master")]
+    MasterGone,
+}
+
+/// An error that ends a job.
+#[derive(Debug, Error)]
+pub enum JobError {
+    /// The job's configuration or graph is invalid.
+    #[error("invalid job: {0}")]
+    Invalid(String),
+    /// The graph model rejected the job.
+    #[error("invalid job: {0}")]
+    Graph(#[from] CoreError),
+    /// Checkpoint storage is unusable (for example, it cannot be written).
+    #[error("checkpoint storage: {0}")]
+    Storage(#[from] CheckpointError),
+    /// Restoring from a checkpoint failed.
+    #[error("cannot restore from {path}: {reason}")]
+    Restore {
+        /// The checkpoint.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The restart strategy gave up.
+    #[error(
+        "job failed after {restarts} restarts; the restart strategy ({strategy}) gave up. Last failure: {cause}"
+    )]
+    Failed {
+        /// Restarts made.
+        restarts: u32,
+        /// The strategy's description.
+        strategy: String,
+        /// The last task failure.
+        cause: String,
+    },
+}

@@ -1,0 +1,554 @@
+//! The job master: deploys every subtask, runs the checkpoint coordinator's decisions (trigger,
+//! finalize, notify, discard), and handles failures through the restart strategy, redeploying
+//! all tasks from the latest completed checkpoint.
+
+use crate::config::{JobConfig, StorageConfig};
+use crate::deploy::{BuildContext, NodeFactory, build_task};
+use crate::error::{JobError, TaskError};
+use crate::restart::RestartTracker;
+use crate::restore::{candidates_at, load_first_good};
+use crate::task::{JobMetrics, TaskEnv, TaskEvent, TaskMessage, TaskReport, run_task};
+use futures::FutureExt;
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{Notify, mpsc};
+use tracing::{Instrument, debug, info, info_span, warn};
+use weir_checkpoint::coordinator::{
+    CheckpointCoordinator, CheckpointStats, CheckpointStatus, CoordinatorAction, CoordinatorSetup,
+    TaskKey,
+};
+use weir_checkpoint::storage::CheckpointLocation;
+use weir_checkpoint::store::{CompletedCheckpoint, CompletedCheckpointStore};
+use weir_checkpoint::{
+    CheckpointMetadata, CheckpointStorage, OpendalCheckpointStorage, OperatorState,
+};
+use weir_core::element::{CheckpointBarrier, SnapshotKind};
+use weir_core::graph::{ExecutionGraph, ExecutionState, JobGraph};
+use weir_core::handle::TaskStateSnapshot;
+use weir_core::ids::{CheckpointId, JobId, NodeId};
+use weir_network::{ChannelConfig, LocalTransport, Transport};
+
+/// How a job ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobStatus {
+    /// Every task's input ended.
+    Finished,
+    /// Cancelled by the user.
+    Canceled,
+}
+
+/// What a finished job reports.
+#[derive(Clone, Debug)]
+pub struct JobResult {
+    /// The job's id.
+    pub job_id: JobId,
+    /// How it ended.
+    pub status: JobStatus,
+    /// Wall time from start to end.
+    pub duration: Duration,
+    /// Records the sources emitted, over all attempts (replays included).
+    pub source_records: u64,
+    /// Checkpoints completed.
+    pub checkpoints_completed: u64,
+    /// Checkpoints failed or aborted.
+    pub checkpoints_failed: u64,
+    /// Restarts after failures.
+    pub restarts: u32,
+    /// End-to-end durations of completed checkpoints, in completion order.
+    pub checkpoint_durations: Vec<Duration>,
+    /// Statistics of the last checkpoints.
+    pub checkpoint_history: Vec<CheckpointStats>,
+    /// For each restart: time from detecting the failure to the first record processed after the
+    /// restore.
+    pub recovery_times: Vec<Duration>,
+    /// The latest completed checkpoint, as `storage/path`.
+    pub latest_checkpoint: Option<String>,
+    /// The checkpoint the job started from, if any.
+    pub restored_from: Option<String>,
+}
+
+/// Cancels a running job (for example on Ctrl-C): its tasks stop, nothing more is checkpointed.
+#[derive(Clone, Debug, Default)]
+pub struct JobCanceller {
+    inner: Arc<(AtomicBool, Notify)>,
+}
+
+impl JobCanceller {
+    /// Requests cancellation.
+    pub fn cancel(&self) {
+        self.inner.0.store(true, Ordering::SeqCst);
+        self.inner.1.notify_waiters();
+    }
+
+    async fn cancelled(&self) {
+        loop {
+            let notified = self.inner.1.notified();
+            if self.inner.0.load(Ordering::SeqCst) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A job ready to run: its graph, configuration and typed node factories.
+pub(crate) struct JobSpec {
+    pub config: JobConfig,
+    pub job: JobGraph,
+    pub factories: Vec<Arc<dyn NodeFactory>>,
+    pub key_hashes: HashMap<(NodeId, NodeId), Arc<dyn Any + Send + Sync>>,
+}
+
+enum Outcome {
+    Finished,
+    Canceled,
+    Failed(String),
+}
+
+struct Finalized {
+    generation: u64,
+    id: CheckpointId,
+    result: Result<CompletedCheckpoint, String>,
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn build_storage(config: &JobConfig) -> Result<Arc<dyn CheckpointStorage>, JobError> {
+    Ok(match &config.storage {
+        StorageConfig::Filesystem(p) => Arc::new(OpendalCheckpointStorage::fs(p)?),
+        StorageConfig::Memory => Arc::new(OpendalCheckpointStorage::memory()?),
+        StorageConfig::Custom(s) => s.clone(),
+    })
+}
+
+fn build_metadata(
+    job: &JobGraph,
+    job_id: JobId,
+    id: CheckpointId,
+    kind: SnapshotKind,
+    trigger_timestamp_ms: u64,
+    acks: &BTreeMap<TaskKey, TaskStateSnapshot>,
+) -> CheckpointMetadata {
+    let operators = job
+        .stream_graph
+        .nodes
+        .iter()
+        .map(|n| {
+            let vertex = job.vertex_of[n.id.0 as usize];
+            let subtasks = acks
+                .iter()
+                .filter(|(k, _)| k.vertex == vertex)
+                .filter_map(|(k, s)| {
+                    s.operators
+                        .get(&n.operator_id)
+                        .map(|st| (k.subtask, st.clone()))
+                })
+                .collect();
+            OperatorState {
+                operator_id: n.operator_id,
+                uid: n.uid.clone(),
+                name: n.name.clone(),
+                parallelism: n.parallelism,
+                max_parallelism: n.max_parallelism,
+                subtasks,
+            }
+        })
+        .collect();
+    CheckpointMetadata {
+        job_id,
+        job_name: job.job_name.clone(),
+        checkpoint_id: id,
+        kind,
+        trigger_timestamp_ms,
+        completion_timestamp_ms: wall_ms(),
+        weir_version: env!("CARGO_PKG_VERSION").to_string(),
+        operators,
+    }
+}
+
+/// Runs a job to its end.
+pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<JobResult, JobError> {
+    let JobSpec {
+        config,
+        job,
+        factories,
+        key_hashes,
+    } = spec;
+    let started = Instant::now();
+    let epoch_wall_ms = wall_ms();
+    let job_id = JobId::from_name(&config.job_name);
+    let span = info_span!("job", name = %config.job_name, id = %job_id);
+    async move {
+        config
+            .checkpoint
+            .validate()
+            .map_err(|e| JobError::Invalid(e.to_string()))?;
+        let storage = build_storage(&config)?;
+        if config.checkpoint.is_enabled() {
+            storage.check_writable().await?;
+        }
+        let mut restore: Option<(Arc<dyn CheckpointStorage>, Vec<CheckpointLocation>)> =
+            match &config.restore_from {
+                Some(path) => {
+                    let (s, listings) = candidates_at(path).await?;
+                    Some((s, listings.into_iter().map(|l| l.location).collect()))
+                }
+                None => None,
+            };
+        let transport = Arc::new(LocalTransport::new(ChannelConfig {
+            buffers_per_channel: config.buffers_per_channel,
+        }));
+        let metrics = Arc::new(JobMetrics::default());
+        let mut store = CompletedCheckpointStore::new(config.checkpoint.num_retained);
+        let mut restart = RestartTracker::new(config.restart_strategy());
+        let mut execution = ExecutionGraph::new(&job);
+        let mut next_checkpoint_id = 1u64;
+        let mut generation = 0u64;
+        let mut restored_from = None;
+        let mut completed = 0u64;
+        let mut failed = 0u64;
+        let mut durations = Vec::new();
+        let mut history: Vec<CheckpointStats> = Vec::new();
+        let mut failures: Vec<(u64, Duration)> = Vec::new();
+        let sources: Vec<TaskKey> = job
+            .vertices
+            .iter()
+            .filter(|v| v.is_source)
+            .flat_map(|v| (0..v.parallelism).map(move |i| TaskKey { vertex: v.id, subtask: i }))
+            .collect();
+        let all: Vec<TaskKey> = job
+            .vertices
+            .iter()
+            .flat_map(|v| (0..v.parallelism).map(move |i| TaskKey { vertex: v.id, subtask: i }))
+            .collect();
+        let (finalize_tx, mut finalize_rx) = mpsc::channel::<Finalized>(64);
+
+        loop {
+            generation += 1;
+            transport.release_before(generation);
+            let mut contexts = match &restore {
+                Some((s, locations)) => {
+                    let (point, contexts) = load_first_good(s.clone(), locations, &job).await?;
+                    next_checkpoint_id = next_checkpoint_id.max(point.metadata.checkpoint_id.0 + 1);
+                    info!(checkpoint = %point.describe(), "restoring");
+                    if restored_from.is_none() {
+                        restored_from = Some(point.describe());
+                    }
+                    contexts
+                }
+                None => HashMap::new(),
+            };
+            let mut coordinator = CheckpointCoordinator::new(CoordinatorSetup {
+                config: config.checkpoint.clone(),
+                tasks_to_trigger: sources.clone(),
+                tasks_to_wait_for: all.clone(),
+                next_checkpoint_id,
+                epoch_wall_ms,
+            });
+            // Deploy every subtask of this generation.
+            let (report_tx, mut report_rx) = mpsc::channel::<TaskReport>(1024);
+            let mut mailboxes: HashMap<TaskKey, mpsc::Sender<TaskMessage>> = HashMap::new();
+            let mut handles = Vec::new();
+            for v in &job.vertices {
+                for i in 0..v.parallelism {
+                    let key = TaskKey { vertex: v.id, subtask: i };
+                    let ev = execution.get_mut(v.id, i);
+                    ev.state = ExecutionState::Deploying;
+                    let attempt = ev.attempt.0;
+                    let restore_ctx = contexts.remove(&(v.id, i)).unwrap_or_default();
+                    let ctx = BuildContext {
+                        transport: transport.as_ref() as &dyn Transport,
+                        generation,
+                        job: &job,
+                        vertex: v,
+                        subtask: i,
+                        attempt,
+                        restored: restore_ctx.checkpoint.is_some(),
+                        batch_size: config.batch_size,
+                        key_hashes: &key_hashes,
+                    };
+                    let input = build_task(&ctx, &factories).map_err(|e| JobError::Invalid(e.to_string()))?;
+                    let (mtx, mrx) = mpsc::channel(256);
+                    mailboxes.insert(key, mtx);
+                    let name = format!("{} ({}/{})#{attempt}", v.name, i + 1, v.parallelism);
+                    let env = TaskEnv {
+                        task: key,
+                        name: name.clone(),
+                        generation,
+                        job_id,
+                        storage: storage.clone(),
+                        reports: report_tx.clone(),
+                        mailbox: mrx,
+                        started,
+                        metrics: metrics.clone(),
+                        is_source: v.is_source,
+                    };
+                    let reports = report_tx.clone();
+                    handles.push(tokio::spawn(async move {
+                        let run = AssertUnwindSafe(run_task(input, env, restore_ctx)).catch_unwind();
+                        if let Err(panic) = run.await {
+                            let message = panic
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "unknown panic".into());
+                            let _ = reports
+                                .send(TaskReport {
+                                    generation,
+                                    task: key,
+                                    event: TaskEvent::Failed(TaskError::Panic { task: name, message }),
+                                })
+                                .await;
+                        }
+                    }));
+                }
+            }
+            drop(report_tx);
+            let mut running = BTreeSet::new();
+            let mut finished = BTreeSet::new();
+            let mut actions = Vec::new();
+            let outcome = loop {
+                let now = started.elapsed();
+                let wake = coordinator.next_wakeup();
+                tokio::select! {
+                    report = report_rx.recv() => {
+                        let Some(report) = report else {
+                            break Outcome::Failed("every task ended without reporting".into());
+                        };
+                        if report.generation != generation {
+                            continue;
+                        }
+                        let task = report.task;
+                        match report.event {
+                            TaskEvent::Running => {
+                                execution.get_mut(task.vertex, task.subtask).state = ExecutionState::Running;
+                                coordinator.task_running(task);
+                                running.insert(task);
+                                if running.len() == all.len() {
+                                    info!(generation, "job RUNNING");
+                                    coordinator.job_status_changed(true, now, &mut actions);
+                                }
+                            }
+                            TaskEvent::Acknowledge { id, state, metrics } => {
+                                debug!(checkpoint = id.0, %task, "acknowledged");
+                                coordinator.acknowledge(task, id, state, metrics, now, &mut actions);
+                            }
+                            TaskEvent::Decline { id, reason } => {
+                                coordinator.decline(task, id, reason, now, &mut actions);
+                            }
+                            TaskEvent::Finished => {
+                                execution.get_mut(task.vertex, task.subtask).state = ExecutionState::Finished;
+                                finished.insert(task);
+                                coordinator.task_finished(task, now, &mut actions);
+                                if finished.len() == all.len() {
+                                    break Outcome::Finished;
+                                }
+                            }
+                            TaskEvent::Failed(e) => {
+                                execution.get_mut(task.vertex, task.subtask).state = ExecutionState::Failed;
+                                warn!(%task, error = %e, "task failed");
+                                break Outcome::Failed(format!("task {task} failed: {e}"));
+                            }
+                        }
+                    }
+                    f = finalize_rx.recv() => {
+                        let Some(f) = f else { continue };
+                        if f.generation != generation {
+                            continue;
+                        }
+                        match f.result {
+                            Ok(cp) => {
+                                coordinator.finalized(f.id, Ok(()), now, &mut actions);
+                                for old in store.add(cp) {
+                                    let s = storage.clone();
+                                    tokio::spawn(async move {
+                                        if let Err(e) = s.discard(&old.location).await {
+                                            warn!(checkpoint = old.id.0, error = %e, "cannot discard subsumed checkpoint");
+                                        }
+                                    });
+                                }
+                            }
+                            Err(e) => coordinator.finalized(f.id, Err(e), now, &mut actions),
+                        }
+                    }
+                    _ = async {
+                        match wake {
+                            Some(w) => tokio::time::sleep_until((started + w).into()).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        coordinator.tick(now.max(started.elapsed()), &mut actions);
+                    }
+                    _ = canceller.cancelled() => break Outcome::Canceled,
+                }
+                // Carry out the coordinator's decisions.
+                let mut fail = None;
+                while !actions.is_empty() {
+                for action in std::mem::take(&mut actions) {
+                    match action {
+                        CoordinatorAction::Trigger { id, timestamp_ms, options, tasks } => {
+                            debug!(checkpoint = id.0, kind = ?options.kind, "trigger");
+                            match storage.init_location(job_id, id).await {
+                                Err(e) => coordinator.trigger_failed(id, e.to_string(), started.elapsed(), &mut actions),
+                                Ok(_) => {
+                                    let barrier = CheckpointBarrier { id, timestamp_ms, options };
+                                    for t in tasks {
+                                        if let Some(m) = mailboxes.get(&t)
+                                            && m.try_send(TaskMessage::Trigger(barrier)).is_err()
+                                        {
+                                            debug!(task = %t, "trigger not delivered: the task has ended");
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        CoordinatorAction::Finalize { id, kind, timestamp_ms, acks } => {
+                            let metadata = build_metadata(&job, job_id, id, kind, timestamp_ms, &acks);
+                            let s = storage.clone();
+                            let tx = finalize_tx.clone();
+                            tokio::spawn(async move {
+                                let location = CheckpointLocation::for_checkpoint(job_id, id);
+                                let result = s
+                                    .write_metadata(&location, &metadata)
+                                    .await
+                                    .map(|_| CompletedCheckpoint {
+                                        id,
+                                        location,
+                                        state_size: metadata.state_size(),
+                                        completion_timestamp_ms: metadata.completion_timestamp_ms,
+                                    })
+                                    .map_err(|e| e.to_string());
+                                let _ = tx.send(Finalized { generation, id, result }).await;
+                            });
+                        }
+                        CoordinatorAction::NotifyComplete { id, tasks } => {
+                            if let Some(s) = coordinator.stats(id) {
+                                info!("{s}");
+                            }
+                            for t in tasks {
+                                if let Some(m) = mailboxes.get(&t) {
+                                    let _ = m.try_send(TaskMessage::NotifyComplete(id));
+                                }
+                            }
+                        }
+                        CoordinatorAction::NotifyAborted { id, reason, tasks } => {
+                            info!(checkpoint = id.0, %reason, "checkpoint aborted");
+                            for t in tasks {
+                                if let Some(m) = mailboxes.get(&t) {
+                                    let _ = m.try_send(TaskMessage::NotifyAborted(id));
+                                }
+                            }
+                            let s = storage.clone();
+                            tokio::spawn(async move {
+                                let _ = s.discard(&CheckpointLocation::for_checkpoint(job_id, id)).await;
+                            });
+                        }
+                        CoordinatorAction::FailJob { reason } => fail = Some(reason),
+                    }
+                }
+                }
+                if let Some(reason) = fail {
+                    break Outcome::Failed(reason);
+                }
+            };
+            // Tear this generation down.
+            for h in &handles {
+                h.abort();
+            }
+            let mut ignored = Vec::new();
+            coordinator.job_status_changed(false, started.elapsed(), &mut ignored);
+            for a in ignored {
+                if let CoordinatorAction::NotifyAborted { id, .. } = a {
+                    let s = storage.clone();
+                    tokio::spawn(async move {
+                        let _ = s.discard(&CheckpointLocation::for_checkpoint(job_id, id)).await;
+                    });
+                }
+            }
+            let (c, f) = coordinator.counts();
+            completed += c;
+            failed += f;
+            durations.extend(coordinator.completed_durations());
+            history.extend(coordinator.history().cloned());
+            next_checkpoint_id = coordinator.next_checkpoint_id();
+            let cause = match outcome {
+                Outcome::Finished | Outcome::Canceled => {
+                    let status = if matches!(outcome, Outcome::Finished) {
+                        JobStatus::Finished
+                    } else {
+                        JobStatus::Canceled
+                    };
+                    execution.set_all(match status {
+                        JobStatus::Finished => ExecutionState::Finished,
+                        JobStatus::Canceled => ExecutionState::Canceled,
+                    });
+                    let firsts = metrics.first_record_us.lock().map(|v| v.clone()).unwrap_or_default();
+                    let recovery_times = failures
+                        .iter()
+                        .filter_map(|(gen_after, at)| {
+                            firsts
+                                .iter()
+                                .filter(|(g, _)| g == gen_after)
+                                .map(|(_, us)| Duration::from_micros(*us))
+                                .min()
+                                .map(|first| first.saturating_sub(*at))
+                        })
+                        .collect();
+                    let keep = history.len().saturating_sub(weir_checkpoint::coordinator::STATS_HISTORY);
+                    history.drain(..keep);
+                    info!(?status, restarts = restart.restarts(), completed, failed, "job ended");
+                    return Ok(JobResult {
+                        job_id,
+                        status,
+                        duration: started.elapsed(),
+                        source_records: metrics.source_records.load(Ordering::Relaxed),
+                        checkpoints_completed: completed,
+                        checkpoints_failed: failed,
+                        restarts: restart.restarts(),
+                        checkpoint_durations: durations,
+                        checkpoint_history: history
+                            .into_iter()
+                            .filter(|s| s.status != CheckpointStatus::InProgress)
+                            .collect(),
+                        recovery_times,
+                        latest_checkpoint: store
+                            .latest()
+                            .map(|c| format!("{}/{}", storage.describe(), c.location.dir.trim_end_matches('/'))),
+                        restored_from,
+                    });
+                }
+                Outcome::Failed(cause) => cause,
+            };
+            let failed_at = started.elapsed();
+            let Some(delay) = restart.on_failure(failed_at) else {
+                return Err(JobError::Failed {
+                    restarts: restart.restarts(),
+                    strategy: config.restart_strategy().describe(),
+                    cause,
+                });
+            };
+            warn!(%cause, restart = restart.restarts(), ?delay, "restarting the job");
+            failures.push((generation + 1, failed_at));
+            execution.restart_all();
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let retained: Vec<CheckpointLocation> =
+                store.retained().rev().map(|c| c.location.clone()).collect();
+            if !retained.is_empty() {
+                restore = Some((storage.clone(), retained));
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}

@@ -1,0 +1,323 @@
+//! Keyed operators: `sum`, `reduce` and the keyed process function, over a keyed-state backend
+//! that owns this subtask's key groups.
+//!
+//! Each record's key is read by reference from the record ([`KeyFn`]); its key group is computed
+//! once per record and passed to the backend, which never hashes it again for routing.
+
+use crate::error::TaskError;
+use crate::operator::{
+    Lifecycle, OneInputOperator, OpResult, OperatorSnapshotParts, Output, SubtaskInfo,
+};
+use std::ops::Add;
+use std::sync::Arc;
+use weir_core::ids::OperatorId;
+use weir_core::keygroup::{KeyGroup, assign_to_key_group};
+use weir_state::{
+    HeapKeyedStateBackend, KeyedStateBackend, RestorePart, StateKey, StateValue, ValueState,
+    ValueStateDescriptor,
+};
+
+/// Reads a record's key by reference (Flink's `KeySelector`).
+pub type KeyFn<T, K> = Arc<dyn for<'a> Fn(&'a T) -> &'a K + Send + Sync>;
+
+/// The keyed-state part every keyed operator shares: its backend and how it opens, restores and
+/// snapshots.
+pub struct KeyedBase<K: StateKey> {
+    operator_id: OperatorId,
+    info: SubtaskInfo,
+    backend: HeapKeyedStateBackend<K>,
+}
+
+impl<K: StateKey> KeyedBase<K> {
+    /// For subtask `info`; the backend owns the subtask's key-group range.
+    pub fn new(operator_id: OperatorId, info: SubtaskInfo) -> Self {
+        let backend = HeapKeyedStateBackend::new(info.max_parallelism, info.key_group_range());
+        KeyedBase {
+            operator_id,
+            info,
+            backend,
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&mut self) -> &mut HeapKeyedStateBackend<K> {
+        &mut self.backend
+    }
+
+    /// The key group of `key`.
+    #[inline]
+    pub fn key_group(&self, key: &K) -> KeyGroup {
+        assign_to_key_group(key, self.info.max_parallelism)
+    }
+
+    /// Handles the lifecycle events that concern keyed state: restore at open, freeze at snapshot.
+    /// Returns true for `Open`, after which the operator registers its states.
+    pub fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> Result<bool, TaskError> {
+        match event {
+            Lifecycle::Open(ctx) => {
+                if let Some(restored) = ctx.operators.remove(&self.operator_id) {
+                    let parts: Vec<RestorePart<'_>> = restored
+                        .keyed
+                        .iter()
+                        .map(|r| RestorePart {
+                            handle: &r.handle,
+                            header: &r.header,
+                            sections: &r.sections,
+                            sections_offset: r.sections_offset,
+                        })
+                        .collect();
+                    self.backend.restore(&parts)?;
+                }
+                Ok(true)
+            }
+            Lifecycle::Snapshot(_, parts) => {
+                parts.push(OperatorSnapshotParts {
+                    operator_id: self.operator_id,
+                    keyed: Some(self.backend.snapshot()?),
+                    operator: None,
+                });
+                Ok(false)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+/// A running sum of the second field per key, emitting `(first field, new sum)` per record (Flink's
+/// `sum(1)` on a `Tuple2`).
+pub struct SumOperator<K: StateKey, A, N> {
+    base: KeyedBase<K>,
+    key: KeyFn<(A, N), K>,
+    state: Option<ValueState<N>>,
+}
+
+impl<K: StateKey, A, N> SumOperator<K, A, N> {
+    /// A sum keyed by `key`.
+    pub fn new(base: KeyedBase<K>, key: KeyFn<(A, N), K>) -> Self {
+        SumOperator {
+            base,
+            key,
+            state: None,
+        }
+    }
+}
+
+fn not_open(op: &str) -> TaskError {
+    TaskError::Operator {
+        operator: op.to_string(),
+        message: "a record arrived before the operator was opened".into(),
+    }
+}
+
+impl<K, A, N> OneInputOperator<(A, N)> for SumOperator<K, A, N>
+where
+    K: StateKey,
+    A: Send + 'static,
+    N: StateValue + Copy + Default + Add<Output = N>,
+{
+    type Out = (A, N);
+
+    #[inline]
+    fn process(&mut self, record: (A, N), out: &mut dyn Output<(A, N)>) -> OpResult {
+        let state = self.state.ok_or_else(|| not_open("Sum"))?;
+        let total = {
+            let key = (self.key)(&record);
+            let kg = self.base.key_group(key);
+            let slot = self
+                .base
+                .backend
+                .value_mut_or_insert(state, key, kg, N::default);
+            *slot = *slot + record.1;
+            *slot
+        };
+        out.push((record.0, total))
+    }
+
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<(A, N)>) -> OpResult {
+        if self.base.lifecycle(event)? {
+            self.state = Some(
+                self.base
+                    .backend
+                    .value_state(&ValueStateDescriptor::<N>::new("sum"))?,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A running reduce per key: emits the new reduced value per record (Flink's `reduce`).
+pub struct ReduceOperator<K: StateKey, T, F> {
+    base: KeyedBase<K>,
+    key: KeyFn<T, K>,
+    f: F,
+    state: Option<ValueState<T>>,
+}
+
+impl<K: StateKey, T, F> ReduceOperator<K, T, F> {
+    /// A reduce keyed by `key` with `f`.
+    pub fn new(base: KeyedBase<K>, key: KeyFn<T, K>, f: F) -> Self {
+        ReduceOperator {
+            base,
+            key,
+            f,
+            state: None,
+        }
+    }
+}
+
+impl<K, T, F> OneInputOperator<T> for ReduceOperator<K, T, F>
+where
+    K: StateKey,
+    T: StateValue,
+    F: Fn(&T, &T) -> T + Send + 'static,
+{
+    type Out = T;
+
+    fn process(&mut self, record: T, out: &mut dyn Output<T>) -> OpResult {
+        let state = self.state.ok_or_else(|| not_open("Reduce"))?;
+        let reduced = {
+            let key = (self.key)(&record);
+            let kg = self.base.key_group(key);
+            let backend = &mut self.base.backend;
+            let new = match backend.value(state, key, kg) {
+                Some(old) => (self.f)(old, &record),
+                None => record.clone(),
+            };
+            backend.update(state, key, kg, new.clone());
+            new
+        };
+        out.push(reduced)
+    }
+
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<T>) -> OpResult {
+        if self.base.lifecycle(event)? {
+            self.state = Some(
+                self.base
+                    .backend
+                    .value_state(&ValueStateDescriptor::<T>::new("reduce"))?,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Where a keyed process function registers its states at open time.
+pub struct KeyedStateRegistry<'a, K: StateKey> {
+    backend: &'a mut HeapKeyedStateBackend<K>,
+}
+
+impl<K: StateKey> KeyedStateRegistry<'_, K> {
+    /// Registers (or finds, after a restore) a value state.
+    pub fn value_state<V: StateValue>(
+        &mut self,
+        descriptor: &ValueStateDescriptor<V>,
+    ) -> Result<ValueState<V>, TaskError> {
+        Ok(self.backend.value_state(descriptor)?)
+    }
+}
+
+/// The current key and its state, during `process_element`.
+pub struct KeyedContext<'a, K: StateKey> {
+    key: &'a K,
+    key_group: KeyGroup,
+    backend: &'a mut HeapKeyedStateBackend<K>,
+}
+
+impl<K: StateKey> KeyedContext<'_, K> {
+    /// The key of the record being processed.
+    pub fn current_key(&self) -> &K {
+        self.key
+    }
+
+    /// The current key's value of `state`.
+    pub fn value<V: StateValue>(&self, state: ValueState<V>) -> Option<&V> {
+        self.backend.value(state, self.key, self.key_group)
+    }
+
+    /// Sets the current key's value of `state`.
+    pub fn update<V: StateValue>(&mut self, state: ValueState<V>, value: V) {
+        self.backend.update(state, self.key, self.key_group, value)
+    }
+
+    /// Clears the current key's value of `state`.
+    pub fn clear<V: StateValue>(&mut self, state: ValueState<V>) {
+        self.backend.clear(state, self.key, self.key_group)
+    }
+}
+
+/// Emits records from a process function.
+pub struct Collector<'a, O> {
+    out: &'a mut dyn Output<O>,
+}
+
+impl<O> Collector<'_, O> {
+    /// Emits one record downstream.
+    pub fn collect(&mut self, record: O) -> OpResult {
+        self.out.push(record)
+    }
+}
+
+/// A function over a keyed stream with keyed state (Flink's `KeyedProcessFunction`).
+pub trait KeyedProcessFunction<K: StateKey, I, O>: Send + 'static {
+    /// Registers the states it uses. Called once per attempt, after restore.
+    fn open(&mut self, states: &mut KeyedStateRegistry<'_, K>) -> Result<(), TaskError>;
+
+    /// Processes one record with its key's state.
+    fn process_element(
+        &mut self,
+        record: I,
+        ctx: &mut KeyedContext<'_, K>,
+        out: &mut Collector<'_, O>,
+    ) -> Result<(), TaskError>;
+}
+
+/// Runs a [`KeyedProcessFunction`].
+pub struct ProcessOperator<K: StateKey, I, O, P> {
+    base: KeyedBase<K>,
+    key: KeyFn<I, K>,
+    function: P,
+    _out: std::marker::PhantomData<fn() -> O>,
+}
+
+impl<K: StateKey, I, O, P> ProcessOperator<K, I, O, P> {
+    /// Runs `function` keyed by `key`.
+    pub fn new(base: KeyedBase<K>, key: KeyFn<I, K>, function: P) -> Self {
+        ProcessOperator {
+            base,
+            key,
+            function,
+            _out: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<K, I, O, P> OneInputOperator<I> for ProcessOperator<K, I, O, P>
+where
+    K: StateKey,
+    I: Send + 'static,
+    O: Send + 'static,
+    P: KeyedProcessFunction<K, I, O>,
+{
+    type Out = O;
+
+    fn process(&mut self, record: I, out: &mut dyn Output<O>) -> OpResult {
+        let key = (self.key)(&record).clone();
+        let key_group = self.base.key_group(&key);
+        let mut ctx = KeyedContext {
+            key: &key,
+            key_group,
+            backend: &mut self.base.backend,
+        };
+        self.function
+            .process_element(record, &mut ctx, &mut Collector { out })
+    }
+
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<O>) -> OpResult {
+        if self.base.lifecycle(event)? {
+            self.function.open(&mut KeyedStateRegistry {
+                backend: &mut self.base.backend,
+            })?;
+        }
+        Ok(())
+    }
+}

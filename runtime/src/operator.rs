@@ -1,0 +1,315 @@
+//! The operator chain: push-based operators called directly, one after another, inside a task.
+//!
+//! A chain is a tree of [`Output`]s. Each chained operator owns its downstream as a
+//! `Box<dyn Output<Out>>`; a network writer or a sink ends a branch. Records go down by direct
+//! calls (`push`), and lifecycle events ([`Lifecycle`]: open, prepare-snapshot, barrier, snapshot,
+//! notifications, end of input) visit every operator in chain order.
+
+use crate::error::TaskError;
+use std::any::Any;
+use std::collections::HashMap;
+use std::task::{Context, Poll};
+use weir_core::element::{CheckpointBarrier, Watermark};
+use weir_core::handle::KeyedStateHandle;
+use weir_core::ids::{CheckpointId, OperatorId, SubtaskIndex};
+use weir_core::keygroup::{KeyGroupRange, compute_key_group_range_for_operator_index};
+use weir_state::{KeyedSnapshot, OperatorSnapshot};
+
+/// The result of an operator call.
+pub type OpResult = Result<(), TaskError>;
+
+/// A consumer of records inside a chain: a chained operator with its downstream, a network
+/// writer, or a sink.
+pub trait Output<T>: Send {
+    /// One record.
+    fn push(&mut self, record: T) -> OpResult;
+
+    /// A batch of records, in order.
+    fn push_batch(&mut self, batch: Vec<T>) -> OpResult {
+        for r in batch {
+            self.push(r)?;
+        }
+        Ok(())
+    }
+
+    /// Event time advanced.
+    fn watermark(&mut self, watermark: Watermark) -> OpResult;
+
+    /// A lifecycle event: handled here, then passed on downstream.
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult;
+
+    /// Sends what writers have queued; ready when nothing is queued any more.
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<OpResult>;
+}
+
+/// The state one operator restores from, fetched by the job master before deployment.
+#[derive(Debug, Default)]
+pub struct RestoredOperatorState {
+    /// Keyed state: each handle that overlaps this subtask's key groups, with the bytes of its
+    /// header and of the sections this subtask owns.
+    pub keyed: Vec<RestoredKeyed>,
+    /// Operator state blobs assigned to this subtask.
+    pub operator: Vec<Vec<u8>>,
+}
+
+/// Keyed-state bytes for one handle.
+#[derive(Debug)]
+pub struct RestoredKeyed {
+    /// The handle.
+    pub handle: KeyedStateHandle,
+    /// Its header bytes.
+    pub header: Vec<u8>,
+    /// The section bytes for the key groups this subtask owns.
+    pub sections: Vec<u8>,
+    /// Offset of `sections[0]` in the original stream.
+    pub sections_offset: u64,
+}
+
+/// Where a subtask stands, and what it restores from.
+#[derive(Debug, Default)]
+pub struct RestoreContext {
+    /// Per operator.
+    pub operators: HashMap<OperatorId, RestoredOperatorState>,
+    /// The checkpoint restored from, if any.
+    pub checkpoint: Option<CheckpointId>,
+}
+
+/// The facts an operator needs at open time.
+#[derive(Clone, Debug)]
+pub struct SubtaskInfo {
+    /// Subtask index.
+    pub index: SubtaskIndex,
+    /// Parallelism of the operator.
+    pub parallelism: u32,
+    /// Max parallelism (key groups).
+    pub max_parallelism: u32,
+    /// Attempt number.
+    pub attempt: u32,
+    /// Task name, e.g. `Sum -> Sink (2/4)#0`.
+    pub task_name: String,
+    /// Whether the subtask was restored from a checkpoint (so empty state means "nothing left
+    /// to do", not "fresh start").
+    pub restored: bool,
+}
+
+impl SubtaskInfo {
+    /// The key groups this subtask owns.
+    pub fn key_group_range(&self) -> KeyGroupRange {
+        compute_key_group_range_for_operator_index(
+            self.max_parallelism,
+            self.parallelism,
+            self.index,
+        )
+    }
+}
+
+/// The synchronous part of one operator's snapshot.
+pub struct OperatorSnapshotParts {
+    /// The operator.
+    pub operator_id: OperatorId,
+    /// Frozen keyed state.
+    pub keyed: Option<Box<dyn KeyedSnapshot>>,
+    /// Frozen operator state.
+    pub operator: Option<OperatorSnapshot>,
+}
+
+impl std::fmt::Debug for OperatorSnapshotParts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorSnapshotParts")
+            .field("operator_id", &self.operator_id)
+            .field("keyed", &self.keyed.is_some())
+            .field("operator", &self.operator.is_some())
+            .finish()
+    }
+}
+
+/// A lifecycle event that visits every operator of a chain in order.
+pub enum Lifecycle<'a> {
+    /// Restore state (each operator takes its own from the context) and open.
+    Open(&'a mut RestoreContext),
+    /// Step 1: flush anything buffered before the barrier goes out.
+    PrepareSnapshotPreBarrier(CheckpointId),
+    /// Step 2: writers broadcast the barrier on every channel.
+    EmitBarrier(CheckpointBarrier),
+    /// Writers broadcast a cancel marker for an aborted checkpoint.
+    EmitCancelMarker(CheckpointId),
+    /// Step 4, synchronous part: each stateful operator freezes its state into the list.
+    Snapshot(CheckpointId, &'a mut Vec<OperatorSnapshotParts>),
+    /// The checkpoint completed.
+    NotifyComplete(CheckpointId),
+    /// The checkpoint was aborted.
+    NotifyAborted(CheckpointId),
+    /// All input ended: operators emit what they hold; writers send end of input.
+    EndInput,
+    /// Writers hand partly filled batches to their channels' queues.
+    FlushPartial,
+}
+
+/// A one-input operator, chained in front of its downstream by [`Chained`].
+pub trait OneInputOperator<I>: Send + 'static {
+    /// The output record type.
+    type Out: Send + 'static;
+
+    /// One record.
+    fn process(&mut self, record: I, out: &mut dyn Output<Self::Out>) -> OpResult;
+
+    /// A batch; override to amortise per-batch work.
+    fn process_batch(&mut self, batch: Vec<I>, out: &mut dyn Output<Self::Out>) -> OpResult {
+        for r in batch {
+            self.process(r, out)?;
+        }
+        Ok(())
+    }
+
+    /// Event time advanced; by default forwarded.
+    fn watermark(&mut self, watermark: Watermark, out: &mut dyn Output<Self::Out>) -> OpResult {
+        out.watermark(watermark)
+    }
+
+    /// A lifecycle event for this operator, before it goes downstream.
+    fn lifecycle(
+        &mut self,
+        _event: &mut Lifecycle<'_>,
+        _out: &mut dyn Output<Self::Out>,
+    ) -> OpResult {
+        Ok(())
+    }
+}
+
+/// An operator and its downstream: the unit of chaining.
+pub struct Chained<Op: OneInputOperator<I>, I> {
+    op: Op,
+    next: Box<dyn Output<Op::Out>>,
+    _in: std::marker::PhantomData<fn(I)>,
+}
+
+impl<Op: OneInputOperator<I>, I> Chained<Op, I> {
+    /// Chains `op` in front of `next`.
+    pub fn new(op: Op, next: Box<dyn Output<Op::Out>>) -> Self {
+        Chained {
+            op,
+            next,
+            _in: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<Op: OneInputOperator<I>, I: Send + 'static> Output<I> for Chained<Op, I> {
+    #[inline]
+    fn push(&mut self, record: I) -> OpResult {
+        self.op.process(record, &mut *self.next)
+    }
+
+    fn push_batch(&mut self, batch: Vec<I>) -> OpResult {
+        self.op.process_batch(batch, &mut *self.next)
+    }
+
+    fn watermark(&mut self, watermark: Watermark) -> OpResult {
+        self.op.watermark(watermark, &mut *self.next)
+    }
+
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult {
+        self.op.lifecycle(event, &mut *self.next)?;
+        self.next.lifecycle(event)
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<OpResult> {
+        self.next.poll_flush(cx)
+    }
+}
+
+/// Several downstreams of one operator (a stream consumed more than once): each gets a copy.
+pub struct Fanout<T> {
+    outs: Vec<Box<dyn Output<T>>>,
+}
+
+impl<T> Fanout<T> {
+    /// Over `outs`.
+    pub fn new(outs: Vec<Box<dyn Output<T>>>) -> Self {
+        Fanout { outs }
+    }
+}
+
+impl<T: Clone + Send + 'static> Output<T> for Fanout<T> {
+    fn push(&mut self, record: T) -> OpResult {
+        if let Some((last, rest)) = self.outs.split_last_mut() {
+            for o in rest {
+                o.push(record.clone())?;
+            }
+            last.push(record)?;
+        }
+        Ok(())
+    }
+
+    fn watermark(&mut self, watermark: Watermark) -> OpResult {
+        self.outs
+            .iter_mut()
+            .try_for_each(|o| o.watermark(watermark))
+    }
+
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult {
+        self.outs.iter_mut().try_for_each(|o| o.lifecycle(event))
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<OpResult> {
+        let mut pending = false;
+        for o in &mut self.outs {
+            match o.poll_flush(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => pending = true,
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(Ok(()))
+        }
+    }
+}
+
+/// The end of a branch with no consumer: drops what it gets.
+pub struct Discard;
+
+impl<T: Send + 'static> Output<T> for Discard {
+    fn push(&mut self, _record: T) -> OpResult {
+        Ok(())
+    }
+
+    fn push_batch(&mut self, _batch: Vec<T>) -> OpResult {
+        Ok(())
+    }
+
+    fn watermark(&mut self, _watermark: Watermark) -> OpResult {
+        Ok(())
+    }
+
+    fn lifecycle(&mut self, _event: &mut Lifecycle<'_>) -> OpResult {
+        Ok(())
+    }
+
+    fn poll_flush(&mut self, _cx: &mut Context<'_>) -> Poll<OpResult> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Erases an output for the type-erased chain builder.
+pub(crate) fn erase<T: 'static>(out: Box<dyn Output<T>>) -> Box<dyn Any> {
+    Box::new(out)
+}
+
+/// Recovers an erased output; the builder guarantees the type.
+pub(crate) fn unerase<T: 'static>(
+    out: Box<dyn Any>,
+    what: &str,
+) -> Result<Box<dyn Output<T>>, TaskError> {
+    out.downcast::<Box<dyn Output<T>>>()
+        .map(|b| *b)
+        .map_err(|_| TaskError::Operator {
+            operator: what.to_string(),
+            message: format!(
+                "internal error: chain output is not Output<{}>",
+                std::any::type_name::<T>()
+            ),
+        })
+}

@@ -1,0 +1,452 @@
+//! Sinks: print (Flink's `subtask> record`), exactly-once two-phase-commit sinks (collect, for
+//! tests, and files), and the latest-value-per-key sink that keeps final totals.
+//!
+//! The two-phase-commit sink is Flink's `TwoPhaseCommitSinkFunction`: records since the last
+//! checkpoint form the open transaction; a snapshot pre-commits it into operator state; the
+//! checkpoint's completion commits it; a restore commits what the restored checkpoint had
+//! pre-committed. Commits are idempotent (keyed by subtask and transaction), so the committed
+//! output equals a failure-free run's.
+
+use crate::error::TaskError;
+use crate::operator::{
+    Lifecycle, OneInputOperator, OpResult, OperatorSnapshotParts, Output, SubtaskInfo,
+};
+use serde::{Serialize, de::DeserializeOwned};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Display;
+use std::hash::Hash;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use weir_core::handle::OperatorStateMode;
+use weir_core::ids::{CheckpointId, OperatorId};
+use weir_state::{ListState, OperatorStateBackend};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How a record prints: tuples as Flink prints them, `(a,b)`.
+pub trait Printable {
+    /// Writes the record.
+    fn print(&self, out: &mut dyn Write) -> std::io::Result<()>;
+}
+
+macro_rules! printable_display {
+    ($($t:ty),*) => {$(
+        impl Printable for $t {
+            fn print(&self, out: &mut dyn Write) -> std::io::Result<()> {
+                write!(out, "{}", self)
+            }
+        }
+    )*};
+}
+printable_display!(
+    String,
+    &'static str,
+    i8,
+    i16,
+    i32,
+    i64,
+    u8,
+    u16,
+    u32,
+    u64,
+    usize,
+    f32,
+    f64,
+    bool,
+    char
+);
+
+impl<A: Display, B: Display> Printable for (A, B) {
+    fn print(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        write!(out, "({},{})", self.0, self.1)
+    }
+}
+
+impl<A: Display, B: Display, C: Display> Printable for (A, B, C) {
+    fn print(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        write!(out, "({},{},{})", self.0, self.1, self.2)
+    }
+}
+
+/// Prints every record to stdout as `subtask> record` (the prefix only when parallelism > 1),
+/// as Flink's `print()` does. At-least-once, like Flink's.
+pub struct PrintSink {
+    prefix: String,
+}
+
+impl PrintSink {
+    /// For subtask `info`.
+    pub fn new(info: &SubtaskInfo) -> Self {
+        PrintSink {
+            prefix: if info.parallelism > 1 {
+                format!("{}> ", info.index + 1)
+            } else {
+                String::new()
+            },
+        }
+    }
+}
+
+impl<T: Printable + Send + 'static> OneInputOperator<T> for PrintSink {
+    type Out = ();
+
+    fn process(&mut self, record: T, out: &mut dyn Output<()>) -> OpResult {
+        self.process_batch(vec![record], out)
+    }
+
+    fn process_batch(&mut self, batch: Vec<T>, _out: &mut dyn Output<()>) -> OpResult {
+        let stdout = std::io::stdout();
+        let mut w = std::io::BufWriter::new(stdout.lock());
+        for r in &batch {
+            let _ = w.write_all(self.prefix.as_bytes());
+            let _ = r.print(&mut w);
+            let _ = w.write_all(b"\n");
+        }
+        let _ = w.flush();
+        Ok(())
+    }
+}
+
+/// Where a two-phase-commit sink commits its transactions. `commit` must be idempotent: the
+/// same `(subtask, transaction)` may be committed more than once after a failure.
+pub trait Committer<T>: Send + Sync + 'static {
+    /// Makes the records of one transaction visible.
+    fn commit(&self, subtask: u32, transaction: u64, records: Vec<T>) -> Result<(), String>;
+}
+
+/// The transaction id of the records after the last checkpoint, committed at end of input.
+pub const FINAL_TRANSACTION: u64 = u64::MAX;
+
+const PENDING_STATE: &str = "pending-transactions";
+
+/// Flink's two-phase-commit sink over a [`Committer`].
+pub struct TwoPhaseCommitSink<T, C> {
+    operator_id: OperatorId,
+    subtask: u32,
+    committer: Arc<C>,
+    open: Vec<T>,
+    pending: BTreeMap<u64, Vec<T>>,
+    state: OperatorStateBackend,
+    list: Option<ListState<(u64, Vec<T>)>>,
+}
+
+impl<T, C> TwoPhaseCommitSink<T, C>
+where
+    T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
+    C: Committer<T>,
+{
+    /// A sink for subtask `info` committing to `committer`.
+    pub fn new(operator_id: OperatorId, info: &SubtaskInfo, committer: Arc<C>) -> Self {
+        TwoPhaseCommitSink {
+            operator_id,
+            subtask: info.index,
+            committer,
+            open: Vec::new(),
+            pending: BTreeMap::new(),
+            state: OperatorStateBackend::new(),
+            list: None,
+        }
+    }
+
+    fn commit_up_to(&mut self, id: u64) -> OpResult {
+        let later = self.pending.split_off(&(id.saturating_add(1)));
+        let due = std::mem::replace(&mut self.pending, later);
+        for (txn, records) in due {
+            self.committer
+                .commit(self.subtask, txn, records)
+                .map_err(|message| TaskError::Operator {
+                    operator: "two-phase-commit sink".into(),
+                    message,
+                })?;
+        }
+        Ok(())
+    }
+}
+
+impl<T, C> OneInputOperator<T> for TwoPhaseCommitSink<T, C>
+where
+    T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
+    C: Committer<T>,
+{
+    type Out = ();
+
+    fn process(&mut self, record: T, _out: &mut dyn Output<()>) -> OpResult {
+        self.open.push(record);
+        Ok(())
+    }
+
+    fn process_batch(&mut self, batch: Vec<T>, _out: &mut dyn Output<()>) -> OpResult {
+        self.open.extend(batch);
+        Ok(())
+    }
+
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<()>) -> OpResult {
+        match event {
+            Lifecycle::Open(ctx) => {
+                if let Some(restored) = ctx.operators.remove(&self.operator_id) {
+                    let blobs: Vec<&[u8]> =
+                        restored.operator.iter().map(|b| b.as_slice()).collect();
+                    self.state.restore(&blobs)?;
+                }
+                let list = self.state.list_state::<(u64, Vec<T>)>(
+                    PENDING_STATE,
+                    OperatorStateMode::SplitDistribute,
+                )?;
+                // What the restored checkpoint pre-committed belongs to a completed checkpoint.
+                for (txn, records) in self.state.get(&list)? {
+                    self.committer
+                        .commit(self.subtask, txn, records)
+                        .map_err(|message| TaskError::Operator {
+                            operator: "two-phase-commit sink".into(),
+                            message,
+                        })?;
+                }
+                self.state.update(&list, &[])?;
+                self.list = Some(list);
+            }
+            Lifecycle::Snapshot(id, parts) => {
+                let txn = std::mem::take(&mut self.open);
+                self.pending.insert(id.0, txn);
+                if let Some(list) = &self.list {
+                    let pending: Vec<(u64, Vec<T>)> =
+                        self.pending.iter().map(|(k, v)| (*k, v.clone())).collect();
+                    self.state.update(list, &pending)?;
+                }
+                parts.push(OperatorSnapshotParts {
+                    operator_id: self.operator_id,
+                    keyed: None,
+                    operator: Some(self.state.snapshot()),
+                });
+            }
+            Lifecycle::NotifyComplete(CheckpointId(id)) => self.commit_up_to(*id)?,
+            // An aborted checkpoint's transaction stays pending: the next checkpoint that
+            // completes commits every transaction up to its id, this one included.
+            Lifecycle::EndInput => {
+                let last = std::mem::take(&mut self.open);
+                self.pending.insert(FINAL_TRANSACTION, last);
+                self.commit_up_to(FINAL_TRANSACTION)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Collects committed records in memory: the exactly-once test sink.
+pub struct CollectCommitter<T> {
+    committed: Mutex<BTreeMap<(u32, u64), Vec<T>>>,
+}
+
+impl<T: Send + 'static> CollectCommitter<T> {
+    fn new() -> Self {
+        CollectCommitter {
+            committed: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl<T: Send + 'static> Committer<T> for CollectCommitter<T> {
+    fn commit(&self, subtask: u32, transaction: u64, records: Vec<T>) -> Result<(), String> {
+        lock(&self.committed)
+            .entry((subtask, transaction))
+            .or_insert(records);
+        Ok(())
+    }
+}
+
+/// The handle a test reads collected records from.
+pub struct CollectHandle<T> {
+    pub(crate) committer: Arc<CollectCommitter<T>>,
+}
+
+impl<T> Clone for CollectHandle<T> {
+    fn clone(&self) -> Self {
+        CollectHandle {
+            committer: self.committer.clone(),
+        }
+    }
+}
+
+impl<T: Clone + Send + 'static> CollectHandle<T> {
+    pub(crate) fn new() -> Self {
+        CollectHandle {
+            committer: Arc::new(CollectCommitter::new()),
+        }
+    }
+
+    /// Every committed record, by subtask, then transaction, then arrival.
+    pub fn records(&self) -> Vec<T> {
+        lock(&self.committer.committed)
+            .values()
+            .flat_map(|v| v.iter().cloned())
+            .collect()
+    }
+
+    /// The committed records of each subtask, in order.
+    pub fn records_by_subtask(&self) -> BTreeMap<u32, Vec<T>> {
+        let mut out: BTreeMap<u32, Vec<T>> = BTreeMap::new();
+        for ((s, _), v) in lock(&self.committer.committed).iter() {
+            out.entry(*s).or_default().extend(v.iter().cloned());
+        }
+        out
+    }
+}
+
+/// Writes each committed transaction as a file `part-<subtask>-<transaction>` of printed lines,
+/// created atomically (temporary file, then rename), so a commit is all or nothing and a repeat
+/// is a no-op.
+pub struct FileCommitter {
+    dir: PathBuf,
+}
+
+impl FileCommitter {
+    /// Into `dir`, created if needed.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        FileCommitter { dir: dir.into() }
+    }
+}
+
+impl<T: Printable + Send + 'static> Committer<T> for FileCommitter {
+    fn commit(&self, subtask: u32, transaction: u64, records: Vec<T>) -> Result<(), String> {
+        let name = if transaction == FINAL_TRANSACTION {
+            format!("part-{subtask}-final")
+        } else {
+            format!("part-{subtask}-{transaction:012}")
+        };
+        let path = self.dir.join(&name);
+        if path.exists() || records.is_empty() {
+            return Ok(());
+        }
+        let fail = |e: std::io::Error| format!("cannot commit {}: {e}", path.display());
+        std::fs::create_dir_all(&self.dir).map_err(fail)?;
+        let tmp = self.dir.join(format!(".{name}.inprogress"));
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(fail)?);
+        for r in &records {
+            r.print(&mut w).map_err(fail)?;
+            w.write_all(b"\n").map_err(fail)?;
+        }
+        w.into_inner()
+            .map_err(|e| fail(e.into_error()))?
+            .sync_all()
+            .map_err(fail)?;
+        std::fs::rename(&tmp, &path).map_err(fail)?;
+        Ok(())
+    }
+}
+
+/// Keeps the latest value per key (for example a running count's final total). Its map is
+/// operator state, so a restore brings back every key, and at end of input it publishes the map
+/// to its [`LatestHandle`]. Publishing again after a restart overwrites with the same values.
+pub struct LatestPerKeySink<K, V> {
+    operator_id: OperatorId,
+    latest: HashMap<K, V>,
+    state: OperatorStateBackend,
+    list: Option<ListState<(K, V)>>,
+    handle: LatestHandle<K, V>,
+}
+
+/// The final values a [`LatestPerKeySink`] published.
+pub struct LatestHandle<K, V> {
+    map: Arc<Mutex<BTreeMap<K, V>>>,
+}
+
+impl<K, V> Clone for LatestHandle<K, V> {
+    fn clone(&self) -> Self {
+        LatestHandle {
+            map: self.map.clone(),
+        }
+    }
+}
+
+impl<K: Ord + Clone, V: Clone> LatestHandle<K, V> {
+    pub(crate) fn new() -> Self {
+        LatestHandle {
+            map: Arc::new(Mutex::new(BTreeMap::new())),
+        }
+    }
+
+    /// The published values, sorted by key.
+    pub fn get(&self) -> BTreeMap<K, V> {
+        lock(&self.map).clone()
+    }
+}
+
+impl<K, V> LatestPerKeySink<K, V>
+where
+    K: Eq + Hash + Ord + Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
+    V: Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// A sink publishing into `handle`.
+    pub fn new(operator_id: OperatorId, handle: LatestHandle<K, V>) -> Self {
+        LatestPerKeySink {
+            operator_id,
+            latest: HashMap::new(),
+            state: OperatorStateBackend::new(),
+            list: None,
+            handle,
+        }
+    }
+}
+
+impl<K, V> OneInputOperator<(K, V)> for LatestPerKeySink<K, V>
+where
+    K: Eq + Hash + Ord + Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
+    V: Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    type Out = ();
+
+    #[inline]
+    fn process(&mut self, (k, v): (K, V), _out: &mut dyn Output<()>) -> OpResult {
+        match self.latest.get_mut(&k) {
+            Some(slot) => *slot = v,
+            None => {
+                self.latest.insert(k, v);
+            }
+        }
+        Ok(())
+    }
+
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<()>) -> OpResult {
+        match event {
+            Lifecycle::Open(ctx) => {
+                if let Some(restored) = ctx.operators.remove(&self.operator_id) {
+                    let blobs: Vec<&[u8]> =
+                        restored.operator.iter().map(|b| b.as_slice()).collect();
+                    self.state.restore(&blobs)?;
+                }
+                let list = self
+                    .state
+                    .list_state::<(K, V)>("latest-per-key", OperatorStateMode::SplitDistribute)?;
+                self.latest = self.state.get(&list)?.into_iter().collect();
+                self.list = Some(list);
+            }
+            Lifecycle::Snapshot(_, parts) => {
+                if let Some(list) = &self.list {
+                    let mut entries: Vec<(K, V)> = self
+                        .latest
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    entries.sort_by(|a, b| a.0.cmp(&b.0));
+                    self.state.update(list, &entries)?;
+                }
+                parts.push(OperatorSnapshotParts {
+                    operator_id: self.operator_id,
+                    keyed: None,
+                    operator: Some(self.state.snapshot()),
+                });
+            }
+            Lifecycle::EndInput => {
+                let mut map = lock(&self.handle.map);
+                for (k, v) in &self.latest {
+                    map.insert(k.clone(), v.clone());
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,165 @@
+//! The record writer: the end of a chain branch that feeds a network exchange. It partitions
+//! records into per-channel batches, queues full batches and events, and sends them as credits
+//! allow (Flink's `RecordWriter` + `ResultPartition`).
+
+use crate::error::TaskError;
+use crate::operator::{Lifecycle, OpResult, Output};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use weir_core::element::{Event, StreamElement, Watermark};
+use weir_core::keygroup::compute_key_group_for_key_hash;
+use weir_core::partition::{RoundRobin, channel_for_key_group};
+use weir_network::{Data, Sender};
+
+/// A record's key hash (its Java `hashCode`), for hash partitioning.
+pub type KeyHashFn<T> = Arc<dyn Fn(&T) -> i32 + Send + Sync>;
+
+/// How the writer picks channels.
+pub enum ChannelSelector<T> {
+    /// Subtask i → channel 0 (the one consumer with the same index).
+    Forward,
+    /// Round-robin.
+    Rebalance(RoundRobin),
+    /// By key group.
+    Hash {
+        /// The key hash.
+        key_hash: KeyHashFn<T>,
+        /// The consumer's max parallelism.
+        max_parallelism: u32,
+    },
+    /// Every channel.
+    Broadcast,
+}
+
+/// Writes records and events to the channels of one exchange.
+pub struct RecordWriter<T> {
+    channels: Vec<Sender<T>>,
+    selector: ChannelSelector<T>,
+    buffers: Vec<Vec<T>>,
+    queued: Vec<VecDeque<StreamElement<T>>>,
+    batch_size: usize,
+    any_queued: bool,
+}
+
+impl<T: Data> RecordWriter<T> {
+    /// A writer over `channels` (channel `i` goes to consumer subtask `i`; for forward edges,
+    /// the single channel to the same-index consumer).
+    pub fn new(channels: Vec<Sender<T>>, selector: ChannelSelector<T>, batch_size: usize) -> Self {
+        let n = channels.len();
+        RecordWriter {
+            channels,
+            selector,
+            buffers: (0..n).map(|_| Vec::with_capacity(batch_size)).collect(),
+            queued: (0..n).map(|_| VecDeque::new()).collect(),
+            batch_size: batch_size.max(1),
+            any_queued: false,
+        }
+    }
+
+    #[inline]
+    fn add(&mut self, channel: usize, record: T) {
+        let buf = &mut self.buffers[channel];
+        buf.push(record);
+        if buf.len() >= self.batch_size {
+            let full = std::mem::replace(buf, Vec::with_capacity(self.batch_size));
+            self.queued[channel].push_back(StreamElement::Batch(full));
+            self.any_queued = true;
+        }
+    }
+
+    fn flush_partial(&mut self) {
+        for (buf, q) in self.buffers.iter_mut().zip(&mut self.queued) {
+            if !buf.is_empty() {
+                let cap = buf.len().max(16);
+                q.push_back(StreamElement::Batch(std::mem::replace(
+                    buf,
+                    Vec::with_capacity(cap),
+                )));
+                self.any_queued = true;
+            }
+        }
+    }
+
+    fn broadcast_event(&mut self, event: Event) {
+        self.flush_partial();
+        for q in &mut self.queued {
+            q.push_back(StreamElement::Event(event.clone()));
+        }
+        self.any_queued = true;
+    }
+}
+
+impl<T: Data> Output<T> for RecordWriter<T> {
+    #[inline]
+    fn push(&mut self, record: T) -> OpResult {
+        match &mut self.selector {
+            ChannelSelector::Forward => self.add(0, record),
+            ChannelSelector::Rebalance(rr) => {
+                let c = rr.next_channel() as usize;
+                self.add(c, record);
+            }
+            ChannelSelector::Hash {
+                key_hash,
+                max_parallelism,
+            } => {
+                let kg = compute_key_group_for_key_hash(key_hash(&record), *max_parallelism);
+                let c = channel_for_key_group(kg, *max_parallelism, self.channels.len() as u32);
+                self.add(c as usize, record);
+            }
+            ChannelSelector::Broadcast => {
+                for c in 0..self.channels.len() {
+                    self.add(c, record.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn watermark(&mut self, watermark: Watermark) -> OpResult {
+        self.broadcast_event(Event::Watermark(watermark));
+        Ok(())
+    }
+
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult {
+        match event {
+            Lifecycle::EmitBarrier(b) => self.broadcast_event(Event::Barrier(*b)),
+            Lifecycle::EmitCancelMarker(id) => self.broadcast_event(Event::CancelCheckpoint(*id)),
+            Lifecycle::EndInput => self.broadcast_event(Event::EndOfInput),
+            Lifecycle::FlushPartial => self.flush_partial(),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<OpResult> {
+        if !self.any_queued {
+            return Poll::Ready(Ok(()));
+        }
+        let mut pending = false;
+        for (ch, q) in self.channels.iter_mut().zip(&mut self.queued) {
+            while !q.is_empty() {
+                match ch.poll_ready(cx) {
+                    Poll::Ready(Ok(())) => {
+                        if let Some(e) = q.pop_front()
+                            && let Err(e) = ch.start_send(e)
+                        {
+                            return Poll::Ready(Err(TaskError::Network(e)));
+                        }
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(TaskError::Network(e))),
+                    Poll::Pending => {
+                        pending = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            self.any_queued = false;
+            Poll::Ready(Ok(()))
+        }
+    }
+}
