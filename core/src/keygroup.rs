@@ -24,13 +24,26 @@ pub trait KeyHash {
 }
 
 impl KeyHash for str {
+    #[inline]
     fn key_hash(&self) -> i32 {
         let mut h: i32 = 0;
-        for unit in self.encode_utf16() {
-            h = h.wrapping_mul(31).wrapping_add(i32::from(unit));
+        // ASCII bytes are their own UTF-16 code units: hash them directly (the common case).
+        for &b in self.as_bytes() {
+            if b >= 0x80 {
+                return utf16_hash(self);
+            }
+            h = h.wrapping_mul(31).wrapping_add(i32::from(b));
         }
         h
     }
+}
+
+fn utf16_hash(s: &str) -> i32 {
+    let mut h: i32 = 0;
+    for unit in s.encode_utf16() {
+        h = h.wrapping_mul(31).wrapping_add(i32::from(unit));
+    }
+    h
 }
 
 impl KeyHash for String {

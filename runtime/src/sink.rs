@@ -11,8 +11,9 @@ use crate::error::TaskError;
 use crate::operator::{
     Lifecycle, OneInputOperator, OpResult, OperatorSnapshotParts, Output, SubtaskInfo,
 };
+use rustc_hash::FxHashMap;
 use serde::{Serialize, de::DeserializeOwned};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::hash::Hash;
 use std::io::Write;
@@ -342,7 +343,7 @@ impl<T: Printable + Send + 'static> Committer<T> for FileCommitter {
 /// to its [`LatestHandle`]. Publishing again after a restart overwrites with the same values.
 pub struct LatestPerKeySink<K, V> {
     operator_id: OperatorId,
-    latest: HashMap<K, V>,
+    latest: FxHashMap<K, V>,
     state: OperatorStateBackend,
     list: Option<ListState<(K, V)>>,
     handle: LatestHandle<K, V>,
@@ -383,7 +384,7 @@ where
     pub fn new(operator_id: OperatorId, handle: LatestHandle<K, V>) -> Self {
         LatestPerKeySink {
             operator_id,
-            latest: HashMap::new(),
+            latest: FxHashMap::default(),
             state: OperatorStateBackend::new(),
             list: None,
             handle,
