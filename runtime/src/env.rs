@@ -17,7 +17,6 @@ use crate::sink::{
 };
 use crate::source::{IndexedSource, SourceFunction};
 use crate::writer::KeyHashFn;
-use serde::{Serialize, de::DeserializeOwned};
 use std::any::Any;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -573,7 +572,3 @@ impl<T: Data> DataStream<T> {
         self
     }
 }
-
-// Keep the serde bounds visible in docs: every stream type crosses channels.
-#[allow(dead_code)]
-fn _assert_data<T: Clone + Send + Serialize + DeserializeOwned + 'static>() {}

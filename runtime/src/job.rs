@@ -313,6 +313,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                 }
             }
             drop(report_tx);
+            // One span per checkpoint, from trigger to completion or abort.
+            let mut spans: HashMap<CheckpointId, tracing::Span> = HashMap::new();
             let mut running = BTreeSet::new();
             let mut finished = BTreeSet::new();
             let mut actions = Vec::new();
@@ -339,10 +341,15 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                                 }
                             }
                             TaskEvent::Acknowledge { id, state, metrics } => {
-                                debug!(checkpoint = id.0, %task, "acknowledged");
+                                if let Some(span) = spans.get(&id) {
+                                    span.in_scope(|| debug!(%task, sync = ?metrics.sync_duration, async_ = ?metrics.async_duration, alignment = ?metrics.alignment, size = metrics.state_size, "acknowledged"));
+                                }
                                 coordinator.acknowledge(task, id, state, metrics, now, &mut actions);
                             }
                             TaskEvent::Decline { id, reason } => {
+                                if let Some(span) = spans.get(&id) {
+                                    span.in_scope(|| info!(%task, %reason, "declined"));
+                                }
                                 coordinator.decline(task, id, reason, now, &mut actions);
                             }
                             TaskEvent::Finished => {
@@ -396,7 +403,9 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                 for action in std::mem::take(&mut actions) {
                     match action {
                         CoordinatorAction::Trigger { id, timestamp_ms, options, tasks } => {
-                            debug!(checkpoint = id.0, kind = ?options.kind, "trigger");
+                            let span = info_span!("checkpoint", id = id.0, kind = ?options.kind);
+                            span.in_scope(|| debug!("triggered"));
+                            spans.insert(id, span);
                             match storage.init_location(job_id, id).await {
                                 Err(e) => coordinator.trigger_failed(id, e.to_string(), started.elapsed(), &mut actions),
                                 Ok(_) => {
@@ -431,8 +440,9 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                             });
                         }
                         CoordinatorAction::NotifyComplete { id, tasks } => {
+                            let span = spans.remove(&id).unwrap_or_else(tracing::Span::none);
                             if let Some(s) = coordinator.stats(id) {
-                                info!("{s}");
+                                span.in_scope(|| info!("{s}"));
                             }
                             for t in tasks {
                                 if let Some(m) = mailboxes.get(&t) {
@@ -441,7 +451,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                             }
                         }
                         CoordinatorAction::NotifyAborted { id, reason, tasks } => {
-                            info!(checkpoint = id.0, %reason, "checkpoint aborted");
+                            let span = spans.remove(&id).unwrap_or_else(tracing::Span::none);
+                            span.in_scope(|| info!(%reason, "checkpoint aborted"));
                             for t in tasks {
                                 if let Some(m) = mailboxes.get(&t) {
                                     let _ = m.try_send(TaskMessage::NotifyAborted(id));

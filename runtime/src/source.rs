@@ -89,7 +89,9 @@ impl<T: Send + 'static> SourceFunction<T> for IndexedSource<T> {
         let list =
             state.list_state::<IndexSplit>(SPLITS_STATE, OperatorStateMode::SplitDistribute)?;
         let restored = state.get(&list)?;
-        self.splits = if restored.is_empty() && info.attempt_restored_nothing() {
+        // A restored subtask with no splits has nothing left to read (more subtasks than splits);
+        // only a fresh start takes split `index` of `parallelism`.
+        self.splits = if restored.is_empty() && !info.restored {
             vec![IndexSplit {
                 split: info.index,
                 stride: u64::from(info.parallelism),
@@ -137,13 +139,6 @@ impl<T: Send + 'static> SourceFunction<T> for IndexedSource<T> {
             state.update(list, &self.splits)?;
         }
         Ok(())
-    }
-}
-
-impl SubtaskInfo {
-    /// Whether this subtask started without restored state (a fresh start).
-    fn attempt_restored_nothing(&self) -> bool {
-        !self.restored
     }
 }
 
