@@ -111,8 +111,7 @@ impl<T: Data> InputGate<T> {
 mod tests {
     use super::*;
     use crate::channel::{open_input, open_output};
-    use crate::{ChannelConfig, ChannelId, LocalTransport, Transport};
-    use weir_core::element::Event;
+    use crate::{ChannelConfig, ChannelId, LocalTransport};
     use weir_core::ids::EdgeId;
 
     fn id(p: u32) -> ChannelId {
@@ -122,68 +121,6 @@ mod tests {
             producer: p,
             consumer: 0,
         }
-    }
-
-    #[tokio::test]
-    async fn credits_bound_the_queue_and_order_is_kept() {
-        let t = LocalTransport::new(ChannelConfig {
-            buffers_per_channel: 2,
-        });
-        let mut tx = open_output::<u32>(&t, id(0)).unwrap();
-        let mut rx = open_input::<u32>(&t, id(0)).unwrap();
-        tx.send(StreamElement::Batch(vec![1])).await.unwrap();
-        tx.send(StreamElement::Batch(vec![2])).await.unwrap();
-        // No third credit until the consumer reads.
-        let waker = futures::task::noop_waker();
-        let mut cx = Context::from_waker(&waker);
-        assert!(tx.poll_ready(&mut cx).is_pending());
-        assert_eq!(
-            rx.recv().await.unwrap().unwrap(),
-            StreamElement::Batch(vec![1])
-        );
-        assert!(tx.poll_ready(&mut cx).is_ready());
-        tx.send(StreamElement::Event(Event::EndOfInput))
-            .await
-            .unwrap();
-        drop(tx);
-        assert_eq!(
-            rx.recv().await.unwrap().unwrap(),
-            StreamElement::Batch(vec![2])
-        );
-        assert_eq!(
-            rx.recv().await.unwrap().unwrap(),
-            StreamElement::Event(Event::EndOfInput)
-        );
-        assert!(rx.recv().await.is_none());
-    }
-
-    #[tokio::test]
-    async fn ends_open_once_in_any_order_and_drop_disconnects() {
-        let t = LocalTransport::new(ChannelConfig::default());
-        let rx = open_input::<u32>(&t, id(1)).unwrap();
-        assert!(matches!(
-            open_input::<u32>(&t, id(1)),
-            Err(NetworkError::AlreadyOpen(_))
-        ));
-        let mut tx = open_output::<u32>(&t, id(1)).unwrap();
-        drop(rx);
-        assert!(matches!(
-            tx.send(StreamElement::Batch(vec![1])).await,
-            Err(NetworkError::Disconnected(_))
-        ));
-        let _orphan = open_output::<u32>(
-            &t,
-            ChannelId {
-                generation: 0,
-                ..id(2)
-            },
-        )
-        .unwrap();
-        t.release_before(1);
-        assert!(
-            open_output::<u32>(&t, id(2)).is_ok(),
-            "released ends can be opened anew"
-        );
     }
 
     #[tokio::test]

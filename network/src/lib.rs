@@ -5,6 +5,7 @@
 //! - [`local`]: the in-process transport: owned batches handed over through bounded queues.
 //! - [`channel`]: typed ends over the type-erased transport ends, and [`channel::ElementCodec`],
 //!   which lets a transport that crosses processes serialize elements.
+//! - [`conformance`]: the contract as a suite every transport must pass.
 //! - [`gate`]: the [`gate::InputGate`]: a consumer's channels, read fairly, each blockable (for
 //!   barrier alignment).
 //!
@@ -17,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod channel;
+pub mod conformance;
 pub mod error;
 pub mod gate;
 pub mod local;
