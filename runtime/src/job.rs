@@ -211,7 +211,19 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
         let mut store = CompletedCheckpointStore::new(config.checkpoint.num_retained);
         let mut restart = RestartTracker::new(config.restart_strategy());
         let mut execution = ExecutionGraph::new(&job);
+        // Ids continue past every checkpoint already in this job's directory (a rerun of the same
+        // job, or a restore that fell back past newer, corrupt ones), so no chk-<n> is reused.
         let mut next_checkpoint_id = 1u64;
+        if config.checkpoint.is_enabled() {
+            match storage.list_checkpoints(job_id).await {
+                Ok(existing) => {
+                    if let Some(last) = existing.last() {
+                        next_checkpoint_id = last.id.0 + 1;
+                    }
+                }
+                Err(e) => warn!(error = %e, "cannot list earlier checkpoints"),
+            }
+        }
         let mut generation = 0u64;
         let mut restored_from = None;
         let mut completed = 0u64;
