@@ -192,7 +192,12 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
             .checkpoint
             .validate()
             .map_err(|e| JobError::Invalid(e.to_string()))?;
-        let storage = build_storage(&config)?;
+        // Without checkpointing nothing is written: do not create the checkpoint directory.
+        let storage = if config.checkpoint.is_enabled() {
+            build_storage(&config)?
+        } else {
+            Arc::new(OpendalCheckpointStorage::memory()?) as Arc<dyn CheckpointStorage>
+        };
         if config.checkpoint.is_enabled() {
             storage.check_writable().await?;
         }
