@@ -44,6 +44,7 @@ use crate::StateError;
 use crate::keyed::RestorePart;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
 use std::fmt;
 use weir_core::CoreError;
 use weir_core::codec;
@@ -263,6 +264,7 @@ impl SnapshotHeader {
             )));
         }
         let mut states: Vec<StateMeta> = Vec::with_capacity(wire.states.len());
+        let mut names = HashSet::with_capacity(wire.states.len());
         for (index, s) in wire.states.into_iter().enumerate() {
             if usize::try_from(s.id).ok() != Some(index) {
                 return Err(header_corrupt(format!(
@@ -270,7 +272,7 @@ impl SnapshotHeader {
                     s.name, s.id
                 )));
             }
-            if states.iter().any(|other| other.name == s.name) {
+            if !names.insert(s.name.clone()) {
                 return Err(header_corrupt(format!("state '{}' appears twice", s.name)));
             }
             let Some(kind) = StateKind::parse(&s.kind) else {

@@ -715,6 +715,144 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_core::handle::{KeyedStateHandle, StreamStateHandle};
+
+    /// Writes a snapshot of `b` into memory: its handle (inline stream left empty) and bytes.
+    fn written<K: StateKey>(b: &mut HeapKeyedStateBackend<K>) -> (KeyedStateHandle, Vec<u8>) {
+        let mut bytes = Vec::new();
+        let layout = b.snapshot().unwrap().write_to(&mut bytes).unwrap();
+        (
+            layout.into_handle(StreamStateHandle::Inline(Vec::new())),
+            bytes,
+        )
+    }
+
+    fn restore_whole<K: StateKey>(
+        b: &mut HeapKeyedStateBackend<K>,
+        (handle, bytes): &(KeyedStateHandle, Vec<u8>),
+    ) -> Result<(), StateError> {
+        b.restore(&[format::whole_stream_part(handle, bytes)?])
+    }
+
+    fn put(b: &mut HeapKeyedStateBackend<String>, s: ValueState<u64>, key: &str, v: u64) {
+        let key = key.to_string();
+        let g = assign_to_key_group(&key, b.max_parallelism());
+        b.update(s, &key, g, v);
+    }
+
+    #[test]
+    fn inspection_methods_follow_the_state() {
+        let mut b = HeapKeyedStateBackend::<String>::new(128, KeyGroupRange::new(0, 127));
+        let s = b
+            .value_state(&ValueStateDescriptor::<u64>::new("sum"))
+            .unwrap();
+        let t = b
+            .value_state(&ValueStateDescriptor::<String>::new("tag"))
+            .unwrap();
+        assert_eq!(b.state_names(), vec!["sum", "tag"]);
+        for w in ["a", "b", "a", "a"] {
+            let key = w.to_string();
+            let g = assign_to_key_group(&key, 128);
+            *b.value_mut_or_insert(s, &key, g, || 0) += 1;
+        }
+        assert_eq!(b.num_entries(), 2);
+        let key = "a".to_string();
+        let g = assign_to_key_group(&key, 128);
+        b.clear(s, &key, g);
+        assert_eq!(b.num_entries(), 1);
+        let entries: Vec<(String, u64)> = b.entries(s).map(|(k, v)| (k.clone(), *v)).collect();
+        assert_eq!(entries, vec![("b".to_string(), 1)]);
+        b.update(t, &key, g, "x".to_string());
+        assert_eq!(b.num_entries(), 2, "entries of every state count");
+        assert_eq!(b.entries(t).count(), 1);
+    }
+
+    #[test]
+    fn restored_states_are_pending_until_registered() {
+        let mut b = HeapKeyedStateBackend::<String>::new(8, KeyGroupRange::new(0, 7));
+        let s = b
+            .value_state(&ValueStateDescriptor::<u64>::new("lazy"))
+            .unwrap();
+        put(&mut b, s, "x", 42);
+        let first = written(&mut b);
+        let mut r = HeapKeyedStateBackend::<String>::new(8, KeyGroupRange::new(0, 7));
+        restore_whole(&mut r, &first).unwrap();
+        assert_eq!(r.pending_state_names(), vec!["lazy"]);
+        assert!(r.state_names().is_empty());
+        let second = written(&mut r);
+        let mut r2 = HeapKeyedStateBackend::<String>::new(8, KeyGroupRange::new(0, 7));
+        restore_whole(&mut r2, &second).unwrap();
+        assert_eq!(r2.pending_state_names(), vec!["lazy"]);
+        r2.value_state(&ValueStateDescriptor::<u64>::new("lazy"))
+            .unwrap();
+        assert!(r2.pending_state_names().is_empty());
+        assert_eq!(r2.state_names(), vec!["lazy"]);
+        assert_eq!(r2.num_entries(), 1);
+    }
+
+    #[test]
+    fn a_full_backend_restores_every_state_as_pending() {
+        let mut b = HeapKeyedStateBackend::<u32>::new(1, KeyGroupRange::new(0, 0));
+        for i in 0..MAX_STATES {
+            b.value_state(&ValueStateDescriptor::<u8>::new(format!("s{i}")))
+                .unwrap();
+        }
+        let w = written(&mut b);
+        let mut r = HeapKeyedStateBackend::<u32>::new(1, KeyGroupRange::new(0, 0));
+        restore_whole(&mut r, &w).unwrap();
+        assert_eq!(r.pending_state_names().len(), 32767);
+    }
+
+    /// The wording of the heap's errors (the conformance suite checks only what they name).
+    #[test]
+    fn error_messages_say_what_went_wrong() {
+        let mut b = HeapKeyedStateBackend::<String>::new(8, KeyGroupRange::new(0, 7));
+        let s = b
+            .value_state(&ValueStateDescriptor::<u64>::new("count"))
+            .unwrap();
+        put(&mut b, s, "x", 1);
+        let w = written(&mut b);
+
+        // Restoring a key group twice.
+        let range = KeyGroupRange::new(2, 3);
+        let mut r = HeapKeyedStateBackend::<String>::new(8, range);
+        let part = format::whole_stream_part(&w.0, &w.1).unwrap();
+        let again = format::whole_stream_part(&w.0, &w.1).unwrap();
+        let e = r.restore(&[part, again]).unwrap_err().to_string();
+        assert!(e.contains("key group 2") && e.contains("twice"), "{e}");
+
+        // Another max parallelism, and a restore after registration.
+        let mut other = HeapKeyedStateBackend::<String>::new(16, KeyGroupRange::new(0, 15));
+        let e = restore_whole(&mut other, &w).unwrap_err().to_string();
+        assert!(e.contains("max parallelism 8"), "{e}");
+        let e = restore_whole(&mut b, &w).unwrap_err().to_string();
+        assert!(e.contains("before any state is registered"), "{e}");
+
+        // Another value type after a restore: both types, quoted.
+        let mut r = HeapKeyedStateBackend::<String>::new(8, KeyGroupRange::new(0, 7));
+        restore_whole(&mut r, &w).unwrap();
+        match r
+            .value_state(&ValueStateDescriptor::<u32>::new("count"))
+            .unwrap_err()
+        {
+            StateError::Incompatible { name, reason } => {
+                assert_eq!(name, "count");
+                assert!(
+                    reason.contains("`u64`") && reason.contains("`u32`"),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected Incompatible, got {other}"),
+        }
+
+        // Another key type.
+        let mut other = HeapKeyedStateBackend::<i64>::new(8, KeyGroupRange::new(0, 7));
+        let e = restore_whole(&mut other, &w).unwrap_err();
+        assert!(
+            matches!(&e, StateError::Incompatible { reason, .. } if reason.contains("i64")),
+            "{e}"
+        );
+    }
 
     #[test]
     fn snapshot_shares_key_groups_and_a_write_copies_only_its_group() {

@@ -136,6 +136,16 @@ pub struct RestorePart<'a> {
 ///   with the amount of state.
 /// - [`restore`](Self::restore) is called before any state is registered, with every part that
 ///   overlaps this backend's key groups; it keeps only the key groups in range.
+/// - A restore refuses, with an error and never a panic: a snapshot of another max parallelism
+///   or key type, corrupt bytes (naming the header or the key group), a key group handed over
+///   twice (naming it), and any call after a state is registered.
+/// - A restored state registered with another type is [`StateError::Incompatible`]. Restored
+///   states not registered yet are carried unchanged into later snapshots, and count toward the
+///   [`MAX_STATES`](crate::format::MAX_STATES) limit, beyond which registration is
+///   [`StateError::TooManyStates`].
+/// - Snapshots are written in the [`crate::format`], and equal state gives identical bytes.
+///
+/// [`crate::conformance`] checks all of this: every implementation must pass its `run_all`.
 pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
     /// The key groups this backend owns.
     fn key_group_range(&self) -> KeyGroupRange;

@@ -2,6 +2,8 @@
 //!
 //! - [`keyed`]: the [`KeyedStateBackend`] seam, state descriptors and typed state handles.
 //! - [`heap`]: the heap backend: per-key-group tables with copy-on-write snapshots.
+//! - [`conformance`]: the keyed-backend contract as a suite every [`KeyedStateBackend`] must pass
+//!   (Flink's `StateBackendTestBase`).
 //! - [`operator`]: operator (non-keyed) list state, which sources use for their offsets, and
 //!   [`operator::redistribute`], which splits it for a new parallelism.
 //! - [`format`](mod@format): the keyed snapshot format: versioned header, one checksummed section per key
@@ -13,6 +15,7 @@
 //! checkpoint storage, the network, or tokio.
 #![warn(missing_docs)]
 
+pub mod conformance;
 pub mod error;
 pub mod format;
 pub mod heap;

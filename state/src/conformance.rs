@@ -1,0 +1,1759 @@
+//! The keyed-state conformance suite: the [`KeyedStateBackend`] contract as executable checks,
+//! Weir's counterpart of Flink's `StateBackendTestBase`. Every keyed backend must pass [`run_all`].
+//!
+//! # Using it for a new backend
+//!
+//! Add an integration test to the backend's crate that hands [`run_all`] a factory for each key
+//! type the suite uses, `String` and `u64`:
+//!
+//! ```no_run
+//! use weir_state::{HeapKeyedStateBackend, conformance};
+//!
+//! // For another backend: `|max_parallelism, range| MyBackend::new(max_parallelism, range)`.
+//! conformance::run_all(HeapKeyedStateBackend::new, HeapKeyedStateBackend::new);
+//! ```
+//!
+//! A factory `make(max_parallelism, range)` must return a fresh, empty backend owning the key
+//! groups `range` of `max_parallelism` (a backend on disk: in a directory of its own, each call).
+//! The suite calls it many times. A backend for one key type only can call [`run_key_checks`]
+//! with it, and each check is public, so one that fails can be run alone. The backend must write
+//! snapshots in the [`crate::format`]: the suite reads them with that format's own functions, to
+//! see every entry a snapshot holds without any inspection method beyond the trait.
+//!
+//! Every check is synchronous and works in memory: it writes snapshots into a `Vec<u8>` and
+//! restores them as the checkpoint layer would, handing each backend the header and only the
+//! sections of the key groups it owns. A violation panics with
+//! `keyed-state conformance [<check>] on <backend type>: <the rule broken>`.
+//!
+//! # The checks
+//!
+//! Per key type ([`run_key_checks`]):
+//! - [`check_registration`]: the same name and type give the same handle; another type is
+//!   [`StateError::Incompatible`] naming the state and both types.
+//! - [`check_value_semantics`]: `value`, `update`, `clear`, `value_mut_or_insert`.
+//! - [`check_snapshot_layout`]: one section per key group, empty ones
+//!   [`EMPTY_SECTION_LEN`] long, right after the header.
+//! - [`check_snapshot_isolation`]: updates after `snapshot()` are absent from what it writes, even
+//!   when it is written on another thread meanwhile or after the backend is dropped.
+//! - [`check_round_trip`]: snapshot and restore give back every entry, over several value types.
+//! - [`check_rescale`]: 1 → 2 → 1 subtasks: each key ends only in the backend owning its key
+//!   group, and merging gives back the original state and bytes.
+//! - [`check_restore_twice`]: a key group handed over twice is an error naming it.
+//! - [`check_restore_refusals`]: another max parallelism, or a restore after registration, is an
+//!   error.
+//! - [`check_corruption`]: a flipped byte anywhere, a truncation, misplaced offsets: errors that
+//!   name the header or key group, never panics.
+//! - [`check_type_mismatch_after_restore`]: another value type than the snapshot's is
+//!   [`StateError::Incompatible`].
+//! - [`check_unregistered_states_survive`]: restored states not registered (yet) are carried into
+//!   the next snapshot unchanged.
+//! - [`check_deterministic_bytes`]: equal state gives identical bytes, whatever the history.
+//! - [`check_random_models`] / [`check_against_model`]: random operations against a `HashMap`
+//!   model, snapshots taken midway restored whole and split across a parallelism.
+//!
+//! Across key types and limits ([`run_all`]):
+//! - [`check_incompatible_key_type`]: a snapshot of another key type is
+//!   [`StateError::Incompatible`].
+//! - [`check_too_many_states`]: more than [`MAX_STATES`] is [`StateError::TooManyStates`], counting
+//!   restored states.
+
+use crate::StateError;
+use crate::format::{self, EMPTY_SECTION_LEN, MAX_STATES, SnapshotHeader, StateKind};
+use crate::keyed::{
+    KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart, StateKey, StateValue,
+    ValueState, ValueStateDescriptor,
+};
+use std::any::{Any, type_name};
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+use std::fmt::{Debug, Display};
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use weir_core::CoreError;
+use weir_core::handle::{KeyedStateHandle, StreamStateHandle};
+use weir_core::keygroup::{
+    KeyGroup, KeyGroupRange, assign_to_key_group, compute_key_group_range_for_operator_index,
+};
+
+/// The seed [`run_key_checks`] drives [`check_random_models`] with.
+pub const MODEL_SEED: u64 = 0x5745_4952_5354_4154;
+
+/// How many random cases [`run_key_checks`] runs per key type.
+pub const MODEL_CASES: u32 = 24;
+
+/// Keys of the model check are `K::nth(0..MODEL_KEYS)`.
+pub const MODEL_KEYS: u16 = 300;
+
+/// Runs every check, with `String` keys from `make_string` and `u64` keys from `make_u64`.
+///
+/// Each call `make(max_parallelism, range)` must return a fresh, empty backend owning the key
+/// groups `range` of `max_parallelism`.
+pub fn run_all<S, U>(
+    make_string: impl Fn(u32, KeyGroupRange) -> S,
+    make_u64: impl Fn(u32, KeyGroupRange) -> U,
+) where
+    S: KeyedStateBackend<String>,
+    U: KeyedStateBackend<u64>,
+{
+    run_key_checks(&make_string);
+    run_key_checks(&make_u64);
+    check_incompatible_key_type(&make_string, &make_u64);
+    check_incompatible_key_type(&make_u64, &make_string);
+    check_too_many_states(&make_u64);
+}
+
+/// Runs every check that needs one key type.
+pub fn run_key_checks<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    check_registration(&make);
+    check_value_semantics(&make);
+    check_snapshot_layout(&make);
+    check_snapshot_isolation(&make);
+    check_round_trip(&make);
+    check_rescale(&make);
+    check_restore_twice(&make);
+    check_restore_refusals(&make);
+    check_corruption(&make);
+    check_type_mismatch_after_restore(&make);
+    check_unregistered_states_survive(&make);
+    check_deterministic_bytes(&make);
+    check_random_models(&make, MODEL_SEED, MODEL_CASES);
+}
+
+/// A key type the suite can run with: it makes as many distinct keys as a check needs.
+pub trait SuiteKey: StateKey + Debug {
+    /// The `i`-th key; distinct `i` give distinct keys.
+    fn nth(i: u64) -> Self;
+}
+
+/// The empty string, then words in several scripts (ASCII, Latin with diacritics, Cyrillic,
+/// Japanese, an emoji, a combining accent), each with its number.
+impl SuiteKey for String {
+    fn nth(i: u64) -> String {
+        const STEMS: [&str; 6] = ["word", "wört", "слово", "単語", "🦀", "e\u{301}"];
+        if i == 0 {
+            return String::new();
+        }
+        format!("{}-{i}", STEMS[(i % STEMS.len() as u64) as usize])
+    }
+}
+
+/// `i` times an odd constant: 0, then numbers spread over the whole range (a bijection).
+impl SuiteKey for u64 {
+    fn nth(i: u64) -> u64 {
+        i.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks.
+
+/// Registering a state twice with the same name and type returns the same handle; distinct
+/// states get distinct handles; another type is [`StateError::Incompatible`] naming the state and
+/// both types, and leaves the registered state working.
+pub fn check_registration<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("registration");
+    let mut b = fresh(&cx, &make, 128, full(128));
+    let count = b.register::<u64>("count");
+    let again = b.register::<u64>("count");
+    cx.eq(
+        "registering a state again with the same name and type returns the same handle",
+        &again.id,
+        &count.id,
+    );
+    let other = b.register::<u64>("other");
+    cx.must(other.id != count.id, || {
+        format!("two states got the same handle {}", other.id)
+    });
+    let e = cx.err(
+        "registering 'count' again with another value type must fail",
+        || {
+            b.b.value_state(&ValueStateDescriptor::<String>::new("count"))
+        },
+    );
+    expect_incompatible(
+        &cx,
+        "registering 'count' again with another value type",
+        &e,
+        "count",
+        &[type_name::<u64>(), type_name::<String>()],
+    );
+    let key = K::nth(1);
+    b.put(count, &key, 5);
+    b.put(other, &key, 6);
+    cx.eq(
+        "a state still works after a refused registration",
+        &b.get(count, &key),
+        &Some(5),
+    );
+    cx.eq(
+        "two states of the same key are independent",
+        &b.get(other, &key),
+        &Some(6),
+    );
+}
+
+/// `value`, `update`, `clear` and `value_mut_or_insert` behave as a map per state: insert once,
+/// `init` only when absent, overwrite, remove, and nothing else in the snapshot.
+pub fn check_value_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("value semantics");
+    let mut b = fresh(&cx, &make, 128, full(128));
+    let sum = b.register::<u64>("sum");
+    let tag = b.register::<String>("tag");
+    let (a, bee, never) = (K::nth(1), K::nth(2), K::nth(3));
+    cx.eq(
+        "a key never written has no value",
+        &b.get(sum, &never),
+        &None,
+    );
+
+    let inits = Cell::new(0);
+    for key in [&a, &bee, &a, &a] {
+        let g = b.kg(key);
+        *b.b.value_mut_or_insert(sum, key, g, || {
+            inits.set(inits.get() + 1);
+            0
+        }) += 1;
+    }
+    cx.eq(
+        "value_mut_or_insert calls init only for an absent key",
+        &inits.get(),
+        &2,
+    );
+    cx.eq(
+        "value_mut_or_insert inserts once, then returns the stored value",
+        &b.get(sum, &a),
+        &Some(3),
+    );
+    cx.eq("value_mut_or_insert counts", &b.get(sum, &bee), &Some(1));
+
+    b.put(tag, &a, "first".to_string());
+    b.put(tag, &a, "ünïcödé".to_string());
+    cx.eq(
+        "update overwrites",
+        &b.get(tag, &a),
+        &Some("ünïcödé".to_string()),
+    );
+
+    b.clear(sum, &a);
+    cx.eq("clear removes the value", &b.get(sum, &a), &None);
+    cx.eq(
+        "clearing a key in one state leaves the other states alone",
+        &b.get(tag, &a),
+        &Some("ünïcödé".to_string()),
+    );
+    b.clear(sum, &never);
+    cx.eq(
+        "clearing an absent key is a no-op",
+        &b.get(sum, &bee),
+        &Some(1),
+    );
+    let g = b.kg(&a);
+    *b.b.value_mut_or_insert(sum, &a, g, || 40) += 2;
+    cx.eq(
+        "value_mut_or_insert after clear starts from init",
+        &b.get(sum, &a),
+        &Some(42),
+    );
+    b.clear(sum, &a);
+
+    let w = b.write();
+    cx.same_map(
+        "after the clears, the snapshot holds only the remaining entry",
+        &content::<K, u64>(&cx, &w, "sum"),
+        &HashMap::from([(bee.clone(), 1)]),
+    );
+    cx.same_map(
+        "the snapshot holds the other state's entry",
+        &content::<K, String>(&cx, &w, "tag"),
+        &HashMap::from([(a.clone(), "ünïcödé".to_string())]),
+    );
+}
+
+/// Every key group of the range has a section, right after the header, even an empty one, and
+/// an empty section is [`EMPTY_SECTION_LEN`] bytes. (Every snapshot the suite writes is also
+/// checked to be well formed: header, offsets, end, each section's key group and checksum.)
+pub fn check_snapshot_layout<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("snapshot layout");
+    let range = KeyGroupRange::new(10, 19);
+    let mut b = fresh(&cx, &make, 128, range);
+    let empty = b.write();
+    cx.eq(
+        "a backend without states writes a section per key group",
+        &empty.handle.offsets.len(),
+        &10,
+    );
+    let s = b.register::<u64>("count");
+    let w = b.write();
+    cx.eq(
+        "a section per key group",
+        &w.handle.offsets.len(),
+        &(range.len() as usize),
+    );
+    cx.eq(
+        "the first section follows the header",
+        &w.handle.offsets.first().copied(),
+        &Some(w.handle.header.1),
+    );
+    let mut ends = w.handle.offsets.iter().skip(1).copied().collect::<Vec<_>>();
+    ends.push(w.handle.end);
+    for (kg, (start, end)) in range.iter().zip(w.handle.offsets.iter().zip(ends)) {
+        cx.eq(
+            &format!("the empty section of key group {kg} is EMPTY_SECTION_LEN bytes"),
+            &(end - start),
+            &(EMPTY_SECTION_LEN as u64),
+        );
+    }
+
+    // With entries, the sections holding them grow and the others stay empty.
+    let keys: Vec<K> = (0..200)
+        .map(K::nth)
+        .filter(|k| range.contains(assign_to_key_group(k, 128)))
+        .take(5)
+        .collect();
+    for (i, k) in keys.iter().enumerate() {
+        b.put(s, k, i as u64);
+    }
+    let full_groups: HashSet<KeyGroup> = keys.iter().map(|k| b.kg(k)).collect();
+    let w = b.write();
+    let mut ends = w.handle.offsets.iter().skip(1).copied().collect::<Vec<_>>();
+    ends.push(w.handle.end);
+    for (kg, (start, end)) in range.iter().zip(w.handle.offsets.iter().zip(ends)) {
+        let len = end - start;
+        if full_groups.contains(&kg) {
+            cx.must(len > EMPTY_SECTION_LEN as u64, || {
+                format!("key group {kg} holds entries, and its section is only {len} bytes")
+            });
+        } else {
+            cx.eq(
+                &format!("the empty section of key group {kg} is EMPTY_SECTION_LEN bytes"),
+                &len,
+                &(EMPTY_SECTION_LEN as u64),
+            );
+        }
+    }
+}
+
+/// A snapshot holds the state at the moment of `snapshot()`: changes, insertions and removals
+/// after it are absent from what it writes, even while it is written on another thread, and it
+/// can be written after the backend is gone. The live backend has the new state.
+pub fn check_snapshot_isolation<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("snapshot isolation");
+    let max_p = 16;
+    let mut b = fresh(&cx, &make, max_p, full(max_p));
+    let s = b.register::<u64>("count");
+    let keys = keys::<K>(50);
+    let late = K::nth(1000);
+    let mut live = HashMap::new();
+    for (i, k) in keys.iter().enumerate() {
+        b.put(s, k, i as u64);
+        live.insert(k.clone(), i as u64);
+    }
+    let before = live.clone();
+    let snapshot = cx.ok("snapshot", b.b.snapshot());
+
+    // The asynchronous part runs on another thread while processing changes, adds and removes.
+    let writer = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        snapshot.write_to(&mut bytes).map(|layout| (layout, bytes))
+    });
+    for k in keys.iter().take(10) {
+        b.put(s, k, 999);
+        live.insert(k.clone(), 999);
+    }
+    b.put(s, &late, 7);
+    live.insert(late.clone(), 7);
+    for k in keys.iter().skip(40) {
+        b.clear(s, k);
+        live.remove(k);
+    }
+    let (layout, bytes) = match writer.join() {
+        Ok(r) => cx.ok("writing the snapshot on another thread", r),
+        Err(p) => cx.fail(format!(
+            "writing the snapshot on another thread panicked: {}",
+            panic_message(p.as_ref())
+        )),
+    };
+    let w = check_written::<K>(&cx, layout, bytes, max_p, full(max_p));
+    cx.same_map(
+        "the snapshot holds the state as it was at snapshot(), not the later updates",
+        &content::<K, u64>(&cx, &w, "count"),
+        &before,
+    );
+    let mut r = cx.ok(
+        "restoring the snapshot",
+        restored(&cx, &make, max_p, full(max_p), &[&w]),
+    );
+    let rs = r.register::<u64>("count");
+    r.read_back(
+        "a restored snapshot holds the state at snapshot()",
+        rs,
+        &before,
+        [&late],
+    );
+
+    b.read_back(
+        "the live backend has the updates made after snapshot()",
+        s,
+        &live,
+        [&keys[45]],
+    );
+    cx.eq(
+        "the live backend has the late key",
+        &b.get(s, &late),
+        &Some(7),
+    );
+    cx.eq(
+        "the live backend has the changed value",
+        &b.get(s, &keys[0]),
+        &Some(999),
+    );
+    cx.eq(
+        "the live backend lost the cleared key",
+        &b.get(s, &keys[45]),
+        &None,
+    );
+
+    // A frozen view outlives its backend.
+    let snapshot = cx.ok("snapshot", b.b.snapshot());
+    drop(b);
+    let w = finish::<K>(&cx, snapshot, max_p, full(max_p));
+    cx.same_map(
+        "a snapshot written after its backend was dropped holds the state at snapshot()",
+        &content::<K, u64>(&cx, &w, "count"),
+        &live,
+    );
+}
+
+/// Snapshot then restore, into the whole range and into a part of it, gives back every entry of
+/// states of several value types, registered back in any order, and again in the next snapshot.
+pub fn check_round_trip<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("round trip");
+    let max_p = 32;
+
+    // A backend with nothing in it round-trips.
+    let mut empty = fresh(&cx, &make, max_p, full(max_p));
+    let w = empty.write();
+    let mut r = cx.ok(
+        "restoring an empty snapshot",
+        restored(&cx, &make, max_p, full(max_p), &[&w]),
+    );
+    cx.eq(
+        "an empty snapshot restores to an empty backend",
+        &r.write().bytes,
+        &w.bytes,
+    );
+
+    for range in [full(max_p), KeyGroupRange::new(5, 20)] {
+        let mut b = fresh(&cx, &make, max_p, range);
+        let counts = b.register::<u64>("count");
+        let names = b.register::<String>("name");
+        let blobs = b.register::<Vec<u8>>("blob");
+        let pairs = b.register::<(i64, bool)>("pair");
+        let seen = b.register::<()>("seen");
+        let keys: Vec<K> = (0..400)
+            .map(K::nth)
+            .filter(|k| range.contains(assign_to_key_group(k, max_p)))
+            .collect();
+        let mut mc: HashMap<K, u64> = HashMap::new();
+        let mut mn: HashMap<K, String> = HashMap::new();
+        let mut mb: HashMap<K, Vec<u8>> = HashMap::new();
+        let mut mp: HashMap<K, (i64, bool)> = HashMap::new();
+        let mut ms: HashMap<K, ()> = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            let n = i as u64;
+            let count = n.wrapping_mul(0x0123_4567_89AB_CDEF) ^ (n << 60);
+            b.put(counts, k, count);
+            mc.insert(k.clone(), count);
+            if i % 2 == 0 {
+                let name = format!("{}·{i}·ÿ", "ß".repeat(i % 5));
+                b.put(names, k, name.clone());
+                mn.insert(k.clone(), name);
+            }
+            if i % 3 == 0 {
+                let blob: Vec<u8> = (0..(i % 7) as u8).map(|x| x.wrapping_mul(37)).collect();
+                b.put(blobs, k, blob.clone());
+                mb.insert(k.clone(), blob);
+            }
+            if i % 4 == 1 {
+                let pair = (i64::MIN + i as i64, i % 8 == 1);
+                b.put(pairs, k, pair);
+                mp.insert(k.clone(), pair);
+            }
+            if i % 5 == 2 {
+                b.put(seen, k, ());
+                ms.insert(k.clone(), ());
+            }
+        }
+        let w = b.write();
+        let rule = format!("a snapshot of key groups {range} restores every entry");
+        cx.same_map(&rule, &content::<K, u64>(&cx, &w, "count"), &mc);
+        cx.same_map(&rule, &content::<K, String>(&cx, &w, "name"), &mn);
+        cx.same_map(&rule, &content::<K, Vec<u8>>(&cx, &w, "blob"), &mb);
+        cx.same_map(&rule, &content::<K, (i64, bool)>(&cx, &w, "pair"), &mp);
+        cx.same_map(&rule, &content::<K, ()>(&cx, &w, "seen"), &ms);
+
+        let mut r = cx.ok(
+            "restoring the snapshot",
+            restored(&cx, &make, max_p, range, &[&w]),
+        );
+        // Registered in another order than before.
+        let rs = r.register::<()>("seen");
+        let rp = r.register::<(i64, bool)>("pair");
+        let rc = r.register::<u64>("count");
+        let rb = r.register::<Vec<u8>>("blob");
+        let rn = r.register::<String>("name");
+        r.read_back(&rule, rc, &mc, &keys);
+        r.read_back(&rule, rn, &mn, &keys);
+        r.read_back(&rule, rb, &mb, &keys);
+        r.read_back(&rule, rp, &mp, &keys);
+        r.read_back(&rule, rs, &ms, &keys);
+        // States registered in another order get other ids; the content must not change.
+        let again = r.write();
+        let rule =
+            format!("a restored snapshot of key groups {range} survives a second round trip");
+        cx.same_map(&rule, &content::<K, u64>(&cx, &again, "count"), &mc);
+        cx.same_map(&rule, &content::<K, String>(&cx, &again, "name"), &mn);
+        cx.same_map(&rule, &content::<K, Vec<u8>>(&cx, &again, "blob"), &mb);
+        cx.same_map(&rule, &content::<K, (i64, bool)>(&cx, &again, "pair"), &mp);
+        cx.same_map(&rule, &content::<K, ()>(&cx, &again, "seen"), &ms);
+    }
+}
+
+/// Rescaling 1 → 2 → 1: each key ends only in the backend owning its key group, with its
+/// values; a restore handed the whole stream keeps only its own key groups; merging the two
+/// halves back gives the original state and the original bytes.
+pub fn check_rescale<K: SuiteKey, B: KeyedStateBackend<K>>(make: impl Fn(u32, KeyGroupRange) -> B) {
+    let cx = Cx::new::<B>("rescale 1 → 2 → 1");
+    let max_p = 128;
+    let mut one = fresh(&cx, &make, max_p, full(max_p));
+    let count = one.register::<u64>("count");
+    let last = one.register::<String>("last");
+    let keys = keys::<K>(500);
+    let mut counts = HashMap::new();
+    let mut lasts = HashMap::new();
+    for (i, k) in keys.iter().enumerate() {
+        one.put(count, k, i as u64);
+        counts.insert(k.clone(), i as u64);
+        if i % 3 == 0 {
+            let v = format!("v{i}-ü");
+            one.put(last, k, v.clone());
+            lasts.insert(k.clone(), v);
+        }
+    }
+    let original = one.write();
+
+    let mut halves = Vec::new();
+    let mut total = 0;
+    for i in 0..2 {
+        let range = compute_key_group_range_for_operator_index(max_p, 2, i);
+        let mut half = cx.ok(
+            &format!("restoring key groups {range}"),
+            restored(&cx, &make, max_p, range, &[&original]),
+        );
+        let c = half.register::<u64>("count");
+        let l = half.register::<String>("last");
+        let own = |k: &K| range.contains(assign_to_key_group(k, max_p));
+        let own_counts: HashMap<K, u64> = counts
+            .iter()
+            .filter(|(k, _)| own(k))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let own_lasts: HashMap<K, String> = lasts
+            .iter()
+            .filter(|(k, _)| own(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let rule = format!("the backend of key groups {range} has each key of its key groups");
+        let own_keys: Vec<&K> = keys.iter().filter(|k| own(k)).collect();
+        half.read_back(&rule, c, &own_counts, own_keys.iter().copied());
+        half.read_back(&rule, l, &own_lasts, own_keys.iter().copied());
+
+        let w = half.write();
+        let rule =
+            format!("the backend of key groups {range} holds the keys of its key groups only");
+        let held = content::<K, u64>(&cx, &w, "count");
+        cx.same_map(&rule, &held, &own_counts);
+        cx.same_map(&rule, &content::<K, String>(&cx, &w, "last"), &own_lasts);
+        total += held.len();
+
+        // Handed the whole stream instead of its sections, a restore keeps only its key groups.
+        let mut from_whole = fresh(&cx, &make, max_p, range);
+        cx.ok(
+            "restoring from the whole stream",
+            from_whole.b.restore(&[whole_part(&cx, &original)]),
+        );
+        from_whole.register::<u64>("count");
+        from_whole.register::<String>("last");
+        cx.eq(
+            &format!(
+                "a restore of key groups {range} handed the whole stream keeps only its key groups"
+            ),
+            &from_whole.write().bytes,
+            &w.bytes,
+        );
+        halves.push(w);
+    }
+    cx.eq(
+        "the halves hold every entry exactly once",
+        &total,
+        &counts.len(),
+    );
+
+    let refs: Vec<&Written> = halves.iter().collect();
+    let mut merged = cx.ok(
+        "merging the halves",
+        restored(&cx, &make, max_p, full(max_p), &refs),
+    );
+    let c = merged.register::<u64>("count");
+    let l = merged.register::<String>("last");
+    let rule = "merging the halves back gives the original state";
+    merged.read_back(rule, c, &counts, &keys);
+    merged.read_back(rule, l, &lasts, &keys);
+    let w = merged.write();
+    cx.same_map(rule, &content::<K, u64>(&cx, &w, "count"), &counts);
+    cx.same_map(rule, &content::<K, String>(&cx, &w, "last"), &lasts);
+    cx.eq(
+        "merging the halves back gives the original bytes",
+        &w.bytes,
+        &original.bytes,
+    );
+}
+
+/// A key group handed over twice, in one restore or across two, is an error naming it.
+pub fn check_restore_twice<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("restore a key group twice");
+    let mut b = fresh(&cx, &make, 8, full(8));
+    let s = b.register::<u64>("count");
+    b.put(s, &K::nth(1), 1);
+    let w = b.write();
+    let range = KeyGroupRange::new(2, 3);
+    let e = cx.err(
+        "two parts holding the same key groups must be refused",
+        || restored(&cx, &make, 8, range, &[&w, &w]),
+    );
+    let msg = e.to_string();
+    cx.must(msg.contains("key group 2"), || {
+        format!("restoring key group 2 twice in one call: the error must name key group 2: {msg}")
+    });
+
+    let mut r = fresh(&cx, &make, 8, range);
+    cx.ok(
+        "the first restore",
+        r.b.restore(&[part_for(&cx, &w, &range)]),
+    );
+    let e = cx.err(
+        "a second restore of the same key groups must be refused",
+        || r.b.restore(&[part_for(&cx, &w, &range)]),
+    );
+    let msg = e.to_string();
+    cx.must(msg.contains("key group 2"), || {
+        format!("restoring key group 2 in two calls: the error must name key group 2: {msg}")
+    });
+}
+
+/// A snapshot of another max parallelism is refused (its key groups mean other keys), naming
+/// both; a restore after a state is registered is refused and leaves the state as it was.
+pub fn check_restore_refusals<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("restore refusals");
+    let mut b = fresh(&cx, &make, 12, full(12));
+    let s = b.register::<u64>("count");
+    let key = K::nth(1);
+    b.put(s, &key, 1);
+    let w = b.write();
+
+    let mut other = fresh(&cx, &make, 20, full(20));
+    let e = cx.err(
+        "a snapshot taken with max parallelism 12 must not restore into max parallelism 20",
+        || other.b.restore(&[whole_part(&cx, &w)]),
+    );
+    let msg = e.to_string();
+    cx.must(msg.contains("12") && msg.contains("20"), || {
+        format!("the max-parallelism error must name both max parallelisms (12, 20): {msg}")
+    });
+
+    cx.err(
+        "restore comes before any state is registered; a later one must be refused",
+        || b.b.restore(&[whole_part(&cx, &w)]),
+    );
+    cx.eq(
+        "a refused restore leaves the registered state as it was",
+        &b.get(s, &key),
+        &Some(1),
+    );
+}
+
+/// Damaged bytes are errors, never panics: a flipped byte anywhere is
+/// [`CoreError::Corrupt`] naming the header or the key group of its section; a truncated stream
+/// is an error; offsets shifted by one section are caught by the key group each section records.
+pub fn check_corruption<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("corrupt snapshots");
+    let mut first = None;
+    for (max_p, range) in [(4, full(4)), (8, KeyGroupRange::new(3, 6))] {
+        let mut b = fresh(&cx, &make, max_p, range);
+        let s = b.register::<u64>("count");
+        let keys: Vec<K> = (0..200)
+            .map(K::nth)
+            .filter(|k| range.contains(assign_to_key_group(k, max_p)))
+            .take(20)
+            .collect();
+        for (i, k) in keys.iter().enumerate() {
+            b.put(s, k, i as u64);
+        }
+        let w = b.write();
+        let header_end = w.handle.header.1 as usize;
+        for i in 0..w.bytes.len() {
+            let mut bytes = w.bytes.clone();
+            if let Some(byte) = bytes.get_mut(i) {
+                *byte ^= 0x04;
+            }
+            let bad = Written {
+                handle: w.handle.clone(),
+                bytes,
+            };
+            let op = format!("restoring key groups {range} with byte {i} flipped, and registering");
+            let e = cx.err(&format!("{op}: a flipped byte must be noticed"), || {
+                restored(&cx, &make, max_p, range, &[&bad]).and_then(|mut r| {
+                    r.b.value_state(&ValueStateDescriptor::<u64>::new("count"))
+                        .map(|_| ())
+                })
+            });
+            let expected = if i < header_end {
+                "keyed snapshot header".to_string()
+            } else {
+                let index = w
+                    .handle
+                    .offsets
+                    .iter()
+                    .rposition(|&o| o as usize <= i)
+                    .unwrap_or(0);
+                format!(
+                    "keyed snapshot section of key group {}",
+                    range.start + index as u32
+                )
+            };
+            match &e {
+                StateError::Core(CoreError::Corrupt { what, .. }) if *what == expected => {}
+                other => cx.fail(format!(
+                    "{op}: expected CoreError::Corrupt naming \"{expected}\", got {other:?}"
+                )),
+            }
+        }
+        if first.is_none() {
+            first = Some(w);
+        }
+    }
+    let Some(w) = first else {
+        cx.fail("no snapshot was written")
+    };
+
+    // Every truncation, header included.
+    let header_end = w.handle.header.1 as usize;
+    for cut in 0..w.bytes.len() {
+        let split = header_end.min(cut);
+        let part = RestorePart {
+            handle: &w.handle,
+            header: w.bytes.get(..split).unwrap_or_default(),
+            sections: w.bytes.get(split..cut).unwrap_or_default(),
+            sections_offset: split as u64,
+        };
+        let mut r = fresh(&cx, &make, 4, full(4));
+        let op = format!(
+            "restoring a snapshot cut at byte {cut} of {}",
+            w.bytes.len()
+        );
+        cx.err(
+            &format!("{op}: a truncated snapshot must be refused"),
+            || r.b.restore(&[part]),
+        );
+    }
+
+    // Offsets shifted by one section: the key group recorded in each section catches it.
+    let mut shifted = w.handle.clone();
+    shifted.offsets.rotate_left(1);
+    if let Some(last) = shifted.offsets.last_mut() {
+        *last = w.handle.end;
+    }
+    let mut r = fresh(&cx, &make, 4, full(4));
+    let op = "restoring with offsets shifted by one section";
+    let msg = cx
+        .err(&format!("{op} must fail"), || {
+            format::whole_stream_part(&shifted, &w.bytes).and_then(|part| r.b.restore(&[part]))
+        })
+        .to_string();
+    cx.must(msg.contains("key group 0"), || {
+        format!("{op}: the error must name key group 0: {msg}")
+    });
+}
+
+/// Registering a restored state with another value type than the snapshot's is
+/// [`StateError::Incompatible`] naming the state and both types; the right type still works.
+pub fn check_type_mismatch_after_restore<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("type mismatch after restore");
+    let mut b = fresh(&cx, &make, 8, full(8));
+    let s = b.register::<u64>("count");
+    let key = K::nth(1);
+    b.put(s, &key, 1);
+    let w = b.write();
+    let mut r = cx.ok("restoring", restored(&cx, &make, 8, full(8), &[&w]));
+    let e = cx.err("registering a restored u64 state as u32 must fail", || {
+        r.b.value_state(&ValueStateDescriptor::<u32>::new("count"))
+    });
+    expect_incompatible(
+        &cx,
+        "registering a restored u64 state as u32",
+        &e,
+        "count",
+        &[type_name::<u64>(), type_name::<u32>()],
+    );
+    let ok = r.register::<u64>("count");
+    cx.eq(
+        "after a refused registration, the right type still restores the value",
+        &r.get(ok, &key),
+        &Some(1),
+    );
+}
+
+/// A snapshot of one key type restored into a backend of another is
+/// [`StateError::Incompatible`] naming a state and both key types.
+pub fn check_incompatible_key_type<K1, B1, K2, B2>(
+    make_first: impl Fn(u32, KeyGroupRange) -> B1,
+    make_second: impl Fn(u32, KeyGroupRange) -> B2,
+) where
+    K1: SuiteKey,
+    B1: KeyedStateBackend<K1>,
+    K2: SuiteKey,
+    B2: KeyedStateBackend<K2>,
+{
+    let cx = Cx::new::<B2>("another key type");
+    cx.must(type_name::<K1>() != type_name::<K2>(), || {
+        format!(
+            "the check needs two key types, got `{}` twice",
+            type_name::<K1>()
+        )
+    });
+    let first_cx = Cx::new::<B1>("another key type");
+    let mut b = fresh(&first_cx, &make_first, 8, full(8));
+    let s = b.register::<u64>("count");
+    b.put(s, &K1::nth(1), 1);
+    let w = b.write();
+    let mut other = fresh(&cx, &make_second, 8, full(8));
+    let op = format!(
+        "restoring a snapshot keyed by `{}` into a backend keyed by `{}`",
+        type_name::<K1>(),
+        type_name::<K2>()
+    );
+    let e = cx.err(&format!("{op} must fail"), || {
+        other.b.restore(&[whole_part(&cx, &w)]).and_then(|()| {
+            other
+                .b
+                .value_state(&ValueStateDescriptor::<u64>::new("count"))
+                .map(|_| ())
+        })
+    });
+    expect_incompatible(
+        &cx,
+        &op,
+        &e,
+        "count",
+        &[type_name::<K1>(), type_name::<K2>()],
+    );
+}
+
+/// Restored states not registered yet are carried unchanged into the next snapshot (byte for
+/// byte when none is registered), so a state registered lazily is not lost by a checkpoint taken
+/// first.
+pub fn check_unregistered_states_survive<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("unregistered restored states survive");
+    let key = K::nth(1);
+    let mut b = fresh(&cx, &make, 8, full(8));
+    let s = b.register::<u64>("lazy");
+    b.put(s, &key, 42);
+    let first = b.write();
+    let mut r = cx.ok("restoring", restored(&cx, &make, 8, full(8), &[&first]));
+    let second = r.write();
+    cx.eq(
+        "a snapshot of a restored backend with nothing registered has the original bytes",
+        &second.bytes,
+        &first.bytes,
+    );
+    let mut r2 = cx.ok(
+        "restoring again",
+        restored(&cx, &make, 8, full(8), &[&second]),
+    );
+    let s2 = r2.register::<u64>("lazy");
+    cx.eq(
+        "a state registered after two checkpoints has its value",
+        &r2.get(s2, &key),
+        &Some(42),
+    );
+
+    // With one of two states registered and changed, the other is carried as it was.
+    let keys = keys::<K>(40);
+    let mut b = fresh(&cx, &make, 8, full(8));
+    let old = b.register::<u64>("untouched");
+    let new = b.register::<String>("changed");
+    let mut olds = HashMap::new();
+    let mut news = HashMap::new();
+    for (i, k) in keys.iter().enumerate() {
+        b.put(old, k, i as u64);
+        olds.insert(k.clone(), i as u64);
+        b.put(new, k, format!("before {i}"));
+    }
+    let w = b.write();
+    let mut r = cx.ok("restoring", restored(&cx, &make, 8, full(8), &[&w]));
+    let changed = r.register::<String>("changed");
+    for (i, k) in keys.iter().enumerate() {
+        let v = format!("après {i}");
+        r.put(changed, k, v.clone());
+        news.insert(k.clone(), v);
+    }
+    let w2 = r.write();
+    cx.same_map(
+        "a restored state left unregistered is in the next snapshot",
+        &content::<K, u64>(&cx, &w2, "untouched"),
+        &olds,
+    );
+    let mut r3 = cx.ok("restoring again", restored(&cx, &make, 8, full(8), &[&w2]));
+    let u = r3.register::<u64>("untouched");
+    let c = r3.register::<String>("changed");
+    r3.read_back(
+        "a state left unregistered for a checkpoint keeps its values",
+        u,
+        &olds,
+        &keys,
+    );
+    r3.read_back(
+        "the registered state has the values written after the restore",
+        c,
+        &news,
+        &keys,
+    );
+}
+
+/// Equal state gives byte-identical snapshots, whatever the order of the updates and whatever
+/// entries came and went.
+pub fn check_deterministic_bytes<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("deterministic bytes");
+    let max_p = 32;
+    let keys = keys::<K>(200);
+    let temp = K::nth(10_000);
+    let mut a = fresh(&cx, &make, max_p, full(max_p));
+    let mut b = fresh(&cx, &make, max_p, full(max_p));
+    let sa = a.register::<u64>("c");
+    let sb = b.register::<u64>("c");
+    for (i, k) in keys.iter().enumerate() {
+        a.put(sa, k, i as u64);
+    }
+    // Another insertion order, with detours.
+    for (i, k) in keys.iter().enumerate().rev() {
+        b.put(sb, k, 0);
+        b.put(sb, &temp, 5);
+        b.put(sb, k, i as u64);
+        b.clear(sb, &temp);
+    }
+    cx.eq(
+        "equal state gives identical snapshot bytes",
+        &a.write().bytes,
+        &b.write().bytes,
+    );
+}
+
+/// More than [`MAX_STATES`] states is [`StateError::TooManyStates`]; registering an existing one
+/// again is still fine; a full backend snapshots and restores; restored states count toward the
+/// limit.
+pub fn check_too_many_states<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("too many states");
+    let expect_too_many = |e: StateError, when: &str| match e {
+        StateError::TooManyStates { name, count, max } => {
+            cx.eq(
+                &format!("{when}: the error names the state"),
+                &name.as_str(),
+                &"one-too-many",
+            );
+            cx.eq(
+                &format!("{when}: the error counts it"),
+                &count,
+                &(MAX_STATES + 1),
+            );
+            cx.eq(
+                &format!("{when}: the error gives the limit"),
+                &max,
+                &MAX_STATES,
+            );
+        }
+        other => cx.fail(format!("{when}: expected TooManyStates, got {other:?}")),
+    };
+    let mut b = fresh(&cx, &make, 1, full(1));
+    for i in 0..MAX_STATES {
+        b.register::<u8>(&format!("s{i}"));
+    }
+    b.register::<u8>("s0");
+    let e = cx.err(
+        "registering one state more than MAX_STATES must fail",
+        || {
+            b.b.value_state(&ValueStateDescriptor::<u8>::new("one-too-many"))
+        },
+    );
+    expect_too_many(e, "one state too many");
+
+    let w = b.write();
+    cx.eq(
+        "a full backend snapshots every state",
+        &header_of(&cx, &w).states.len(),
+        &MAX_STATES,
+    );
+    let mut r = cx.ok(
+        "restoring a full backend",
+        restored(&cx, &make, 1, full(1), &[&w]),
+    );
+    let again = r.write();
+    cx.eq(
+        "a restored full backend carries every state",
+        &header_of(&cx, &again).states.len(),
+        &MAX_STATES,
+    );
+    let e = cx.err(
+        "restored states count toward MAX_STATES; one more must fail",
+        || {
+            r.b.value_state(&ValueStateDescriptor::<u8>::new("one-too-many"))
+        },
+    );
+    expect_too_many(e, "one state too many after a restore");
+    r.register::<u8>("s7");
+}
+
+/// One step of the model check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelOp {
+    /// Sets key `K::nth(k)`'s `count` through `value_mut_or_insert`.
+    Set(u16, u64),
+    /// Adds (wrapping) to key `K::nth(k)`'s `count` through `value_mut_or_insert`, from 0.
+    Add(u16, u64),
+    /// Sets key `K::nth(k)`'s `name` through `update`.
+    Name(u16, String),
+    /// Clears key `K::nth(k)` in both states.
+    Clear(u16),
+    /// Takes a snapshot; it is written after the last operation.
+    Snapshot,
+}
+
+/// Runs `ops` against a fresh backend of the whole range of `max_parallelism` and a `HashMap`
+/// model. The live backend must agree with the model, and every snapshot (one per
+/// [`ModelOp::Snapshot`], and one at the end) must hold the model as it was then, restored whole
+/// and split across `parallelism` backends (clamped to `1..=max_parallelism`).
+pub fn check_against_model<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+    max_parallelism: u32,
+    parallelism: u32,
+    ops: &[ModelOp],
+) {
+    let cx = Cx::new::<B>(format!(
+        "model (max parallelism {max_parallelism}, parallelism {parallelism}, {} ops)",
+        ops.len()
+    ));
+    model_case(&cx, &make, max_parallelism, parallelism, ops);
+}
+
+/// Runs `cases` random model checks from `seed`: max parallelism 1, 7 or 128, parallelism 1 to 4,
+/// up to 400 operations over [`MODEL_KEYS`] keys, names of mixed scripts. A failure names the seed
+/// and case.
+pub fn check_random_models<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+    seed: u64,
+    cases: u32,
+) {
+    const CHARS: [char; 10] = ['a', 'q', 'z', ' ', 'é', 'ß', 'я', '語', '🦀', '\0'];
+    let mut rng = SplitMix64(seed);
+    for case in 0..cases {
+        let max_p = [1, 7, 128][rng.below(3) as usize];
+        let parallelism = (1 + rng.below(4) as u32).min(max_p);
+        let len = rng.below(400) as usize;
+        let ops: Vec<ModelOp> = (0..len)
+            .map(|_| {
+                let key = rng.below(u64::from(MODEL_KEYS)) as u16;
+                match rng.below(8) {
+                    0..=2 => ModelOp::Set(key, rng.next()),
+                    3 => ModelOp::Add(key, rng.next() >> rng.below(64)),
+                    4 | 5 => {
+                        let n = rng.below(9) as usize;
+                        let name = (0..n)
+                            .map(|_| CHARS[rng.below(CHARS.len() as u64) as usize])
+                            .collect();
+                        ModelOp::Name(key, name)
+                    }
+                    6 => ModelOp::Clear(key),
+                    _ => ModelOp::Snapshot,
+                }
+            })
+            .collect();
+        let cx = Cx::new::<B>(format!(
+            "model (seed {seed:#x}, case {case}: max parallelism {max_p}, parallelism \
+             {parallelism}, {len} ops)"
+        ));
+        model_case(&cx, &make, max_p, parallelism, &ops);
+    }
+}
+
+fn model_case<K: SuiteKey, B: KeyedStateBackend<K>>(
+    cx: &Cx,
+    make: &impl Fn(u32, KeyGroupRange) -> B,
+    max_p: u32,
+    parallelism: u32,
+    ops: &[ModelOp],
+) {
+    let parallelism = parallelism.clamp(1, max_p);
+    let mut b = fresh(cx, make, max_p, full(max_p));
+    let count = b.register::<u64>("count");
+    let name = b.register::<String>("name");
+    let mut counts: HashMap<K, u64> = HashMap::new();
+    let mut names: HashMap<K, String> = HashMap::new();
+    let mut touched: Vec<K> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut pending = Vec::new();
+    for op in ops {
+        let key = match op {
+            ModelOp::Set(k, _) | ModelOp::Add(k, _) | ModelOp::Name(k, _) | ModelOp::Clear(k) => {
+                let key = K::nth(u64::from(*k));
+                if seen.insert(*k) {
+                    touched.push(key.clone());
+                }
+                key
+            }
+            ModelOp::Snapshot => {
+                pending.push((
+                    cx.ok("snapshot", b.b.snapshot()),
+                    counts.clone(),
+                    names.clone(),
+                ));
+                continue;
+            }
+        };
+        let g = b.kg(&key);
+        match op {
+            ModelOp::Set(_, v) => {
+                *b.b.value_mut_or_insert(count, &key, g, || 0) = *v;
+                counts.insert(key, *v);
+            }
+            ModelOp::Add(_, d) => {
+                let v = b.b.value_mut_or_insert(count, &key, g, || 0);
+                *v = v.wrapping_add(*d);
+                let m = counts.entry(key).or_insert(0);
+                *m = m.wrapping_add(*d);
+            }
+            ModelOp::Name(_, v) => {
+                b.b.update(name, &key, g, v.clone());
+                names.insert(key, v.clone());
+            }
+            ModelOp::Clear(_) => {
+                b.b.clear(count, &key, g);
+                b.b.clear(name, &key, g);
+                counts.remove(&key);
+                names.remove(&key);
+            }
+            ModelOp::Snapshot => {}
+        }
+    }
+    b.read_back(
+        "the live backend agrees with the model",
+        count,
+        &counts,
+        &touched,
+    );
+    b.read_back(
+        "the live backend agrees with the model",
+        name,
+        &names,
+        &touched,
+    );
+    pending.push((cx.ok("snapshot", b.b.snapshot()), counts, names));
+
+    for (i, (snapshot, counts, names)) in pending.into_iter().enumerate() {
+        let w = finish::<K>(cx, snapshot, max_p, full(max_p));
+        let rule = format!("snapshot {i} holds the model as it was at its snapshot()");
+        cx.same_map(&rule, &content::<K, u64>(cx, &w, "count"), &counts);
+        cx.same_map(&rule, &content::<K, String>(cx, &w, "name"), &names);
+
+        let mut whole = cx.ok(
+            "restoring the whole snapshot",
+            restored(cx, make, max_p, full(max_p), &[&w]),
+        );
+        let c = whole.register::<u64>("count");
+        let n = whole.register::<String>("name");
+        let rule = format!("snapshot {i}, restored whole, reads back as the model");
+        whole.read_back(&rule, c, &counts, &touched);
+        whole.read_back(&rule, n, &names, &touched);
+
+        let mut seen_counts = HashMap::new();
+        let mut seen_names = HashMap::new();
+        for p in 0..parallelism {
+            let range = compute_key_group_range_for_operator_index(max_p, parallelism, p);
+            let mut part = cx.ok(
+                &format!("restoring key groups {range}"),
+                restored(cx, make, max_p, range, &[&w]),
+            );
+            let c = part.register::<u64>("count");
+            let n = part.register::<String>("name");
+            let own = |k: &&K| range.contains(assign_to_key_group(*k, max_p));
+            let own_keys: Vec<&K> = touched.iter().filter(own).collect();
+            let own_counts: HashMap<K, u64> = counts
+                .iter()
+                .filter(|(k, _)| own(k))
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            let own_names: HashMap<K, String> = names
+                .iter()
+                .filter(|(k, _)| own(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let rule = format!(
+                "snapshot {i}, restored into key groups {range} of {parallelism}, reads back as \
+                 the model"
+            );
+            part.read_back(&rule, c, &own_counts, own_keys.iter().copied());
+            part.read_back(&rule, n, &own_names, own_keys.iter().copied());
+            let pw = part.write();
+            let rule = format!(
+                "snapshot {i}, restored into key groups {range}, holds only its key groups"
+            );
+            for (k, v) in content::<K, u64>(cx, &pw, "count") {
+                cx.must(seen_counts.insert(k.clone(), v).is_none(), || {
+                    format!("{rule}: {k:?} is in two parts")
+                });
+            }
+            for (k, v) in content::<K, String>(cx, &pw, "name") {
+                cx.must(seen_names.insert(k.clone(), v).is_none(), || {
+                    format!("{rule}: {k:?} is in two parts")
+                });
+            }
+        }
+        let rule = format!("snapshot {i}, split across {parallelism}, holds the model");
+        cx.same_map(&rule, &seen_counts, &counts);
+        cx.same_map(&rule, &seen_names, &names);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers.
+
+/// The check being run and the backend it runs on, for failure messages.
+struct Cx {
+    check: String,
+    backend: &'static str,
+}
+
+impl Cx {
+    fn new<B>(check: impl Into<String>) -> Cx {
+        Cx {
+            check: check.into(),
+            backend: type_name::<B>(),
+        }
+    }
+
+    #[track_caller]
+    fn fail(&self, msg: impl Display) -> ! {
+        panic!(
+            "keyed-state conformance [{}] on {}: {msg}",
+            self.check, self.backend
+        )
+    }
+
+    #[track_caller]
+    fn must(&self, cond: bool, msg: impl FnOnce() -> String) {
+        if !cond {
+            self.fail(msg())
+        }
+    }
+
+    #[track_caller]
+    fn eq<T: PartialEq + Debug + ?Sized>(&self, rule: &str, actual: &T, expected: &T) {
+        if actual != expected {
+            self.fail(format!("{rule}: got {actual:?}, expected {expected:?}"))
+        }
+    }
+
+    #[track_caller]
+    fn ok<T, E: Display>(&self, op: &str, r: Result<T, E>) -> T {
+        match r {
+            Ok(v) => v,
+            Err(e) => self.fail(format!("{op} failed unexpectedly: {e}")),
+        }
+    }
+
+    /// Runs `f`, which must return an error, and never panic.
+    #[track_caller]
+    fn err<T>(&self, rule: &str, f: impl FnOnce() -> Result<T, StateError>) -> StateError {
+        match self.no_panic(rule, f) {
+            Ok(_) => self.fail(format!("{rule}, but it succeeded")),
+            Err(e) => e,
+        }
+    }
+
+    /// Runs `f`, turning a panic into a failure of the rule that errors must not panic.
+    #[track_caller]
+    fn no_panic<T>(&self, op: &str, f: impl FnOnce() -> T) -> T {
+        match catch_unwind(AssertUnwindSafe(f)) {
+            Ok(v) => v,
+            Err(p) => self.fail(format!(
+                "{op} panicked ({}); bad input must be an error, never a panic",
+                panic_message(p.as_ref())
+            )),
+        }
+    }
+
+    /// Compares two maps, naming a few of the keys that differ.
+    #[track_caller]
+    fn same_map<K: Debug + Eq + std::hash::Hash, V: Debug + PartialEq>(
+        &self,
+        rule: &str,
+        actual: &HashMap<K, V>,
+        expected: &HashMap<K, V>,
+    ) {
+        if actual == expected {
+            return;
+        }
+        let mut diffs: Vec<String> = Vec::new();
+        for (k, v) in expected {
+            match actual.get(k) {
+                None => diffs.push(format!("{k:?} is missing (expected {v:?})")),
+                Some(a) if a != v => diffs.push(format!("{k:?} is {a:?}, expected {v:?}")),
+                Some(_) => {}
+            }
+        }
+        for (k, v) in actual {
+            if !expected.contains_key(k) {
+                diffs.push(format!("{k:?} = {v:?} should not be there"));
+            }
+        }
+        let more = diffs.len().saturating_sub(5);
+        diffs.truncate(5);
+        self.fail(format!(
+            "{rule}: {} entries, expected {}; {}{}",
+            actual.len(),
+            expected.len(),
+            diffs.join("; "),
+            if more > 0 {
+                format!("; and {more} more")
+            } else {
+                String::new()
+            }
+        ))
+    }
+}
+
+fn panic_message(p: &(dyn Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic".to_string()
+    }
+}
+
+fn expect_incompatible(cx: &Cx, op: &str, e: &StateError, name: &str, types: &[&str]) {
+    match e {
+        StateError::Incompatible { name: n, .. } if n == name => {}
+        other => cx.fail(format!(
+            "{op}: expected StateError::Incompatible naming '{name}', got {other:?}"
+        )),
+    }
+    let msg = e.to_string();
+    for t in types {
+        cx.must(msg.contains(t), || {
+            format!("{op}: the error must name the type `{t}`: {msg}")
+        });
+    }
+}
+
+/// A small deterministic generator (SplitMix64), so the suite needs no dependency.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n > 0`).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn full(max_p: u32) -> KeyGroupRange {
+    KeyGroupRange::new(0, max_p - 1)
+}
+
+fn keys<K: SuiteKey>(n: u64) -> Vec<K> {
+    (0..n).map(K::nth).collect()
+}
+
+/// A backend under test, with its key type fixed and small conveniences.
+struct Subject<'c, K, B> {
+    b: B,
+    cx: &'c Cx,
+    _key: PhantomData<fn() -> K>,
+}
+
+/// A fresh backend from `make`, checked to report the range and max parallelism it was made with.
+fn fresh<'c, K: SuiteKey, B: KeyedStateBackend<K>>(
+    cx: &'c Cx,
+    make: &impl Fn(u32, KeyGroupRange) -> B,
+    max_p: u32,
+    range: KeyGroupRange,
+) -> Subject<'c, K, B> {
+    let b = make(max_p, range);
+    cx.eq(
+        "key_group_range() is the range the backend was made for",
+        &b.key_group_range(),
+        &range,
+    );
+    cx.eq(
+        "max_parallelism() is the one the backend was made with",
+        &b.max_parallelism(),
+        &max_p,
+    );
+    Subject {
+        b,
+        cx,
+        _key: PhantomData,
+    }
+}
+
+/// A fresh backend of `range` restored from the parts of `snapshots` that overlap it (the header
+/// and only the overlapping sections), as the checkpoint layer hands them over.
+fn restored<'c, K: SuiteKey, B: KeyedStateBackend<K>>(
+    cx: &'c Cx,
+    make: &impl Fn(u32, KeyGroupRange) -> B,
+    max_p: u32,
+    range: KeyGroupRange,
+    snapshots: &[&Written],
+) -> Result<Subject<'c, K, B>, StateError> {
+    let mut s = fresh(cx, make, max_p, range);
+    let parts: Vec<RestorePart<'_>> = snapshots
+        .iter()
+        .filter(|w| !w.handle.key_group_range.intersection(&range).is_empty())
+        .map(|w| part_for(cx, w, &range))
+        .collect();
+    s.b.restore(&parts)?;
+    Ok(s)
+}
+
+impl<K: SuiteKey, B: KeyedStateBackend<K>> Subject<'_, K, B> {
+    fn kg(&self, key: &K) -> KeyGroup {
+        assign_to_key_group(key, self.b.max_parallelism())
+    }
+
+    #[track_caller]
+    fn register<V: StateValue>(&mut self, name: &str) -> ValueState<V> {
+        match self.b.value_state(&ValueStateDescriptor::<V>::new(name)) {
+            Ok(s) => s,
+            Err(e) => self.cx.fail(format!(
+                "registering '{name}' as a value state of `{}` failed unexpectedly: {e}",
+                type_name::<V>()
+            )),
+        }
+    }
+
+    fn put<V: StateValue>(&mut self, s: ValueState<V>, key: &K, value: V) {
+        let g = self.kg(key);
+        self.b.update(s, key, g, value);
+    }
+
+    fn get<V: StateValue>(&self, s: ValueState<V>, key: &K) -> Option<V> {
+        self.b.value(s, key, self.kg(key)).cloned()
+    }
+
+    fn clear<V: StateValue>(&mut self, s: ValueState<V>, key: &K) {
+        let g = self.kg(key);
+        self.b.clear(s, key, g);
+    }
+
+    /// Reads every key of `expected` and of `also` through `value`, expecting `expected`'s
+    /// values (and no value for a key not in it).
+    #[track_caller]
+    fn read_back<'k, V: StateValue + Debug + PartialEq>(
+        &self,
+        rule: &str,
+        s: ValueState<V>,
+        expected: &HashMap<K, V>,
+        also: impl IntoIterator<Item = &'k K>,
+    ) where
+        K: 'k,
+    {
+        for (k, v) in expected {
+            let got = self.b.value(s, k, self.kg(k));
+            if got != Some(v) {
+                self.cx
+                    .fail(format!("{rule}: {k:?} reads {got:?}, expected {v:?}"));
+            }
+        }
+        for k in also {
+            let got = self.b.value(s, k, self.kg(k));
+            let want = expected.get(k);
+            if got != want {
+                self.cx
+                    .fail(format!("{rule}: {k:?} reads {got:?}, expected {want:?}"));
+            }
+        }
+    }
+
+    /// Snapshots and writes at once, checking the result is well formed.
+    fn write(&mut self) -> Written {
+        let snapshot = self.cx.ok("snapshot", self.b.snapshot());
+        finish::<K>(
+            self.cx,
+            snapshot,
+            self.b.max_parallelism(),
+            self.b.key_group_range(),
+        )
+    }
+}
+
+/// A written snapshot: its handle (with an empty inline stream) and its bytes.
+struct Written {
+    handle: KeyedStateHandle,
+    bytes: Vec<u8>,
+}
+
+/// Writes a frozen snapshot into memory and checks it is well formed.
+fn finish<K: StateKey>(
+    cx: &Cx,
+    snapshot: Box<dyn KeyedSnapshot>,
+    max_p: u32,
+    range: KeyGroupRange,
+) -> Written {
+    let mut bytes = Vec::new();
+    let layout = cx.ok("writing a snapshot", snapshot.write_to(&mut bytes));
+    check_written::<K>(cx, layout, bytes, max_p, range)
+}
+
+/// Checks that `bytes` are a snapshot of `range` in the [`crate::format`] and that `layout`
+/// describes them: header first, one section per key group in order, each with its key group
+/// and a valid checksum, states of key type `K`.
+fn check_written<K: StateKey>(
+    cx: &Cx,
+    layout: KeyedSnapshotLayout,
+    bytes: Vec<u8>,
+    max_p: u32,
+    range: KeyGroupRange,
+) -> Written {
+    cx.eq(
+        "a snapshot covers exactly the backend's key groups",
+        &layout.key_group_range,
+        &range,
+    );
+    cx.eq(
+        "the layout's end is the number of bytes written",
+        &layout.end,
+        &(bytes.len() as u64),
+    );
+    cx.eq("the header starts the stream", &layout.header.0, &0);
+    cx.eq(
+        "the layout has one section offset per key group",
+        &layout.offsets.len(),
+        &(range.len() as usize),
+    );
+    let mut at = layout.header.1;
+    for (kg, &start) in range.iter().zip(&layout.offsets) {
+        cx.must(start >= at && start <= layout.end, || {
+            format!(
+                "the section of key group {kg} starts at {start}, before the previous one ends \
+                 ({at}) or after the end ({})",
+                layout.end
+            )
+        });
+        at = start;
+    }
+    let w = Written {
+        handle: layout.into_handle(StreamStateHandle::Inline(Vec::new())),
+        bytes,
+    };
+    let header = header_of(cx, &w);
+    cx.eq(
+        "the header records the backend's key groups",
+        &header.key_group_range,
+        &range,
+    );
+    cx.eq(
+        "the header records the backend's max parallelism",
+        &header.max_parallelism,
+        &max_p,
+    );
+    for meta in &header.states {
+        cx.eq(
+            &format!("the header records state '{}' with the key type", meta.name),
+            &meta.key_type.as_str(),
+            &type_name::<K>(),
+        );
+    }
+    let part = whole_part(cx, &w);
+    let sections = cx.ok(
+        "slicing the sections with the layout's offsets",
+        format::part_sections(&part, &range),
+    );
+    cx.eq(
+        "every key group has a section",
+        &sections.len(),
+        &(range.len() as usize),
+    );
+    for (kg, section) in sections {
+        cx.must(section.len() >= EMPTY_SECTION_LEN, || {
+            format!(
+                "the section of key group {kg} is {} bytes, shorter than an empty one",
+                section.len()
+            )
+        });
+        let blocks = cx.ok(
+            &format!("parsing the section of key group {kg}"),
+            format::parse_section(kg, section),
+        );
+        let mut last = None;
+        for block in blocks {
+            cx.must(
+                usize::try_from(block.state_id).is_ok_and(|i| i < header.states.len()),
+                || {
+                    format!(
+                        "key group {kg} has a block of unknown state {}",
+                        block.state_id
+                    )
+                },
+            );
+            cx.must(last < Some(block.state_id), || {
+                format!("key group {kg}'s blocks are not in ascending state id")
+            });
+            cx.must(block.entry_count > 0, || {
+                format!(
+                    "key group {kg} has an empty block for state {}",
+                    block.state_id
+                )
+            });
+            last = Some(block.state_id);
+        }
+    }
+    w
+}
+
+fn header_of(cx: &Cx, w: &Written) -> SnapshotHeader {
+    let (start, end) = w.handle.header;
+    let Some(bytes) = w.bytes.get(start as usize..end as usize) else {
+        cx.fail(format!(
+            "the header range [{start}, {end}) is outside the {} bytes",
+            w.bytes.len()
+        ))
+    };
+    cx.ok(
+        "decoding the snapshot header",
+        SnapshotHeader::decode(bytes),
+    )
+}
+
+fn whole_part<'a>(cx: &Cx, w: &'a Written) -> RestorePart<'a> {
+    cx.ok(
+        "slicing the snapshot",
+        format::whole_stream_part(&w.handle, &w.bytes),
+    )
+}
+
+/// The part a checkpoint hands a backend owning `range`: the header, and only the sections of the
+/// overlapping key groups. `range` must overlap the snapshot's.
+fn part_for<'a>(cx: &Cx, w: &'a Written, range: &KeyGroupRange) -> RestorePart<'a> {
+    let Some((start, end)) = w.handle.byte_range_for(range) else {
+        cx.fail(format!(
+            "the snapshot of key groups {} has no bytes for {range}",
+            w.handle.key_group_range
+        ))
+    };
+    let (hs, he) = w.handle.header;
+    let (Some(header), Some(sections)) = (
+        w.bytes.get(hs as usize..he as usize),
+        w.bytes.get(start as usize..end as usize),
+    ) else {
+        cx.fail("the handle's ranges are outside the snapshot's bytes")
+    };
+    RestorePart {
+        handle: &w.handle,
+        header,
+        sections,
+        sections_offset: start,
+    }
+}
+
+/// Every entry of state `state` in a written snapshot, read with the [`crate::format`]'s own
+/// functions, checking that each key is in the section of its key group, once.
+fn content<K: SuiteKey, V: StateValue>(cx: &Cx, w: &Written, state: &str) -> HashMap<K, V> {
+    let header = header_of(cx, w);
+    let Some(meta) = header.states.iter().find(|m| m.name == state) else {
+        cx.fail(format!(
+            "a registered state '{state}' is missing from the snapshot's header"
+        ))
+    };
+    cx.eq(
+        &format!("the header records '{state}' as a value state"),
+        &meta.kind,
+        &StateKind::Value,
+    );
+    cx.eq(
+        &format!("the header records '{state}' with its value type"),
+        &meta.value_type.as_str(),
+        &type_name::<V>(),
+    );
+    let part = whole_part(cx, w);
+    let sections = cx.ok(
+        "slicing the sections",
+        format::part_sections(&part, &w.handle.key_group_range),
+    );
+    let mut out = HashMap::new();
+    for (kg, section) in sections {
+        let blocks = cx.ok(
+            &format!("parsing the section of key group {kg}"),
+            format::parse_section(kg, section),
+        );
+        for block in blocks.iter().filter(|b| b.state_id == meta.id) {
+            let what = format!("state '{state}' in key group {kg}");
+            let decoded =
+                format::decode_entries::<K, V>(&what, block.entry_count, block.entries, |k, v| {
+                    let actual = assign_to_key_group(&k, header.max_parallelism);
+                    cx.must(actual == kg, || {
+                        format!("{what}: {k:?} belongs to key group {actual}")
+                    });
+                    cx.must(!out.contains_key(&k), || {
+                        format!("{what}: {k:?} appears twice")
+                    });
+                    out.insert(k, v);
+                    Ok(())
+                });
+            cx.ok(&format!("decoding {what}"), decoded);
+        }
+    }
+    out
+}
