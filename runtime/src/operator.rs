@@ -13,7 +13,7 @@ use weir_core::element::{CheckpointBarrier, Watermark};
 use weir_core::handle::KeyedStateHandle;
 use weir_core::ids::{CheckpointId, OperatorId, SubtaskIndex};
 use weir_core::keygroup::{KeyGroupRange, compute_key_group_range_for_operator_index};
-use weir_state::{KeyedSnapshot, OperatorSnapshot};
+use weir_state::{KeyedSnapshot, OperatorSnapshot, OperatorStateBackend};
 
 /// The result of an operator call.
 pub type OpResult = Result<(), TaskError>;
@@ -74,6 +74,23 @@ pub struct RestoreContext {
     pub checkpoint: Option<CheckpointId>,
 }
 
+impl RestoreContext {
+    /// Restores `operator`'s operator state into `backend`; returns whether the checkpoint had
+    /// state for it.
+    pub fn restore_operator_state(
+        &mut self,
+        operator: OperatorId,
+        backend: &mut OperatorStateBackend,
+    ) -> Result<bool, TaskError> {
+        let Some(restored) = self.operators.remove(&operator) else {
+            return Ok(false);
+        };
+        let blobs: Vec<&[u8]> = restored.operator.iter().map(|b| b.as_slice()).collect();
+        backend.restore(&blobs)?;
+        Ok(true)
+    }
+}
+
 /// The facts an operator needs at open time.
 #[derive(Clone, Debug)]
 pub struct SubtaskInfo {
@@ -111,6 +128,17 @@ pub struct OperatorSnapshotParts {
     pub keyed: Option<Box<dyn KeyedSnapshot>>,
     /// Frozen operator state.
     pub operator: Option<OperatorSnapshot>,
+}
+
+impl OperatorSnapshotParts {
+    /// The frozen operator state of `operator`.
+    pub fn operator_state(operator: OperatorId, backend: &OperatorStateBackend) -> Self {
+        OperatorSnapshotParts {
+            operator_id: operator,
+            keyed: None,
+            operator: Some(backend.snapshot()),
+        }
+    }
 }
 
 impl std::fmt::Debug for OperatorSnapshotParts {

@@ -187,11 +187,7 @@ where
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<()>) -> OpResult {
         match event {
             Lifecycle::Open(ctx) => {
-                if let Some(restored) = ctx.operators.remove(&self.operator_id) {
-                    let blobs: Vec<&[u8]> =
-                        restored.operator.iter().map(|b| b.as_slice()).collect();
-                    self.state.restore(&blobs)?;
-                }
+                ctx.restore_operator_state(self.operator_id, &mut self.state)?;
                 let list = self.state.list_state::<(u64, Vec<T>)>(
                     PENDING_STATE,
                     OperatorStateMode::SplitDistribute,
@@ -216,11 +212,10 @@ where
                         self.pending.iter().map(|(k, v)| (*k, v.clone())).collect();
                     self.state.update(list, &pending)?;
                 }
-                parts.push(OperatorSnapshotParts {
-                    operator_id: self.operator_id,
-                    keyed: None,
-                    operator: Some(self.state.snapshot()),
-                });
+                parts.push(OperatorSnapshotParts::operator_state(
+                    self.operator_id,
+                    &self.state,
+                ));
             }
             Lifecycle::NotifyComplete(CheckpointId(id)) => self.commit_up_to(*id)?,
             // An aborted checkpoint's transaction stays pending: the next checkpoint that
@@ -413,11 +408,7 @@ where
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<()>) -> OpResult {
         match event {
             Lifecycle::Open(ctx) => {
-                if let Some(restored) = ctx.operators.remove(&self.operator_id) {
-                    let blobs: Vec<&[u8]> =
-                        restored.operator.iter().map(|b| b.as_slice()).collect();
-                    self.state.restore(&blobs)?;
-                }
+                ctx.restore_operator_state(self.operator_id, &mut self.state)?;
                 let list = self
                     .state
                     .list_state::<(K, V)>("latest-per-key", OperatorStateMode::SplitDistribute)?;
@@ -434,11 +425,10 @@ where
                     entries.sort_by(|a, b| a.0.cmp(&b.0));
                     self.state.update(list, &entries)?;
                 }
-                parts.push(OperatorSnapshotParts {
-                    operator_id: self.operator_id,
-                    keyed: None,
-                    operator: Some(self.state.snapshot()),
-                });
+                parts.push(OperatorSnapshotParts::operator_state(
+                    self.operator_id,
+                    &self.state,
+                ));
             }
             Lifecycle::EndInput => {
                 let mut map = lock(&self.handle.map);

@@ -223,22 +223,16 @@ impl<T: Send + 'static> SourceDriver<T> {
     pub fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult {
         match event {
             Lifecycle::Open(ctx) => {
-                let restored = ctx.operators.remove(&self.operator_id);
-                self.info.restored = restored.is_some();
-                if let Some(restored) = restored {
-                    let blobs: Vec<&[u8]> =
-                        restored.operator.iter().map(|b| b.as_slice()).collect();
-                    self.state.restore(&blobs)?;
-                }
+                self.info.restored =
+                    ctx.restore_operator_state(self.operator_id, &mut self.state)?;
                 self.source.open(&self.info, &mut self.state)?;
             }
             Lifecycle::Snapshot(_, parts) => {
                 self.source.snapshot_state(&mut self.state)?;
-                parts.push(OperatorSnapshotParts {
-                    operator_id: self.operator_id,
-                    keyed: None,
-                    operator: Some(self.state.snapshot()),
-                });
+                parts.push(OperatorSnapshotParts::operator_state(
+                    self.operator_id,
+                    &self.state,
+                ));
             }
             _ => {}
         }
