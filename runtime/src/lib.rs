@@ -1,7 +1,7 @@
 //! Weir's runtime: everything that runs a dataflow job, wired from the seams of `weir-state`,
 //! `weir-checkpoint` and `weir-network`.
 //!
-//! - [`env`]: the DataStream API ([`StreamEnvironment`], [`DataStream`], [`KeyedStream`]).
+//! - [`mod@env`]: the DataStream API ([`StreamEnvironment`], [`DataStream`], [`KeyedStream`]).
 //! - [`operator`], [`ops`], [`keyed`], [`source`], [`sink`]: operators and the push-based chain
 //!   they form inside a task (direct calls, no channel between chained operators).
 //! - [`writer`]: the record writer at a chain's network edge (batching, partitioning, credits).
@@ -10,12 +10,14 @@
 //! - `job`: the job master: deployment, the coordinator's actions, failover.
 //! - `restore`: choosing a checkpoint and assigning its state to subtasks.
 //! - [`restart`]: restart strategies. [`config`]: job configuration.
+//! - [`cli`]: the `weir` command-line tool (`weir checkpoints list | inspect | verify`).
 //!
 //! Architecture invariant: this is the only crate that knows all seams and the only one that
 //! owns tokio tasks. It talks to storage only through `CheckpointStorage`, to channels only
 //! through `Transport`, to state only through the backends' APIs.
 #![warn(missing_docs)]
 
+pub mod cli;
 pub mod config;
 pub(crate) mod deploy;
 pub mod env;

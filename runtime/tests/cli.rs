@@ -1,0 +1,642 @@
+//! The `weir checkpoints` command-line tool against real checkpoints: a small keyed job runs
+//! in-process once, then the built binary lists, inspects and verifies its checkpoints, intact
+//! and after damage (a flipped byte in a state file or in `_metadata`, a deleted `_metadata`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use weir_runtime::StreamEnvironment;
+
+/// Distinct keys: enough that each subtask's keyed state is far above the 20 KiB inline threshold.
+const KEYS: u64 = 50_000;
+/// Records the job reads.
+const RECORDS: u64 = 300_000;
+/// Records after which every key has state; from there on the job slows down until
+/// [`WANTED`] checkpoints have completed.
+const WARM_UP: u64 = 2 * KEYS;
+/// Complete checkpoints wanted after the warm-up.
+const WANTED: u64 = 3;
+const JOB_NAME: &str = "cli-test";
+
+/// The ids of the complete checkpoints (with `_metadata`) under a checkpoint root.
+fn complete_ids(root: &Path) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for job in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for chk in std::fs::read_dir(job.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = chk.file_name().to_string_lossy().to_string();
+            if let Some(id) = name.strip_prefix("chk-").and_then(|n| n.parse().ok())
+                && chk.path().join("_metadata").is_file()
+            {
+                ids.push(id);
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids
+}
+
+/// Runs generator → map → key_by → sum → latest_per_key with parallelism 2, checkpointing into
+/// `root` every 20 ms and keeping 3 checkpoints; the map slows the job down after the warm-up
+/// until three checkpoints taken after it (so with every key in state) are complete.
+async fn run_job(root: &Path) {
+    let env = StreamEnvironment::new();
+    env.set_job_name(JOB_NAME)
+        .set_parallelism(2)
+        .enable_checkpointing(Duration::from_millis(20))
+        .set_checkpoint_dir(root);
+    env.checkpoint_config().num_retained = 3;
+
+    let seen = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    // The highest complete checkpoint id when the warm-up ended (u64::MAX: not yet).
+    let base = AtomicU64::new(u64::MAX);
+    let started = OnceLock::<Instant>::new();
+    let dir = root.to_path_buf();
+    let totals = env
+        .from_generator(Some(RECORDS), |i| i)
+        .uid("source")
+        .map(move |i: u64| {
+            let n = seen.fetch_add(1, Ordering::Relaxed);
+            if n >= WARM_UP && !done.load(Ordering::Relaxed) && n.is_multiple_of(16) {
+                let ids = complete_ids(&dir);
+                let last = ids.last().copied().unwrap_or(0);
+                let _ = base.compare_exchange(u64::MAX, last, Ordering::SeqCst, Ordering::SeqCst);
+                let since = *started.get_or_init(Instant::now);
+                let b = base.load(Ordering::SeqCst);
+                let fresh = ids.iter().filter(|&&id| id > b).count() as u64;
+                // Bounded, so that a stalled checkpointer fails the assertions, not the run.
+                if fresh >= WANTED || since.elapsed() > Duration::from_secs(20) {
+                    done.store(true, Ordering::Relaxed);
+                } else {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+            (i % KEYS, 1i64)
+        })
+        .uid("to-pairs")
+        .key_by(|t: &(u64, i64)| &t.0)
+        .sum()
+        .uid("sum")
+        .latest_per_key();
+    env.execute().await.expect("the job failed");
+    let totals = totals.get();
+    assert_eq!(totals.len() as u64, KEYS);
+    assert_eq!(totals.values().sum::<i64>() as u64, RECORDS);
+}
+
+/// A pristine checkpoint root made by running the job once per test process.
+fn fixture() -> &'static Path {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        // A static is never dropped, so the fixture outlives the process; remove those of
+        // earlier runs (older than ten minutes: a test process uses its fixture for seconds).
+        for entry in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > Duration::from_secs(600)));
+            if old && name.starts_with("weir-cli-fixture-") {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let root = tmp.join(format!("weir-cli-fixture-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(run_job(&root));
+        let ids = complete_ids(&root);
+        assert!(
+            ids.len() >= 2,
+            "expected retained checkpoints, found {ids:?}"
+        );
+        root
+    })
+}
+
+/// A private copy of the fixture, for a test to damage.
+fn copy_of_fixture() -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), &target).unwrap();
+            }
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    copy(fixture(), tmp.path());
+    tmp
+}
+
+/// The job directory of the fixture's (or a copy's) only job.
+fn job_dir(root: &Path) -> PathBuf {
+    let jobs: Vec<PathBuf> = std::fs::read_dir(root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    jobs.into_iter().next().unwrap()
+}
+
+/// The directory of the latest complete checkpoint.
+fn latest(root: &Path) -> (u64, PathBuf) {
+    let id = *complete_ids(root).last().unwrap();
+    (id, job_dir(root).join(format!("chk-{id}")))
+}
+
+fn weir(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .output()
+        .expect("cannot run the weir binary")
+}
+
+fn weir_at(args: &[&str], path: &Path) -> Output {
+    let mut all: Vec<&str> = args.to_vec();
+    let p = path.to_str().unwrap();
+    all.push(p);
+    weir(&all)
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+        o.status.code(),
+        stdout(o),
+        stderr(o)
+    )
+}
+
+/// Flips one bit of the byte at `offset` (from the end when negative).
+fn flip_byte(file: &Path, offset: i64) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let i = if offset < 0 {
+        bytes.len() - offset.unsigned_abs() as usize
+    } else {
+        offset as usize
+    };
+    bytes[i] ^= 0x40;
+    std::fs::write(file, bytes).unwrap();
+}
+
+/// The state files of a checkpoint directory (everything but `_metadata`).
+fn state_files(chk: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(chk)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap() != "_metadata")
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn list_shows_every_completed_checkpoint_sorted() {
+    let root = fixture();
+    let ids = complete_ids(root);
+    let o = weir_at(&["checkpoints", "list"], root);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("STATUS"), "{out}");
+    // A checkpoint still in flight when the job ended may have left a directory without
+    // `_metadata`: listed, as incomplete.
+    let (rows, others): (Vec<&str>, Vec<&str>) =
+        lines[1..].iter().partition(|l| l.starts_with("COMPLETED "));
+    assert!(others.iter().all(|l| l.starts_with("INCOMPLETE ")), "{out}");
+    assert_eq!(rows.len(), ids.len(), "{out}");
+    let job_id = job_dir(root)
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    for (row, id) in rows.iter().zip(&ids) {
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells[0], "COMPLETED", "{row}");
+        assert_eq!(cells[1], id.to_string(), "{row}");
+        assert_eq!(cells[2], JOB_NAME, "{row}");
+        assert_eq!(cells[3], job_id, "{row}");
+        assert!(cells[4].ends_with('Z') && cells[4].contains('T'), "{row}");
+        assert_eq!(cells[5], "checkpoint", "{row}");
+        assert!(cells[6].parse::<u64>().unwrap() > 40 * 1024, "{row}");
+        assert!(row.contains("KiB"), "{row}");
+        assert!(row.ends_with(&format!("chk-{id}")), "{row}");
+    }
+
+    // A job directory and a single checkpoint directory list the same way.
+    let o = weir_at(&["checkpoints", "list"], &job_dir(root));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(stdout(&o), out, "a job directory lists as its root");
+    let (id, chk) = latest(root);
+    let o = weir_at(&["checkpoints", "list"], &chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    let cells: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        cells[..3],
+        ["COMPLETED", &id.to_string(), JOB_NAME],
+        "{out}"
+    );
+
+    // --json carries the same.
+    let o = weir_at(&["checkpoints", "list", "--json"], root);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let listed: Vec<u64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            assert!(["COMPLETED", "INCOMPLETE"].contains(&e["status"].as_str().unwrap()));
+            e["status"] == "COMPLETED"
+        })
+        .map(|e| {
+            assert_eq!(e["job_name"], JOB_NAME);
+            e["id"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(listed, ids);
+}
+
+/// The text and JSON reports of `inspect` name the operators by uid, show key-group ranges that
+/// partition 0..max_parallelism, the "sum" state and its kind, files and verification.
+#[test]
+fn inspect_describes_operators_state_and_files() {
+    let root = fixture();
+    let (id, chk) = latest(root);
+
+    let o = weir_at(&["checkpoints", "inspect", "--json"], &chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["checkpoint_id"], id);
+    assert_eq!(v["job_name"], JOB_NAME);
+    assert_eq!(v["kind"], "checkpoint");
+    assert_eq!(v["format_version"], 1);
+    assert_eq!(v["weir_version"], env!("CARGO_PKG_VERSION"));
+    assert!(v["selected_from"].is_null());
+    assert_eq!(v["problems"].as_array().unwrap().len(), 0, "{v:#}");
+    let files = state_files(&chk);
+    assert_eq!(v["files_verified"], 1 + files.len() as u64);
+    let bytes: u64 = std::fs::read_dir(&chk)
+        .unwrap()
+        .flatten()
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert_eq!(v["bytes_verified"], bytes);
+
+    let ops = v["operators"].as_array().unwrap();
+    let by_uid = |uid: &str| {
+        ops.iter()
+            .find(|op| op["uid"] == uid)
+            .unwrap_or_else(|| panic!("no operator with uid {uid}: {v:#}"))
+    };
+    for uid in ["source", "to-pairs", "sum"] {
+        by_uid(uid);
+    }
+    // The sum: keyed state in files, ranges partitioning 0..max_parallelism.
+    let sum = by_uid("sum");
+    let max_p = sum["max_parallelism"].as_u64().unwrap();
+    assert_eq!(sum["parallelism"], 2);
+    let subtasks = sum["subtasks"].as_array().unwrap();
+    assert_eq!(subtasks.len(), 2);
+    let mut next = 0;
+    for (i, sub) in subtasks.iter().enumerate() {
+        assert_eq!(sub["subtask"], i as u64);
+        let keyed = sub["keyed"].as_array().unwrap();
+        assert_eq!(keyed.len(), 1);
+        let k = &keyed[0];
+        assert_eq!(k["key_groups"]["start"], next);
+        next = k["key_groups"]["end"].as_u64().unwrap() + 1;
+        assert_eq!(
+            k["key_groups"]["count"].as_u64().unwrap(),
+            next - k["key_groups"]["start"].as_u64().unwrap()
+        );
+        assert_eq!(k["max_parallelism"], max_p);
+        let states = k["states"].as_array().unwrap();
+        assert_eq!(states.len(), 1);
+        assert_eq!(states[0]["name"], "sum");
+        assert_eq!(states[0]["kind"], "value");
+        assert_eq!(states[0]["key_type"], "u64");
+        assert_eq!(states[0]["value_type"], "i64");
+        assert_eq!(k["stream"]["inline"], false);
+        let file = PathBuf::from(k["stream"]["file"].as_str().unwrap());
+        assert!(file.is_file(), "{file:?}");
+        assert!(k["size"].as_u64().unwrap() > 20 * 1024);
+        assert_eq!(k["size"].as_u64().unwrap(), file.metadata().unwrap().len());
+        assert_eq!(k["verification"]["ok"], true, "{k:#}");
+    }
+    assert_eq!(next, max_p, "the ranges do not cover 0..{max_p}");
+
+    // The source keeps its split positions as operator state; the sink is a stateful operator
+    // without a uid.
+    let source = by_uid("source");
+    let op_states = source["subtasks"][0]["operator"].as_array().unwrap();
+    assert_eq!(op_states.len(), 1, "{source:#}");
+    assert!(!op_states[0]["states"].as_array().unwrap().is_empty());
+    assert_eq!(op_states[0]["verification"]["ok"], true);
+    let sink = ops
+        .iter()
+        .find(|op| op["uid"].is_null() && !op["subtasks"].as_array().unwrap().is_empty())
+        .unwrap_or_else(|| panic!("no stateful operator without uid: {v:#}"));
+    assert_eq!(
+        sink["subtasks"][0]["operator"][0]["states"][0]["mode"],
+        "split-distribute"
+    );
+
+    // The text report says the same.
+    let o = weir_at(&["checkpoints", "inspect"], &chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains(&format!("checkpoint:     {id} (checkpoint)")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("job:            {JOB_NAME} (")),
+        "{text}"
+    );
+    assert!(text.contains("format version: 1"), "{text}");
+    for uid in ["source", "to-pairs", "sum"] {
+        assert!(text.contains(&format!("Operator uid \"{uid}\"")), "{text}");
+    }
+    assert!(text.contains("Operator (no uid), id "), "{text}");
+    for sub in subtasks {
+        let kg = &sub["keyed"][0]["key_groups"];
+        assert!(
+            text.contains(&format!(
+                "keyed state: key groups [{}, {}] ({})",
+                kg["start"], kg["end"], kg["count"]
+            )),
+            "{text}"
+        );
+        assert!(text.contains(sub["keyed"][0]["stream"]["file"].as_str().unwrap()));
+    }
+    assert!(
+        text.contains("state \"sum\": value, key u64, value i64"),
+        "{text}"
+    );
+    assert!(text.contains("split-distribute"), "{text}");
+    assert!(text.contains("Verification: OK: "), "{text}");
+    assert!(!text.contains("FAILED"), "{text}");
+
+    // Given the root, inspect takes the latest complete checkpoint and says so.
+    let o = weir_at(&["checkpoints", "inspect", "--json"], root);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["checkpoint_id"], id);
+    assert_eq!(v["selected_from"], root.to_str().unwrap());
+    let o = weir_at(&["checkpoints", "inspect"], root);
+    assert!(
+        stdout(&o).contains("(the latest complete checkpoint under"),
+        "{}",
+        show(&o)
+    );
+}
+
+#[test]
+fn verify_accepts_every_intact_checkpoint() {
+    let root = fixture();
+    for id in complete_ids(root) {
+        let chk = job_dir(root).join(format!("chk-{id}"));
+        let o = weir_at(&["checkpoints", "verify"], &chk);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        let files = 1 + state_files(&chk).len();
+        let out = stdout(&o);
+        assert!(
+            out.starts_with(&format!(
+                "OK: checkpoint {id} of job {JOB_NAME}: {files} files, "
+            )),
+            "{out}"
+        );
+        assert!(out.trim_end().ends_with("bytes verified"), "{out}");
+    }
+    let o = weir_at(&["checkpoints", "verify"], root);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(stdout(&o).contains(&format!("OK: checkpoint {} of job", latest(root).0)));
+}
+
+#[test]
+fn verify_names_a_state_file_with_a_flipped_byte() {
+    let tmp = copy_of_fixture();
+    let (_, chk) = latest(tmp.path());
+    let keyed: Vec<PathBuf> = state_files(&chk)
+        .into_iter()
+        .filter(|p| p.to_str().unwrap().ends_with("-keyed"))
+        .collect();
+    assert!(!keyed.is_empty());
+    // A byte in the middle of the sections: the file's CRC and one key group's section fail.
+    let victim = &keyed[0];
+    let len = victim.metadata().unwrap().len();
+    flip_byte(victim, (len / 2) as i64);
+
+    let o = weir_at(&["checkpoints", "verify"], &chk);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let out = stdout(&o);
+    let victim_shown = victim.canonicalize().unwrap();
+    let victim_shown = victim_shown.to_str().unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        assert!(
+            line.starts_with(&format!("CORRUPT: {victim_shown}: ")),
+            "{out}"
+        );
+    }
+    assert!(out.contains("checksum mismatch"), "{out}");
+    assert!(
+        out.contains("key group"),
+        "the damaged key group is not located: {out}"
+    );
+
+    // Inspect shows the failed check on that handle and still reports the rest.
+    let o = weir_at(&["checkpoints", "inspect", "--json"], &chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let problems = v["problems"].as_array().unwrap();
+    assert!(!problems.is_empty());
+    assert!(problems.iter().all(|p| p["file"] == victim_shown), "{v:#}");
+
+    // The other checkpoints are untouched.
+    let older = *complete_ids(tmp.path()).first().unwrap();
+    let o = weir_at(
+        &["checkpoints", "verify"],
+        &job_dir(tmp.path()).join(format!("chk-{older}")),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+}
+
+#[test]
+fn a_truncated_or_missing_state_file_is_named() {
+    let tmp = copy_of_fixture();
+    let (_, chk) = latest(tmp.path());
+    let files = state_files(&chk);
+    let truncated = &files[0];
+    let bytes = std::fs::read(truncated).unwrap();
+    std::fs::write(truncated, &bytes[..bytes.len() - 7]).unwrap();
+    let missing = &files[1];
+    std::fs::remove_file(missing).unwrap();
+
+    let o = weir_at(&["checkpoints", "verify"], &chk);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let out = stdout(&o);
+    let name = |p: &Path| p.file_name().unwrap().to_str().unwrap().to_string();
+    assert!(
+        out.lines().any(|l| l.starts_with("CORRUPT: ")
+            && l.contains(&name(truncated))
+            && l.contains("truncated")),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("CORRUPT: ")
+            && l.contains(&name(missing))
+            && l.contains("does not exist")),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_flipped_byte_in_metadata_is_corrupt() {
+    let tmp = copy_of_fixture();
+    let (id, chk) = latest(tmp.path());
+    let metadata = chk.join("_metadata");
+    flip_byte(&metadata, 40);
+
+    let o = weir_at(&["checkpoints", "verify"], &chk);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let out = stdout(&o);
+    let shown = metadata.canonicalize().unwrap();
+    assert!(
+        out.starts_with(&format!("CORRUPT: {}: ", shown.display())),
+        "{out}"
+    );
+    assert!(out.contains("checksum mismatch"), "{out}");
+
+    let o = weir_at(&["checkpoints", "list"], tmp.path());
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = stdout(&o);
+    let row = out
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(&id.to_string()))
+        .unwrap_or_else(|| panic!("checkpoint {id} is not listed: {out}"));
+    assert!(row.starts_with("CORRUPT "), "{out}");
+    assert!(row.contains("_metadata: checksum mismatch"), "{out}");
+    // The others are still listed as completed.
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("COMPLETED ")).count(),
+        complete_ids(tmp.path()).len() - 1,
+        "{out}"
+    );
+
+    // Inspect cannot report on it: exit 1, naming the file.
+    let o = weir_at(&["checkpoints", "inspect"], &chk);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(stderr(&o).contains(shown.to_str().unwrap()), "{}", show(&o));
+}
+
+#[test]
+fn a_checkpoint_without_metadata_is_incomplete() {
+    let tmp = copy_of_fixture();
+    let (id, chk) = latest(tmp.path());
+    std::fs::remove_file(chk.join("_metadata")).unwrap();
+
+    let o = weir_at(&["checkpoints", "list"], tmp.path());
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = stdout(&o);
+    let row = out
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(&id.to_string()))
+        .unwrap_or_else(|| panic!("checkpoint {id} is not listed: {out}"));
+    assert!(row.starts_with("INCOMPLETE "), "{out}");
+
+    // Verifying it is a usage error; verifying the root takes the latest complete one instead.
+    let o = weir_at(&["checkpoints", "verify"], &chk);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(stderr(&o).contains("incomplete"), "{}", show(&o));
+    let o = weir_at(&["checkpoints", "verify"], tmp.path());
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let previous = complete_ids(tmp.path()).last().copied().unwrap();
+    assert!(previous < id);
+    assert!(
+        stdout(&o).contains(&format!("OK: checkpoint {previous} of job {JOB_NAME}")),
+        "{}",
+        show(&o)
+    );
+}
+
+#[test]
+fn bad_paths_are_usage_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let nowhere = tmp.path().join("does-not-exist");
+    for cmd in ["list", "inspect", "verify"] {
+        let o = weir_at(&["checkpoints", cmd], &nowhere);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {}", show(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains(nowhere.to_str().unwrap()) && err.contains("does not exist"),
+            "{cmd}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // An empty directory holds no checkpoint.
+    for cmd in ["list", "inspect", "verify"] {
+        let o = weir_at(&["checkpoints", cmd], tmp.path());
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {}", show(&o));
+        assert!(
+            stderr(&o).contains("no checkpoint under"),
+            "{cmd}: {}",
+            show(&o)
+        );
+        assert!(!tmp.path().join("does-not-exist").exists());
+    }
+    // A file is not a directory.
+    let file = tmp.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let o = weir_at(&["checkpoints", "list"], &file);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(stderr(&o).contains("is not a directory"), "{}", show(&o));
+    // opendal's fs lister panics on a symbolic link to a directory: an error naming the path.
+    #[cfg(unix)]
+    {
+        let root = tmp.path().join("with-link");
+        std::fs::create_dir(&root).unwrap();
+        std::os::unix::fs::symlink(tmp.path(), root.join("link")).unwrap();
+        let o = weir_at(&["checkpoints", "list"], &root);
+        assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+        let err = stderr(&o);
+        assert!(err.contains(root.to_str().unwrap()), "{err}");
+        assert!(err.contains("symbolic link"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // Clap's own usage errors exit 2 as well.
+    let o = weir(&["checkpoints", "verify"]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+}
