@@ -1,0 +1,620 @@
+//! Bad input gets a clear error that names the problem, never a panic: bad flags, unusable
+//! checkpoint directories, missing, corrupt or mismatched checkpoints, and storage that fails
+//! mid-run.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use weir_examples::{WordCountOptions, build, expected_totals};
+use weir_runtime::{JobError, JobResult, JobStatus, LatestHandle, StreamEnvironment};
+
+/// The binary's exit status, stdout and stderr for `args`.
+struct Run {
+    success: bool,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn word_count<I, S>(args: I) -> Run
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let out = Command::new(env!("CARGO_BIN_EXE_word_count"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .output()
+        .unwrap();
+    Run {
+        success: out.status.success(),
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A failed run whose stderr names the problem (every one of `needles`) and shows no panic.
+fn assert_clear_error(run: &Run, needles: &[&str]) {
+    assert!(!run.success, "expected a failure; stdout:\n{}", run.stdout);
+    assert_ne!(run.code, Some(0));
+    // A panic exits with 101; a clean error with 1 (clap's usage errors with 2).
+    assert_ne!(run.code, Some(101), "stderr:\n{}", run.stderr);
+    assert!(
+        !run.stderr.contains("panicked"),
+        "a panic instead of an error:\n{}",
+        run.stderr
+    );
+    for n in needles {
+        assert!(
+            run.stderr.contains(n),
+            "stderr does not mention {n:?}:\n{}",
+            run.stderr
+        );
+    }
+}
+
+fn path_arg(p: &Path) -> String {
+    p.to_str().unwrap().to_string()
+}
+
+/// The complete checkpoint directories under a root, oldest first.
+fn complete_checkpoints(root: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<(u64, PathBuf)> = Vec::new();
+    for job in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for chk in std::fs::read_dir(job.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = chk.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_prefix("chk-").and_then(|n| n.parse().ok())
+                && chk.path().join("_metadata").is_file()
+            {
+                found.push((id, chk.path()));
+            }
+        }
+    }
+    found.sort();
+    found.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The id in a `…/chk-<n>` path, as `JobResult.latest_checkpoint` and the binary's
+/// `latest checkpoint:` line give it.
+fn chk_id(path: &str) -> u64 {
+    path.rsplit("chk-")
+        .next()
+        .and_then(|n| n.trim_end_matches('/').parse().ok())
+        .unwrap_or_else(|| panic!("no chk-<n> in {path:?}"))
+}
+
+/// Every `chk-<n>` directory under a root (complete or not), with its id.
+fn chk_dirs(root: &Path) -> Vec<(u64, PathBuf)> {
+    let mut found = Vec::new();
+    for job in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for chk in std::fs::read_dir(job.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = chk.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_prefix("chk-").and_then(|n| n.parse().ok()) {
+                found.push((id, chk.path()));
+            }
+        }
+    }
+    found
+}
+
+/// Removes the checkpoint directories after the job's latest completed checkpoint. A checkpoint
+/// whose `_metadata` write was still in flight when the job ended was aborted and its directory
+/// discarded while the write went on, which can leave a `_metadata` without its state files;
+/// the tests start from what the job recorded as complete.
+fn prune_after(root: &Path, latest: u64) {
+    for (id, dir) in chk_dirs(root) {
+        if id > latest {
+            remove(&dir);
+        }
+    }
+}
+
+/// Removes a directory that may be going away already.
+fn remove(dir: &Path) {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            panic!("cannot remove {}: {e}", dir.display())
+        }
+        _ => {}
+    }
+}
+
+/// Lets the tasks an in-process job left running (discards of subsumed or aborted checkpoints,
+/// an aborted checkpoint's last writes) finish before the test looks at the directory.
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
+/// Keeps only checkpoint `keep` under `root`; returns its directory.
+fn keep_only(root: &Path, keep: u64) -> PathBuf {
+    let mut kept = None;
+    for (id, dir) in chk_dirs(root) {
+        if id == keep {
+            kept = Some(dir);
+        } else {
+            remove(&dir);
+        }
+    }
+    kept.unwrap_or_else(|| panic!("no chk-{keep} under {}", root.display()))
+}
+
+/// The `latest checkpoint:` id the binary printed.
+fn latest_printed(stdout: &str) -> u64 {
+    chk_id(
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("latest checkpoint: "))
+            .unwrap_or_else(|| panic!("no latest checkpoint line in:\n{stdout}")),
+    )
+}
+
+/// Flips one byte in the middle of a file.
+fn flip_a_byte(file: &Path) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x5a;
+    std::fs::write(file, bytes).unwrap();
+}
+
+/// Cuts a file to half its length.
+fn truncate_half(file: &Path) {
+    let len = std::fs::metadata(file).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+    f.set_len(len / 2).unwrap();
+}
+
+fn parse_totals(text: &str) -> BTreeMap<String, i64> {
+    text.lines()
+        .map(|l| {
+            let (k, v) = l.split_once(',').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flags.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn zero_checkpoint_interval_is_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = word_count([
+        "--records",
+        "1000",
+        "--checkpoint-interval",
+        "0s",
+        "--checkpoint-dir",
+        &path_arg(tmp.path()),
+    ]);
+    assert_clear_error(&run, &["--checkpoint-interval", "greater than zero"]);
+}
+
+#[test]
+fn zero_parallelism_is_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = word_count([
+        "--records",
+        "1000",
+        "--parallelism",
+        "0",
+        "--checkpoint-dir",
+        &path_arg(tmp.path()),
+    ]);
+    assert_clear_error(&run, &["invalid parallelism 0"]);
+}
+
+#[test]
+fn parallelism_above_max_parallelism_is_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = word_count([
+        "--records",
+        "1000",
+        "--parallelism",
+        "300",
+        "--max-parallelism",
+        "128",
+        "--checkpoint-dir",
+        &path_arg(tmp.path()),
+    ]);
+    assert_clear_error(&run, &["parallelism 300", "max parallelism 128"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoint directories and `--from`.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn checkpoint_dir_below_a_regular_file_is_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let dir = file.join("checkpoints");
+    let run = word_count([
+        "--records",
+        "1000",
+        "--checkpoint-interval",
+        "50ms",
+        "--checkpoint-dir",
+        &path_arg(&dir),
+    ]);
+    assert_clear_error(&run, &["checkpoint storage", &path_arg(&dir)]);
+}
+
+#[test]
+fn from_a_missing_path_is_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-such-checkpoint");
+    let run = word_count([
+        "--records",
+        "1000",
+        "--from",
+        &path_arg(&missing),
+        "--checkpoint-dir",
+        &path_arg(&tmp.path().join("cp")),
+    ]);
+    assert_clear_error(&run, &[&path_arg(&missing), "no such directory"]);
+}
+
+#[test]
+fn from_an_empty_directory_is_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let run = word_count([
+        "--records",
+        "1000",
+        "--from",
+        &path_arg(&empty),
+        "--checkpoint-dir",
+        &path_arg(&tmp.path().join("cp")),
+    ]);
+    assert_clear_error(&run, &[&path_arg(&empty), "no complete checkpoint"]);
+}
+
+/// Runs the binary with checkpoints until it completes one; returns the root and the latest
+/// checkpoint's id.
+fn binary_run_with_a_checkpoint(tmp: &Path, extra: &[&str]) -> (PathBuf, u64) {
+    let mut records = 400_000u64;
+    for _ in 0..4 {
+        let root = tmp.join(format!("checkpoints-{records}"));
+        let mut args = vec![
+            "--records".to_string(),
+            records.to_string(),
+            "--checkpoint-interval".into(),
+            "20ms".into(),
+            "--checkpoint-dir".into(),
+            path_arg(&root),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let run = word_count(&args);
+        assert!(run.success, "{}", run.stderr);
+        if run.stdout.contains("latest checkpoint: ") {
+            let latest = latest_printed(&run.stdout);
+            prune_after(&root, latest);
+            return (root, latest);
+        }
+        records *= 4;
+    }
+    panic!("no run completed a checkpoint");
+}
+
+#[test]
+fn corrupt_metadata_of_the_only_checkpoint_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (root, latest) = binary_run_with_a_checkpoint(tmp.path(), &[]);
+    let chk = keep_only(&root, latest);
+    flip_a_byte(&chk.join("_metadata"));
+    let run = word_count([
+        "--records",
+        "400000",
+        "--from",
+        &path_arg(&root),
+        "--checkpoint-dir",
+        &path_arg(&tmp.path().join("cp2")),
+    ]);
+    assert_clear_error(&run, &["_metadata"]);
+}
+
+#[test]
+fn max_parallelism_differing_from_the_checkpoint_is_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (root, _) = binary_run_with_a_checkpoint(tmp.path(), &["--max-parallelism", "128"]);
+    let run = word_count([
+        "--records",
+        "400000",
+        "--max-parallelism",
+        "256",
+        "--from",
+        &path_arg(&root),
+        "--checkpoint-dir",
+        &path_arg(&tmp.path().join("cp2")),
+    ]);
+    assert_clear_error(&run, &["max parallelism 128", "256"]);
+}
+
+/// With `num_retained = 3`, runs the word count in-process until at least two complete
+/// checkpoints are retained; returns the options and the root.
+async fn word_count_with_retained_checkpoints(tmp: &Path) -> WordCountOptions {
+    let mut records = 1_000_000u64;
+    for _ in 0..4 {
+        let opts = WordCountOptions {
+            records: Some(records),
+            parallelism: 2,
+            checkpoint_interval: Some(Duration::from_millis(20)),
+            checkpoint_dir: tmp.join(format!("checkpoints-{records}")),
+            ..WordCountOptions::default()
+        };
+        let (env, totals, _) = build(&opts);
+        env.checkpoint_config().num_retained = 3;
+        let result = env.execute().await.unwrap();
+        assert_eq!(totals.get(), expected_totals(records, opts.seed));
+        settle().await;
+        if let Some(latest) = &result.latest_checkpoint {
+            prune_after(&opts.checkpoint_dir, chk_id(latest));
+        }
+        if complete_checkpoints(&opts.checkpoint_dir).len() >= 2 {
+            return opts;
+        }
+        records *= 4;
+    }
+    panic!("no run retained two complete checkpoints");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_metadata_falls_back_to_the_previous_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = word_count_with_retained_checkpoints(tmp.path()).await;
+    let root = &opts.checkpoint_dir;
+    let all = complete_checkpoints(root);
+    let newest = all.last().unwrap();
+    flip_a_byte(&newest.join("_metadata"));
+
+    let out = tmp.path().join("totals.csv");
+    let records = opts.records.unwrap().to_string();
+    let run = word_count([
+        "--records",
+        &records,
+        "--parallelism",
+        "2",
+        "--from",
+        &path_arg(root),
+        "--checkpoint-dir",
+        &path_arg(&tmp.path().join("cp2")),
+        "--output",
+        &path_arg(&out),
+    ]);
+    assert!(run.success, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("_metadata") && run.stderr.contains("falling back"),
+        "the fallback is not reported:\n{}",
+        run.stderr
+    );
+    let totals = parse_totals(&std::fs::read_to_string(&out).unwrap());
+    assert_eq!(totals, expected_totals(opts.records.unwrap(), opts.seed));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Corrupt state files: a job with enough keys that its state leaves the 20 KiB inline threshold.
+// ---------------------------------------------------------------------------------------------
+
+const MANY_KEYS: u64 = 20_000;
+
+fn many_keys_job(
+    records: u64,
+    root: &Path,
+    retained: u32,
+    from: Option<&Path>,
+) -> (StreamEnvironment, LatestHandle<u64, i64>) {
+    let env = StreamEnvironment::new();
+    env.set_job_name("many-keys")
+        .set_parallelism(2)
+        .enable_checkpointing(Duration::from_millis(20))
+        .set_checkpoint_dir(root);
+    env.checkpoint_config().num_retained = retained;
+    if let Some(from) = from {
+        env.restore_from(from);
+    }
+    let totals = env
+        .from_generator(Some(records), |i| i)
+        .uid("source")
+        .map(|i: u64| (i.wrapping_mul(0x9e37_79b9) % MANY_KEYS, 1i64))
+        .uid("keys")
+        .key_by(|t: &(u64, i64)| &t.0)
+        .sum()
+        .uid("sum")
+        .latest_per_key();
+    (env, totals)
+}
+
+fn many_keys_expected(records: u64) -> BTreeMap<u64, i64> {
+    let mut m = BTreeMap::new();
+    for i in 0..records {
+        *m.entry(i.wrapping_mul(0x9e37_79b9) % MANY_KEYS)
+            .or_insert(0) += 1;
+    }
+    m
+}
+
+/// Runs the many-keys job until `retained` complete checkpoints are left; returns the record
+/// count, the checkpoint root and the latest checkpoint's id.
+async fn many_keys_with_checkpoints(tmp: &Path, retained: u32) -> (u64, PathBuf, u64) {
+    let mut records = 400_000u64;
+    for _ in 0..4 {
+        let root = tmp.join(format!("checkpoints-{records}"));
+        let (env, totals) = many_keys_job(records, &root, retained, None);
+        let result = env.execute().await.unwrap();
+        assert_eq!(totals.get(), many_keys_expected(records));
+        settle().await;
+        if let Some(latest) = &result.latest_checkpoint {
+            let latest = chk_id(latest);
+            prune_after(&root, latest);
+            if complete_checkpoints(&root).len() >= retained as usize {
+                return (records, root, latest);
+            }
+        }
+        records *= 4;
+    }
+    panic!("no run left {retained} complete checkpoints");
+}
+
+/// The state files of a checkpoint whose names end with `suffix` (`-keyed` or `-op`).
+fn state_files(chk: &Path, suffix: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(chk)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect();
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "no *{suffix} state file in {} (state inlined?): {:?}",
+        chk.display(),
+        std::fs::read_dir(chk)
+            .unwrap()
+            .flatten()
+            .map(|e| (e.file_name(), e.metadata().map(|m| m.len()).unwrap_or(0)))
+            .collect::<Vec<_>>()
+    );
+    files
+}
+
+async fn restore_many_keys(records: u64, tmp: &Path, root: &Path) -> Result<JobResult, JobError> {
+    let (env, totals) = many_keys_job(records, &tmp.join("restored"), 1, Some(root));
+    let result = env.execute().await;
+    if result.is_ok() {
+        assert_eq!(totals.get(), many_keys_expected(records));
+    }
+    result
+}
+
+/// Corrupts the newest checkpoint with `damage` on its `suffix` file; the restore must fall back
+/// to the previous checkpoint and still give exact totals.
+async fn state_damage_falls_back(suffix: &str, damage: fn(&Path)) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (records, root, _) = many_keys_with_checkpoints(tmp.path(), 2).await;
+    let all = complete_checkpoints(&root);
+    let (older, newest) = (&all[all.len() - 2], &all[all.len() - 1]);
+    damage(&state_files(newest, suffix)[0]);
+    let result = restore_many_keys(records, tmp.path(), &root)
+        .await
+        .unwrap_or_else(|e| panic!("the restore did not fall back: {e}"));
+    let from = result.restored_from.unwrap();
+    let older_name = older.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        from.ends_with(&format!("/{older_name}")),
+        "restored from {from}, expected {older_name}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_keyed_state_file_falls_back_to_the_previous_checkpoint() {
+    state_damage_falls_back("-keyed", flip_a_byte).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_operator_state_file_falls_back_to_the_previous_checkpoint() {
+    state_damage_falls_back("-op", truncate_half).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_state_file_of_the_only_checkpoint_is_an_error_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (records, root, latest) = many_keys_with_checkpoints(tmp.path(), 1).await;
+    let chk = keep_only(&root, latest);
+    let file = state_files(&chk, "-keyed")[0].clone();
+    flip_a_byte(&file);
+    let err = restore_many_keys(records, tmp.path(), &root)
+        .await
+        .expect_err("restored from a corrupt checkpoint");
+    let message = err.to_string();
+    let name = file.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(message.contains(&name), "{message}");
+    assert!(message.contains("corrupt"), "{message}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Storage that becomes unwritable mid-run.
+// ---------------------------------------------------------------------------------------------
+
+/// Once the first checkpoint is complete, the checkpoint root is replaced by a regular file, so
+/// every later checkpoint fails. The job must not fail: it finishes with exact totals and
+/// reports the failed checkpoints.
+///
+/// To be sure checkpoints are attempted after the switch, a map slows the job down (1 ms every
+/// 64 records) until the switch has been in place for 300 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_unwritable_mid_run_fails_checkpoints_not_the_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("checkpoints");
+    let records: u64 = 400_000;
+    let released = Arc::new(AtomicBool::new(false));
+
+    let env = StreamEnvironment::new();
+    env.set_job_name("unwritable")
+        .set_parallelism(2)
+        .enable_checkpointing(Duration::from_millis(20))
+        .set_checkpoint_dir(&root);
+    let seen = Arc::new(AtomicU64::new(0));
+    let brake = released.clone();
+    let totals = env
+        .from_generator(Some(records), |i| i)
+        .uid("source")
+        .map(move |i: u64| {
+            let n = seen.fetch_add(1, Ordering::Relaxed);
+            if n.is_multiple_of(64) && !brake.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (i % 7, 1i64)
+        })
+        .uid("brake")
+        .key_by(|t: &(u64, i64)| &t.0)
+        .sum()
+        .uid("sum")
+        .latest_per_key();
+
+    let watcher = {
+        let root = root.clone();
+        let released = released.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while complete_checkpoints(&root).is_empty() {
+                assert!(Instant::now() < deadline, "no first checkpoint in a minute");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            std::fs::rename(&root, root.with_extension("moved")).unwrap();
+            std::fs::write(&root, b"no longer a directory").unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            released.store(true, Ordering::Relaxed);
+        })
+    };
+    let result = env.execute().await;
+    released.store(true, Ordering::Relaxed);
+    watcher.join().unwrap();
+    let result = result.unwrap_or_else(|e| panic!("the job failed: {e}"));
+    assert_eq!(result.status, JobStatus::Finished);
+    assert_eq!(result.restarts, 0);
+    assert!(result.checkpoints_completed >= 1, "{result:?}");
+    assert!(result.checkpoints_failed > 0, "{result:?}");
+    let mut expected = BTreeMap::new();
+    for i in 0..records {
+        *expected.entry(i % 7).or_insert(0i64) += 1;
+    }
+    assert_eq!(totals.get(), expected);
+}

@@ -1,0 +1,340 @@
+//! Process-level tests of the `word_count` binary: SIGKILL mid-run then restore from disk gives
+//! exact totals, SIGINT cancels cleanly, and the `summary:` line parses.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+use weir_examples::expected_totals;
+
+/// The binary, with the environment that would change its output removed.
+fn word_count() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_word_count"));
+    cmd.env_remove("RUST_LOG")
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE");
+    cmd
+}
+
+/// The ids of the complete checkpoints (`<job>/chk-<n>/_metadata`) under a root.
+fn complete_checkpoint_ids(root: &Path) -> BTreeSet<u64> {
+    let mut ids = BTreeSet::new();
+    for job in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for chk in std::fs::read_dir(job.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = chk.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_prefix("chk-").and_then(|n| n.parse().ok())
+                && chk.path().join("_metadata").is_file()
+            {
+                ids.insert(id);
+            }
+        }
+    }
+    ids
+}
+
+/// Polls until `n` distinct checkpoints have been seen complete under `root` (the binary retains
+/// one, so they are seen one after another). Fails if the child exits first or after a minute.
+fn wait_for_checkpoints(child: &mut Child, root: &Path, n: usize) -> BTreeSet<u64> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = BTreeSet::new();
+    loop {
+        seen.extend(complete_checkpoint_ids(root));
+        if seen.len() >= n {
+            return seen;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("word_count exited ({status}) after only {seen:?} complete checkpoints");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("no {n} complete checkpoints within a minute (saw {seen:?})");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits for a child with a timeout, killing it if it does not end.
+fn wait_with_timeout(mut child: Child, timeout: Duration) -> (ExitStatus, String, String) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            let Output {
+                status,
+                stdout,
+                stderr,
+            } = child.wait_with_output().unwrap();
+            return (
+                status,
+                String::from_utf8_lossy(&stdout).into_owned(),
+                String::from_utf8_lossy(&stderr).into_owned(),
+            );
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "word_count did not end within {timeout:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Parses `key,total` lines.
+fn parse_totals(text: &str) -> BTreeMap<String, i64> {
+    text.lines()
+        .map(|l| {
+            let (k, v) = l
+                .split_once(',')
+                .unwrap_or_else(|| panic!("bad line {l:?}"));
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+/// The fields of the `summary:` line.
+#[derive(Debug)]
+struct Summary {
+    records: u64,
+    seconds: f64,
+    records_per_s: f64,
+    checkpoints: u64,
+    restarts: u32,
+}
+
+fn parse_summary(stdout: &str) -> Summary {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("summary: "))
+        .unwrap_or_else(|| panic!("no summary line in:\n{stdout}"));
+    let fields: BTreeMap<&str, &str> = line["summary: ".len()..]
+        .split_whitespace()
+        .map(|kv| {
+            kv.split_once('=')
+                .unwrap_or_else(|| panic!("bad field {kv:?}"))
+        })
+        .collect();
+    let get = |k: &str| {
+        *fields
+            .get(k)
+            .unwrap_or_else(|| panic!("no {k}= in {line:?}"))
+    };
+    Summary {
+        records: get("records").parse().unwrap(),
+        seconds: get("seconds").parse().unwrap(),
+        records_per_s: get("records_per_s").parse().unwrap(),
+        checkpoints: get("checkpoints").parse().unwrap(),
+        restarts: get("restarts").parse().unwrap(),
+    }
+}
+
+#[test]
+fn sigkill_mid_run_then_restore_from_disk_gives_exact_totals() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("checkpoints");
+    let records: u64 = 10_000_000;
+    let n = records.to_string();
+    let mut child = word_count()
+        .args(["--records", &n, "--parallelism", "2"])
+        .args(["--checkpoint-interval", "50ms", "--checkpoint-dir"])
+        .arg(&root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let seen = wait_for_checkpoints(&mut child, &root, 2);
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run ended before it could be killed; raise --records"
+    );
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9), "{status}");
+    }
+    assert!(!status.success());
+    let left = complete_checkpoint_ids(&root);
+    assert!(
+        !left.is_empty(),
+        "no complete checkpoint left (saw {seen:?})"
+    );
+
+    let out = tmp.path().join("totals.csv");
+    let restored = word_count()
+        .args(["--records", &n, "--parallelism", "2"])
+        .args(["--checkpoint-interval", "50ms", "--checkpoint-dir"])
+        .arg(tmp.path().join("checkpoints-2"))
+        .arg("--from")
+        .arg(&root)
+        .arg("--output")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, stdout, stderr) = wait_with_timeout(restored, Duration::from_secs(300));
+    assert!(status.success(), "{status}\n{stderr}");
+    let totals = parse_totals(&std::fs::read_to_string(&out).unwrap());
+    assert_eq!(
+        totals,
+        expected_totals(records, 42),
+        "restored from {left:?}"
+    );
+    assert_eq!(totals.values().sum::<i64>(), records as i64);
+    assert_eq!(parse_summary(&stdout).restarts, 0);
+}
+
+#[test]
+fn sigint_cancels_an_unbounded_run_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("checkpoints");
+    let mut child = word_count()
+        .args(["--records", "0", "--parallelism", "2"])
+        .args(["--checkpoint-interval", "50ms", "--checkpoint-dir"])
+        .arg(&root)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A complete checkpoint means the job is running, so the Ctrl-C handler is installed.
+    wait_for_checkpoints(&mut child, &root, 1);
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let (status, stdout, stderr) = wait_with_timeout(child, Duration::from_secs(60));
+    assert!(status.success(), "{status}\nstderr:\n{stderr}");
+    assert!(stdout.contains("job cancelled"), "stdout:\n{stdout}");
+    assert!(stderr.contains("cancelling (Ctrl-C)"), "stderr:\n{stderr}");
+    assert!(!stderr.contains("panicked at"), "stderr:\n{stderr}");
+    let summary = parse_summary(&stdout);
+    assert!(summary.seconds > 0.0, "{summary:?}");
+    // Not `checkpoints >= 1`: the `_metadata` we waited for may be on disk before the job master
+    // has counted its checkpoint complete.
+    assert_eq!(summary.restarts, 0, "{summary:?}");
+}
+
+/// A clean cancel logs no panic. It sometimes does: the snapshot's `spawn_blocking` is cancelled
+/// at shutdown, and the `JoinError` is reported as a panic. A race, so this runs the scenario
+/// several times.
+#[test]
+#[ignore = "bug: on cancel, upload() reports the cancelled spawn_blocking JoinError as \
+            'snapshot serialization panicked: task N was cancelled' (runtime/src/task.rs upload)"]
+fn sigint_logs_no_panic() {
+    for _ in 0..10 {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("checkpoints");
+        let mut child = word_count()
+            .args(["--records", "0", "--parallelism", "2"])
+            .args(["--checkpoint-interval", "10ms", "--checkpoint-dir"])
+            .arg(&root)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_checkpoints(&mut child, &root, 1);
+        let kill = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let (status, _, stderr) = wait_with_timeout(child, Duration::from_secs(60));
+        assert!(status.success(), "{status}");
+        assert!(!stderr.contains("panicked"), "stderr:\n{stderr}");
+    }
+}
+
+#[test]
+fn summary_line_of_a_normal_run_parses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let records: u64 = 300_000;
+    let out = word_count()
+        .args(["--records", &records.to_string(), "--parallelism", "2"])
+        .args(["--checkpoint-interval", "20ms", "--fail-after", "150000"])
+        .arg("--checkpoint-dir")
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stderr}", out.status);
+    let s = parse_summary(&stdout);
+    assert_eq!(s.records, records, "{s:?}");
+    assert!(s.seconds > 0.0, "{s:?}");
+    // records_per_s is records / seconds, rounded; seconds is printed to the millisecond.
+    let lo = records as f64 / (s.seconds + 0.0005);
+    let hi = records as f64 / (s.seconds - 0.0005).max(1e-9);
+    assert!(
+        s.records_per_s >= lo.floor() && s.records_per_s <= hi.ceil(),
+        "{s:?}"
+    );
+    assert_eq!(s.restarts, 1, "{s:?}");
+    assert!(s.checkpoints <= 10_000, "{s:?}");
+    // The totals line agrees with the expected totals.
+    let totals = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("totals: "))
+        .unwrap_or_else(|| panic!("no totals line in:\n{stdout}"));
+    let parsed: BTreeMap<String, i64> = totals
+        .split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(parsed, expected_totals(records, 42));
+}
+
+/// Heavy variant for `cargo xtask chaos`: a chain of runs, each SIGKILLed after a few
+/// checkpoints and restored by the next, then one run to the end: the totals are exact.
+#[test]
+#[ignore = "heavy: run by cargo xtask chaos"]
+fn repeated_sigkill_and_restore_chaos() {
+    let tmp = tempfile::tempdir().unwrap();
+    let records: u64 = 100_000_000;
+    let n = records.to_string();
+    let mut previous: Option<std::path::PathBuf> = None;
+    for round in 0..6u64 {
+        let root = tmp.path().join(format!("round-{round}"));
+        let mut cmd = word_count();
+        cmd.args(["--records", &n, "--parallelism", "3"])
+            .args(["--checkpoint-interval", "30ms", "--checkpoint-dir"])
+            .arg(&root)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(p) = &previous {
+            cmd.arg("--from").arg(p);
+        }
+        let mut child = cmd.spawn().unwrap();
+        wait_for_checkpoints(&mut child, &root, 1 + (round % 4) as usize);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        previous = Some(root);
+    }
+    let out = tmp.path().join("totals.csv");
+    let last = word_count()
+        .args(["--records", &n, "--parallelism", "3", "--checkpoint-dir"])
+        .arg(tmp.path().join("final"))
+        .arg("--from")
+        .arg(previous.unwrap())
+        .arg("--output")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        last.status.success(),
+        "{}",
+        String::from_utf8_lossy(&last.stderr)
+    );
+    let totals = parse_totals(&std::fs::read_to_string(&out).unwrap());
+    assert_eq!(totals, expected_totals(records, 42));
+}
