@@ -401,7 +401,12 @@ impl CheckpointCoordinator {
 
     /// When the runtime should call [`tick`](Self::tick) next, if ever.
     pub fn next_wakeup(&self) -> Option<Duration> {
-        let deadline = self.pending.values().map(|p| p.deadline).min();
+        let deadline = self
+            .pending
+            .values()
+            .filter(|p| !p.finalizing)
+            .map(|p| p.deadline)
+            .min();
         match (self.next_periodic, deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -411,10 +416,12 @@ impl CheckpointCoordinator {
     /// Time passed: expire pending checkpoints past their timeout (the canceller) and trigger a
     /// periodic checkpoint when one is due.
     pub fn tick(&mut self, now: Duration, out: &mut Vec<CoordinatorAction>) {
+        // A checkpoint whose `_metadata` is being written is past the point of no return: its
+        // outcome is the write's.
         let expired: Vec<CheckpointId> = self
             .pending
             .iter()
-            .filter(|(_, p)| p.deadline <= now)
+            .filter(|(_, p)| p.deadline <= now && !p.finalizing)
             .map(|(id, _)| *id)
             .collect();
         for id in expired {
@@ -616,7 +623,7 @@ impl CheckpointCoordinator {
         let older: Vec<CheckpointId> = self
             .pending
             .iter()
-            .filter(|(pid, pp)| **pid < id && pp.kind == SnapshotKind::Checkpoint)
+            .filter(|(pid, pp)| **pid < id && pp.kind == SnapshotKind::Checkpoint && !pp.finalizing)
             .map(|(pid, _)| *pid)
             .collect();
         for old in older {
@@ -856,6 +863,50 @@ mod tests {
         out.clear();
         ack_all(&mut c, 1, 160, &mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_finalizing_checkpoint_neither_expires_nor_is_subsumed() {
+        let mut c = coordinator(CheckpointConfig {
+            timeout: ms(50),
+            max_concurrent: 2,
+            ..periodic(10)
+        });
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.tick(ms(10), &mut out);
+        c.tick(ms(20), &mut out);
+        ack_all(&mut c, 1, 21, &mut out);
+        ack_all(&mut c, 2, 22, &mut out);
+        out.clear();
+        // 2 completes first; 1, whose _metadata is being written, is not subsumed.
+        c.finalized(CheckpointId(2), Ok(()), ms(23), &mut out);
+        assert!(
+            !out.iter()
+                .any(|a| matches!(a, CoordinatorAction::NotifyAborted { .. })),
+            "{out:?}"
+        );
+        // Past its timeout it does not expire either; its write decides.
+        c.tick(ms(200), &mut out);
+        assert!(
+            !out.iter().any(|a| matches!(
+                a,
+                CoordinatorAction::NotifyAborted {
+                    id: CheckpointId(1),
+                    ..
+                }
+            )),
+            "{out:?}"
+        );
+        out.clear();
+        c.finalized(CheckpointId(1), Ok(()), ms(201), &mut out);
+        assert!(matches!(
+            &out[0],
+            CoordinatorAction::NotifyComplete {
+                id: CheckpointId(1),
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use crate::CheckpointError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use weir_core::CoreError;
 use weir_core::element::SnapshotKind;
 use weir_core::handle::OperatorSubtaskState;
 use weir_core::ids::{CheckpointId, JobId, OperatorId, SubtaskIndex};
@@ -77,14 +78,16 @@ impl CheckpointMetadata {
 
     /// Decodes and checks the file; `path` names it in errors.
     pub fn from_bytes(path: &str, bytes: &[u8]) -> Result<CheckpointMetadata, CheckpointError> {
-        let (_, payload) = weir_core::codec::open(path, METADATA_MAGIC, &[METADATA_VERSION], bytes)
-            .map_err(|e| CheckpointError::Corrupt {
-                path: path.to_string(),
-                reason: e.to_string(),
-            })?;
-        weir_core::codec::decode(path, payload).map_err(|e| CheckpointError::Corrupt {
+        // The error names the file once; the reason says only what check failed.
+        let corrupt = |e: CoreError| CheckpointError::Corrupt {
             path: path.to_string(),
-            reason: e.to_string(),
-        })
+            reason: match e {
+                CoreError::Corrupt { reason, .. } | CoreError::Decode { reason, .. } => reason,
+                other => other.to_string(),
+            },
+        };
+        let (_, payload) = weir_core::codec::open(path, METADATA_MAGIC, &[METADATA_VERSION], bytes)
+            .map_err(corrupt)?;
+        weir_core::codec::decode(path, payload).map_err(corrupt)
     }
 }

@@ -131,6 +131,30 @@ impl StreamGraph {
         self.edges.iter().filter(move |e| e.source == id)
     }
 
+    /// Gives every operator without a `uid` an id derived from its name, the ids of its inputs
+    /// and its rank among siblings of the same name on the same inputs (as Flink's
+    /// `StreamGraphHasherV2` hashes an operator's place in the graph). An operator downstream of
+    /// operators with uids thus keeps its id when the graph changes elsewhere.
+    pub fn assign_auto_ids(&mut self) {
+        let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].uid.is_some() {
+                continue;
+            }
+            let id = self.nodes[i].id;
+            let mut inputs: Vec<String> = self
+                .inputs(id)
+                .map(|e| format!("{}", self.node(e.source).operator_id))
+                .collect();
+            inputs.sort();
+            let place = format!("{}|{}", self.nodes[i].name, inputs.join(","));
+            let rank = seen.entry(place.clone()).or_insert(0);
+            let key = format!("\u{0}auto|{place}|{rank}");
+            *rank += 1;
+            self.nodes[i].operator_id = OperatorId::from_uid(&key);
+        }
+    }
+
     /// Checks parallelism bounds, edge direction, forward-edge parallelism and uid uniqueness.
     pub fn validate(&self) -> Result<(), CoreError> {
         if self.nodes.is_empty() {
@@ -242,6 +266,9 @@ pub struct JobGraph {
 impl JobGraph {
     /// Validates the StreamGraph and chains it.
     pub fn from_stream_graph(graph: &StreamGraph) -> Result<JobGraph, CoreError> {
+        let mut graph = graph.clone();
+        graph.assign_auto_ids();
+        let graph = &graph;
         graph.validate()?;
         // Assign each node to the vertex of its chain head; nodes are topologically ordered, so
         // a node's chained predecessor always has its vertex already.
@@ -467,6 +494,49 @@ mod tests {
             assert_eq!(x.operator_id, y.operator_id);
         }
         assert_eq!(a.nodes[3].operator_id, OperatorId::from_uid("sum"));
+    }
+
+    #[test]
+    fn auto_ids_follow_the_inputs_not_the_position() {
+        let mut with_extra = StreamGraph::new("wc");
+        let src = with_extra.add_node("Source", Some("src".into()), 1, 128);
+        let extra = with_extra.add_node("Filter", None, 1, 128);
+        let sum = with_extra.add_node("Sum", Some("sum".into()), 1, 128);
+        let sink = with_extra.add_node("Sink", None, 1, 128);
+        with_extra.add_edge(src, extra, Partitioner::Forward);
+        with_extra.add_edge(extra, sum, Partitioner::Hash);
+        with_extra.add_edge(sum, sink, Partitioner::Forward);
+        let mut plain = word_count(1);
+        plain.set_uid(NodeId(0), "src");
+        let a = JobGraph::from_stream_graph(&with_extra).unwrap();
+        let b = JobGraph::from_stream_graph(&plain).unwrap();
+        let sink_id = |g: &JobGraph| {
+            g.stream_graph
+                .nodes
+                .iter()
+                .find(|n| n.name == "Sink")
+                .unwrap()
+                .operator_id
+        };
+        assert_eq!(sink_id(&a), sink_id(&b), "a sink after a uid keeps its id");
+        let map_id = |g: &JobGraph| g.stream_graph.nodes[1].operator_id;
+        assert_ne!(
+            map_id(&a),
+            map_id(&b),
+            "different operators at the same position differ"
+        );
+        // Two same-named siblings on the same input get distinct ids.
+        let mut twins = StreamGraph::new("t");
+        let s = twins.add_node("Source", None, 1, 128);
+        let x = twins.add_node("Sink", None, 1, 128);
+        let y = twins.add_node("Sink", None, 1, 128);
+        twins.add_edge(s, x, Partitioner::Forward);
+        twins.add_edge(s, y, Partitioner::Forward);
+        let t = JobGraph::from_stream_graph(&twins).unwrap();
+        assert_ne!(
+            t.stream_graph.nodes[1].operator_id,
+            t.stream_graph.nodes[2].operator_id
+        );
     }
 
     #[test]

@@ -158,7 +158,11 @@ pub fn build(
     if opts.print {
         counts.clone().print().uid("print");
     }
-    let totals = counts.latest_per_key();
+    // `sum` emits on the subtask that owns each word: the stream is already partitioned by the
+    // word, so the sink chains to it without a shuffle.
+    let totals = counts
+        .reinterpret_as_keyed(|t: &(String, i64)| &t.0)
+        .latest_per_key();
     (env, totals, injector)
 }
 

@@ -430,11 +430,15 @@ fn many_keys_job(
     if let Some(from) = from {
         env.restore_from(from);
     }
-    let totals = env
+    let keys = env
         .from_generator(Some(records), |i| i)
         .uid("source")
         .map(|i: u64| (i.wrapping_mul(0x9e37_79b9) % MANY_KEYS, 1i64))
-        .uid("keys")
+        .uid("keys");
+    // An exactly-once collect sink: its pre-committed transactions are large operator state, so
+    // checkpoints hold `-op` files as well as `-keyed` ones.
+    keys.clone().collect();
+    let totals = keys
         .key_by(|t: &(u64, i64)| &t.0)
         .sum()
         .uid("sum")

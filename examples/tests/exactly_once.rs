@@ -345,9 +345,6 @@ async fn restore_from_a_failed_job_gives_exact_totals() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: LatestPerKeySink keeps per-key totals in SplitDistribute operator state; on \
-            rescale they are dealt out regardless of key groups, so a subtask that no longer owns \
-            a key publishes its stale total at end of input (runtime/src/sink.rs LatestPerKeySink)"]
 async fn restore_at_higher_parallelism_2_to_3_gives_exact_totals() {
     fail_then_restore(2, 3, Some(128)).await;
 }
@@ -459,9 +456,6 @@ fn assert_prefixes(last: &BTreeMap<u64, i64>, expected: &BTreeMap<u64, i64>, ctx
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: TwoPhaseCommitSink never commits its final transaction: commit_up_to(u64::MAX) \
-            splits the pending map at u64::MAX.saturating_add(1) == u64::MAX, which leaves \
-            FINAL_TRANSACTION itself pending (runtime/src/sink.rs commit_up_to)"]
 async fn collect_sink_output_under_failures_equals_failure_free_run() {
     let seed = test_seed();
     let mut rng = SplitMix(seed);
@@ -498,8 +492,6 @@ async fn collect_sink_output_under_failures_equals_failure_free_run() {
 /// The smallest form of the bug above: without checkpoints, everything is in the final
 /// transaction, and nothing is collected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: TwoPhaseCommitSink never commits its final transaction (runtime/src/sink.rs \
-            commit_up_to: split_off(&u64::MAX.saturating_add(1)) keeps FINAL_TRANSACTION pending)"]
 async fn collect_sink_commits_the_records_after_the_last_checkpoint() {
     let env = StreamEnvironment::new();
     let input: Vec<u64> = (0..1000).collect();
@@ -650,8 +642,6 @@ async fn file_sink_run(root: &Path, records: u64, thresholds: Vec<u64>) -> (JobR
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: TwoPhaseCommitSink never commits its final transaction, so the file sink drops \
-            the records after the last checkpoint (runtime/src/sink.rs commit_up_to)"]
 async fn file_sink_under_failures_commits_the_failure_free_lines() {
     let seed = test_seed();
     let mut rng = SplitMix(seed);

@@ -227,8 +227,6 @@ fn sigint_cancels_an_unbounded_run_cleanly() {
 /// at shutdown, and the `JoinError` is reported as a panic. A race, so this runs the scenario
 /// several times.
 #[test]
-#[ignore = "bug: on cancel, upload() reports the cancelled spawn_blocking JoinError as \
-            'snapshot serialization panicked: task N was cancelled' (runtime/src/task.rs upload)"]
 fn sigint_logs_no_panic() {
     for _ in 0..10 {
         let tmp = tempfile::tempdir().unwrap();

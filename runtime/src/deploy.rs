@@ -135,6 +135,7 @@ impl<I: Data, O: Data> NodeFactory for TypedNode<I, O> {
         let source = factory(&info);
         Ok(Box::new(SourceInput {
             driver: SourceDriver::new(node.operator_id, info, source, next, ctx.batch_size),
+            ended: false,
         }))
     }
 

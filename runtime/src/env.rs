@@ -21,7 +21,6 @@ use std::any::Any;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::hash::Hash;
 use std::marker::PhantomData;
 use std::ops::Add;
 use std::path::PathBuf;
@@ -225,6 +224,7 @@ impl StreamEnvironment {
                 .max_parallelism
                 .unwrap_or_else(|| compute_default_max_parallelism(n.parallelism));
         }
+        g.assign_auto_ids();
         g
     }
 
@@ -378,6 +378,22 @@ impl<T: Data> DataStream<T> {
         KeyedStream {
             stream: self,
             key: Arc::new(key),
+            reinterpreted: false,
+        }
+    }
+
+    /// Declares a stream that is already partitioned by `key` (as the output of a keyed
+    /// operation on that key is) to be keyed, without a shuffle: keyed operations on it chain
+    /// directly (Flink's `DataStreamUtils.reinterpretAsKeyedStream`). A record whose key group
+    /// its subtask does not own is reported as an error.
+    pub fn reinterpret_as_keyed<K: StateKey>(
+        self,
+        key: impl for<'a> Fn(&'a T) -> &'a K + Send + Sync + 'static,
+    ) -> KeyedStream<K, T> {
+        KeyedStream {
+            stream: self,
+            key: Arc::new(key),
+            reinterpreted: true,
         }
     }
 
@@ -462,21 +478,15 @@ impl<T: Data> DataStream<T> {
 
 impl<K, V> DataStream<(K, V)>
 where
-    K: Data + Eq + Hash + Ord + Sync,
-    V: Data + Sync,
+    K: Data + StateKey + Ord + Sync,
+    V: Data + StateValue + Sync,
 {
-    /// Keeps the latest value per key and publishes the map at end of input: the final totals of a
-    /// running aggregation.
+    /// Keeps the latest value per key (the first field) in keyed state and publishes the map at
+    /// end of input: the final totals of a running aggregation. It keys the stream by the first
+    /// field; on a stream already partitioned by it, `reinterpret_as_keyed(..).latest_per_key()`
+    /// avoids the shuffle.
     pub fn latest_per_key(self) -> LatestHandle<K, V> {
-        let handle = LatestHandle::new();
-        let h = handle.clone();
-        self.transform::<()>("Latest-per-key Sink", move |ctx, next| {
-            Box::new(Chained::new(
-                LatestPerKeySink::new(ctx.operator_id, h.clone()),
-                next,
-            ))
-        });
-        handle
+        self.key_by(|t: &(K, V)| &t.0).latest_per_key()
     }
 }
 
@@ -484,6 +494,8 @@ where
 pub struct KeyedStream<K, T> {
     stream: DataStream<T>,
     key: KeyFn<T, K>,
+    /// Declared keyed without a shuffle: the stream is already partitioned by this key.
+    reinterpreted: bool,
 }
 
 impl<K: StateKey, T: Data> KeyedStream<K, T> {
@@ -504,9 +516,14 @@ impl<K: StateKey, T: Data> KeyedStream<K, T> {
         let hash_key = self.key.clone();
         let from = self.stream.node;
         let env = self.stream.env.clone();
+        let partitioner = if self.reinterpreted {
+            Partitioner::Forward
+        } else {
+            Partitioner::Hash
+        };
         let out = self
             .stream
-            .partition_by(Partitioner::Hash)
+            .partition_by(partitioner)
             .transform(name, move |ctx, next| {
                 let base = KeyedBase::new(ctx.operator_id, ctx.info.clone());
                 factory(ctx, base, key.clone(), next)
@@ -549,6 +566,27 @@ impl<K: StateKey, T: Data> KeyedStream<K, T> {
                 next,
             ))
         })
+    }
+}
+
+impl<K, A, V> KeyedStream<K, (A, V)>
+where
+    K: StateKey + Ord + Sync,
+    A: Data,
+    V: Data + StateValue + Sync,
+{
+    /// Keeps the latest value (the second field) per key in keyed state and publishes the map at
+    /// end of input.
+    pub fn latest_per_key(self) -> LatestHandle<K, V> {
+        let handle = LatestHandle::new();
+        let h = handle.clone();
+        self.keyed::<()>("Latest-per-key Sink", move |_, base, key, next| {
+            Box::new(Chained::new(
+                LatestPerKeySink::new(base, key, h.clone()),
+                next,
+            ))
+        });
+        handle
     }
 }
 

@@ -43,6 +43,17 @@ pub enum TaskError {
     MasterGone,
 }
 
+impl TaskError {
+    /// Whether this failure is only the consequence of another task's failure (its upstream or
+    /// downstream went away), so that the other task's report names the root cause.
+    pub fn is_echo(&self) -> bool {
+        matches!(
+            self,
+            TaskError::UpstreamGone(_) | TaskError::Network(NetworkError::Disconnected(_))
+        )
+    }
+}
+
 /// An error that ends a job.
 #[derive(Debug, Error)]
 pub enum JobError {

@@ -7,7 +7,9 @@ use crate::deploy::{BuildContext, NodeFactory, build_task};
 use crate::error::{JobError, TaskError};
 use crate::restart::RestartTracker;
 use crate::restore::{candidates_at, load_first_good};
-use crate::task::{JobMetrics, TaskEnv, TaskEvent, TaskMessage, TaskReport, run_task};
+use crate::task::{
+    JobMetrics, TaskEnv, TaskEvent, TaskMessage, TaskReport, panic_message, run_task,
+};
 use futures::FutureExt;
 use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -102,6 +104,11 @@ pub(crate) struct JobSpec {
     pub factories: Vec<Arc<dyn NodeFactory>>,
     pub key_hashes: HashMap<(NodeId, NodeId), Arc<dyn Any + Send + Sync>>,
 }
+
+/// How long a failure that only echoes another waits for the root cause to be reported.
+const ROOT_CAUSE_WAIT: Duration = Duration::from_millis(50);
+/// How long teardown waits for `_metadata` writes in flight.
+const FINALIZE_WAIT: Duration = Duration::from_secs(10);
 
 enum Outcome {
     Finished,
@@ -311,13 +318,11 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                     };
                     let reports = report_tx.clone();
                     handles.push(tokio::spawn(async move {
+                        // Panics in user code are caught at each call into the chain (see
+                        // `task::guarded`); this catches any other panic in the task.
                         let run = AssertUnwindSafe(run_task(input, env, restore_ctx)).catch_unwind();
                         if let Err(panic) = run.await {
-                            let message = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "unknown panic".into());
+                            let message = panic_message(panic.as_ref());
                             let _ = reports
                                 .send(TaskReport {
                                     generation,
@@ -332,6 +337,11 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
             drop(report_tx);
             // One span per checkpoint, from trigger to completion or abort.
             let mut spans: HashMap<CheckpointId, tracing::Span> = HashMap::new();
+            // Checkpoints whose `_metadata` write is in flight: never discarded under it.
+            let mut finalizing: BTreeSet<CheckpointId> = BTreeSet::new();
+            // A failure that is only the echo of another (an upstream gone, a consumer gone):
+            // wait briefly for the root cause before failing with it.
+            let mut echo: Option<(String, Instant)> = None;
             let mut running = BTreeSet::new();
             let mut finished = BTreeSet::new();
             let mut actions = Vec::new();
@@ -379,16 +389,33 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                             }
                             TaskEvent::Failed(e) => {
                                 execution.get_mut(task.vertex, task.subtask).state = ExecutionState::Failed;
+                                let cause = format!("task {task} failed: {e}");
+                                if e.is_echo() {
+                                    debug!(%task, error = %e, "task failed as a consequence; waiting for the root cause");
+                                    echo.get_or_insert((cause, Instant::now() + ROOT_CAUSE_WAIT));
+                                    continue;
+                                }
                                 warn!(%task, error = %e, "task failed");
-                                break Outcome::Failed(format!("task {task} failed: {e}"));
+                                break Outcome::Failed(cause);
                             }
                         }
+                    }
+                    _ = async {
+                        match &echo {
+                            Some((_, at)) => tokio::time::sleep_until((*at).into()).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        let cause = echo.take().map(|(c, _)| c).unwrap_or_default();
+                        warn!(%cause, "task failed");
+                        break Outcome::Failed(cause);
                     }
                     f = finalize_rx.recv() => {
                         let Some(f) = f else { continue };
                         if f.generation != generation {
                             continue;
                         }
+                        finalizing.remove(&f.id);
                         match f.result {
                             Ok(cp) => {
                                 coordinator.finalized(f.id, Ok(()), now, &mut actions);
@@ -438,6 +465,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                             }
                         }
                         CoordinatorAction::Finalize { id, kind, timestamp_ms, acks } => {
+                            finalizing.insert(id);
                             let metadata = build_metadata(&job, job_id, id, kind, timestamp_ms, &acks);
                             let s = storage.clone();
                             let tx = finalize_tx.clone();
@@ -488,14 +516,39 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                     break Outcome::Failed(reason);
                 }
             };
-            // Tear this generation down.
+            // Tear this generation down. Checkpoints whose `_metadata` is being written finish
+            // first: they are complete (every subtask acknowledged) and may be the restore point.
             for h in &handles {
                 h.abort();
+            }
+            let give_up = Instant::now() + FINALIZE_WAIT;
+            while !finalizing.is_empty() {
+                let Ok(Some(f)) = tokio::time::timeout_at(give_up.into(), finalize_rx.recv()).await else {
+                    break;
+                };
+                if f.generation != generation || !finalizing.remove(&f.id) {
+                    continue;
+                }
+                let mut ignored = Vec::new();
+                match f.result {
+                    Ok(cp) => {
+                        coordinator.finalized(f.id, Ok(()), started.elapsed(), &mut ignored);
+                        for old in store.add(cp) {
+                            let s = storage.clone();
+                            tokio::spawn(async move {
+                                let _ = s.discard(&old.location).await;
+                            });
+                        }
+                    }
+                    Err(e) => coordinator.finalized(f.id, Err(e), started.elapsed(), &mut ignored),
+                }
             }
             let mut ignored = Vec::new();
             coordinator.job_status_changed(false, started.elapsed(), &mut ignored);
             for a in ignored {
-                if let CoordinatorAction::NotifyAborted { id, .. } = a {
+                if let CoordinatorAction::NotifyAborted { id, .. } = a
+                    && !finalizing.contains(&id)
+                {
                     let s = storage.clone();
                     tokio::spawn(async move {
                         let _ = s.discard(&CheckpointLocation::for_checkpoint(job_id, id)).await;

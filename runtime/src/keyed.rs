@@ -44,6 +44,11 @@ impl<K: StateKey> KeyedBase<K> {
         &mut self.backend
     }
 
+    /// The key groups this subtask owns.
+    pub fn key_group_range(&self) -> weir_core::keygroup::KeyGroupRange {
+        self.info.key_group_range()
+    }
+
     /// The key group of `key`.
     #[inline]
     pub fn key_group(&self, key: &K) -> KeyGroup {

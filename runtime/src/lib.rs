@@ -41,3 +41,4 @@ pub use job::{JobCanceller, JobResult, JobStatus};
 pub use restart::RestartStrategy;
 pub use sink::{CollectHandle, LatestHandle};
 pub use weir_core::config::{CheckpointConfig, CheckpointingMode};
+pub use weir_state::{StateKey, StateValue, ValueState, ValueStateDescriptor};

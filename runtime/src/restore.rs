@@ -76,7 +76,8 @@ pub(crate) async fn load_first_good(
     JobError,
 > {
     let mut last_error = None;
-    for location in candidates {
+    for (i, location) in candidates.iter().enumerate() {
+        let older_remain = i + 1 < candidates.len();
         let attempt = async {
             let metadata = storage.read_metadata(location).await?;
             let point = RestorePoint {
@@ -92,7 +93,11 @@ pub(crate) async fn load_first_good(
             // A checkpoint that does not fit the job is a user error, not corruption.
             Err(e @ JobError::Restore { .. }) => return Err(e),
             Err(e) => {
-                warn!(checkpoint = %location.dir, error = %e, "checkpoint unusable; falling back to the previous complete one");
+                if older_remain {
+                    warn!(checkpoint = %location.dir, error = %e, "checkpoint unusable; falling back to the previous complete checkpoint");
+                } else {
+                    warn!(checkpoint = %location.dir, error = %e, "checkpoint unusable, and no older complete checkpoint remains");
+                }
                 last_error = Some(e);
             }
         }

@@ -8,20 +8,23 @@
 //! output equals a failure-free run's.
 
 use crate::error::TaskError;
+use crate::keyed::{KeyFn, KeyedBase};
 use crate::operator::{
     Lifecycle, OneInputOperator, OpResult, OperatorSnapshotParts, Output, SubtaskInfo,
 };
-use rustc_hash::FxHashMap;
 use serde::{Serialize, de::DeserializeOwned};
 use std::collections::BTreeMap;
 use std::fmt::Display;
-use std::hash::Hash;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use weir_core::handle::OperatorStateMode;
 use weir_core::ids::{CheckpointId, OperatorId};
-use weir_state::{ListState, OperatorStateBackend};
+use weir_core::keygroup::KeyGroupRange;
+use weir_state::{
+    KeyedStateBackend, ListState, OperatorStateBackend, StateKey, StateValue, ValueState,
+    ValueStateDescriptor,
+};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -153,7 +156,10 @@ where
     }
 
     fn commit_up_to(&mut self, id: u64) -> OpResult {
-        let later = self.pending.split_off(&(id.saturating_add(1)));
+        let later = match id.checked_add(1) {
+            Some(next) => self.pending.split_off(&next),
+            None => BTreeMap::new(),
+        };
         let due = std::mem::replace(&mut self.pending, later);
         for (txn, records) in due {
             self.committer
@@ -333,14 +339,19 @@ impl<T: Printable + Send + 'static> Committer<T> for FileCommitter {
     }
 }
 
-/// Keeps the latest value per key (for example a running count's final total). Its map is
-/// operator state, so a restore brings back every key, and at end of input it publishes the map
-/// to its [`LatestHandle`]. Publishing again after a restart overwrites with the same values.
-pub struct LatestPerKeySink<K, V> {
-    operator_id: OperatorId,
-    latest: FxHashMap<K, V>,
-    state: OperatorStateBackend,
-    list: Option<ListState<(K, V)>>,
+/// Keeps the latest value per key (for example a running count's final total) in keyed state,
+/// so that a restore at any parallelism hands each key to the subtask that owns its key group,
+/// and at end of input publishes what it holds to its [`LatestHandle`]. Publishing again after a
+/// restart overwrites with the same values.
+///
+/// Its input must be partitioned by the key, as the output of a keyed operation on that key is
+/// (Flink's `reinterpretAsKeyedStream`): a record whose key group this subtask does not own is an
+/// error that says so.
+pub struct LatestPerKeySink<K: StateKey, A, V> {
+    base: KeyedBase<K>,
+    key: KeyFn<(A, V), K>,
+    range: KeyGroupRange,
+    state: Option<ValueState<V>>,
     handle: LatestHandle<K, V>,
 }
 
@@ -370,73 +381,61 @@ impl<K: Ord + Clone, V: Clone> LatestHandle<K, V> {
     }
 }
 
-impl<K, V> LatestPerKeySink<K, V>
-where
-    K: Eq + Hash + Ord + Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
-    V: Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
-{
-    /// A sink publishing into `handle`.
-    pub fn new(operator_id: OperatorId, handle: LatestHandle<K, V>) -> Self {
+impl<K: StateKey + Ord, A, V: StateValue> LatestPerKeySink<K, A, V> {
+    /// A sink over `base`'s keyed state, keyed by `key`, publishing into `handle`.
+    pub fn new(base: KeyedBase<K>, key: KeyFn<(A, V), K>, handle: LatestHandle<K, V>) -> Self {
+        let range = base.key_group_range();
         LatestPerKeySink {
-            operator_id,
-            latest: FxHashMap::default(),
-            state: OperatorStateBackend::new(),
-            list: None,
+            base,
+            key,
+            range,
+            state: None,
             handle,
         }
     }
 }
 
-impl<K, V> OneInputOperator<(K, V)> for LatestPerKeySink<K, V>
-where
-    K: Eq + Hash + Ord + Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
-    V: Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
+impl<K: StateKey + Ord, A: Send + 'static, V: StateValue> OneInputOperator<(A, V)>
+    for LatestPerKeySink<K, A, V>
 {
     type Out = ();
 
     #[inline]
-    fn process(&mut self, (k, v): (K, V), _out: &mut dyn Output<()>) -> OpResult {
-        match self.latest.get_mut(&k) {
-            Some(slot) => *slot = v,
-            None => {
-                self.latest.insert(k, v);
-            }
+    fn process(&mut self, record: (A, V), _out: &mut dyn Output<()>) -> OpResult {
+        let state = self.state.ok_or_else(|| TaskError::Operator {
+            operator: "Latest-per-key Sink".into(),
+            message: "a record arrived before the operator was opened".into(),
+        })?;
+        let key = (self.key)(&record);
+        let kg = self.base.key_group(key);
+        if !self.range.contains(kg) {
+            return Err(TaskError::Operator {
+                operator: "Latest-per-key Sink".into(),
+                message: format!(
+                    "a key of key group {kg} arrived at a subtask that owns key groups {}: the \
+                     stream was declared keyed (reinterpret_as_keyed) but is not partitioned by \
+                     that key",
+                    self.range
+                ),
+            });
         }
+        let value = record.1.clone();
+        self.base.backend().update(state, key, kg, value);
         Ok(())
     }
-
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<()>) -> OpResult {
-        match event {
-            Lifecycle::Open(ctx) => {
-                ctx.restore_operator_state(self.operator_id, &mut self.state)?;
-                let list = self
-                    .state
-                    .list_state::<(K, V)>("latest-per-key", OperatorStateMode::SplitDistribute)?;
-                self.latest = self.state.get(&list)?.into_iter().collect();
-                self.list = Some(list);
+        if self.base.lifecycle(event)? {
+            self.state = Some(
+                self.base
+                    .backend()
+                    .value_state(&ValueStateDescriptor::<V>::new("latest"))?,
+            );
+        }
+        if let (Lifecycle::EndInput, Some(state)) = (event, self.state) {
+            let mut map = lock(&self.handle.map);
+            for (k, v) in self.base.backend().entries(state) {
+                map.insert(k.clone(), v.clone());
             }
-            Lifecycle::Snapshot(_, parts) => {
-                if let Some(list) = &self.list {
-                    let mut entries: Vec<(K, V)> = self
-                        .latest
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect();
-                    entries.sort_by(|a, b| a.0.cmp(&b.0));
-                    self.state.update(list, &entries)?;
-                }
-                parts.push(OperatorSnapshotParts::operator_state(
-                    self.operator_id,
-                    &self.state,
-                ));
-            }
-            Lifecycle::EndInput => {
-                let mut map = lock(&self.handle.map);
-                for (k, v) in &self.latest {
-                    map.insert(k.clone(), v.clone());
-                }
-            }
-            _ => {}
         }
         Ok(())
     }

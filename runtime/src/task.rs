@@ -131,6 +131,8 @@ pub(crate) trait TaskInput: Send {
 /// A source at the head of the chain.
 pub(crate) struct SourceInput<T> {
     pub driver: SourceDriver<T>,
+    /// The source reported its end together with a last batch; `End` comes on the next step.
+    pub ended: bool,
 }
 
 impl<T: Send + 'static> TaskInput for SourceInput<T> {
@@ -148,8 +150,15 @@ impl<T: Send + 'static> TaskInput for SourceInput<T> {
         _now: Duration,
         _actions: &mut Vec<HandlerAction>,
     ) -> Poll<Result<Step, TaskError>> {
+        if self.ended {
+            return Poll::Ready(Ok(Step::End));
+        }
         Poll::Ready(self.driver.emit_batch().map(|(n, status)| match status {
-            SourceStatus::End => Step::End,
+            SourceStatus::End if n == 0 => Step::End,
+            SourceStatus::End => {
+                self.ended = true;
+                Step::Records(n)
+            }
             SourceStatus::Idle if n == 0 => Step::Idle,
             _ => Step::Records(n),
         }))
@@ -268,6 +277,59 @@ impl<T: Data> TaskInput for NetworkInput<T> {
     }
 }
 
+/// The text of a panic payload.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Runs a synchronous call into the chain, turning a panic in user code into a task error while
+/// the chain is still alive (so the failure is reported before its channels close).
+fn guarded<R>(task: &str, call: impl FnOnce() -> R) -> Result<R, TaskError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).map_err(|p| TaskError::Panic {
+        task: task.to_string(),
+        message: panic_message(p.as_ref()),
+    })
+}
+
+/// A [`TaskInput`] whose every call into the chain is [`guarded`].
+struct Guarded<'a> {
+    input: &'a mut dyn TaskInput,
+    name: &'a str,
+}
+
+impl TaskInput for Guarded<'_> {
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult {
+        guarded(self.name, || self.input.lifecycle(event))?
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<OpResult> {
+        match guarded(self.name, || self.input.poll_flush(cx)) {
+            Ok(p) => p,
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_step(
+        &mut self,
+        cx: &mut Context<'_>,
+        now: Duration,
+        actions: &mut Vec<HandlerAction>,
+    ) -> Poll<Result<Step, TaskError>> {
+        match guarded(self.name, || self.input.poll_step(cx, now, actions)) {
+            Ok(p) => p,
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn on_abort_notified(&mut self, id: CheckpointId, actions: &mut Vec<HandlerAction>) {
+        self.input.on_abort_notified(id, actions)
+    }
+}
+
 /// The subtask checkpoint coordinator's memory (reference step 0).
 struct SubtaskCheckpoints {
     last: Option<CheckpointId>,
@@ -282,19 +344,33 @@ enum Wake {
 }
 
 /// Runs a task to its end and reports how it ended.
-pub(crate) async fn run_task(input: Box<dyn TaskInput>, mut env: TaskEnv, restore: RestoreContext) {
+///
+/// The chain is dropped only after the report is sent: dropping it closes the task's output
+/// channels, and downstream tasks must not see them close (and report that) before the master
+/// has this task's report, which names the root cause.
+pub(crate) async fn run_task(
+    mut input: Box<dyn TaskInput>,
+    mut env: TaskEnv,
+    restore: RestoreContext,
+) {
     let span = tracing::debug_span!("task", name = %env.name);
-    let result = run(input, &mut env, restore).instrument(span).await;
+    let name = env.name.clone();
+    let mut guarded = Guarded {
+        input: &mut *input,
+        name: &name,
+    };
+    let result = run(&mut guarded, &mut env, restore).instrument(span).await;
     let event = match result {
         Ok(()) => TaskEvent::Finished,
         Err(TaskError::MasterGone) => return,
         Err(e) => TaskEvent::Failed(e),
     };
     let _ = env.report(event).await;
+    drop(input);
 }
 
 async fn run(
-    mut input: Box<dyn TaskInput>,
+    input: &mut dyn TaskInput,
     env: &mut TaskEnv,
     mut restore: RestoreContext,
 ) -> Result<(), TaskError> {
@@ -310,7 +386,6 @@ async fn run(
     let mut output_pending = false;
     let mut first_record = true;
     let mut steps_since_yield = 0u32;
-    let mut local_records = 0u64;
     loop {
         let now = env.started.elapsed();
         let wake = poll_fn(|cx| {
@@ -327,7 +402,7 @@ async fn run(
         match wake {
             Wake::Message(None) => return Err(TaskError::MasterGone),
             Wake::Message(Some(msg)) => {
-                handle_message(msg, &mut *input, env, &mut cps, &mut actions).await?;
+                handle_message(msg, input, env, &mut cps, &mut actions).await?;
                 output_pending = true;
             }
             Wake::Flushed(r) => {
@@ -343,10 +418,7 @@ async fn run(
                             v.push((env.generation, us));
                         }
                     }
-                    local_records += n as u64;
-                    if local_records >= 1 << 16 {
-                        flush_count(env, &mut local_records);
-                    }
+                    count_records(env, n);
                     input.lifecycle(&mut Lifecycle::FlushPartial)?;
                     output_pending = true;
                     steps_since_yield += 1;
@@ -356,14 +428,13 @@ async fn run(
                     }
                 }
                 Step::Events => {
-                    run_actions(&mut *input, env, &mut cps, &mut actions).await?;
+                    run_actions(input, env, &mut cps, &mut actions).await?;
                     output_pending = true;
                 }
                 Step::End => {
                     // End of input may complete an alignment first.
-                    run_actions(&mut *input, env, &mut cps, &mut actions).await?;
+                    run_actions(input, env, &mut cps, &mut actions).await?;
                     cps.finished = true;
-                    flush_count(env, &mut local_records);
                     input.lifecycle(&mut Lifecycle::EndInput)?;
                     poll_fn(|cx| input.poll_flush(cx)).await?;
                     debug!("input ended; task finished");
@@ -374,7 +445,7 @@ async fn run(
                         m = env.mailbox.recv() => {
                             match m {
                                 None => return Err(TaskError::MasterGone),
-                                Some(msg) => handle_message(msg, &mut *input, env, &mut cps, &mut actions).await?,
+                                Some(msg) => handle_message(msg, input, env, &mut cps, &mut actions).await?,
                             }
                             output_pending = true;
                         }
@@ -386,14 +457,14 @@ async fn run(
     }
 }
 
-fn flush_count(env: &TaskEnv, local: &mut u64) {
+/// One relaxed add per batch (not per record) to the job's shared counters.
+fn count_records(env: &TaskEnv, n: usize) {
     let counter = if env.is_source {
         &env.metrics.source_records
     } else {
         &env.metrics.processed_records
     };
-    counter.fetch_add(*local, Ordering::Relaxed);
-    *local = 0;
+    counter.fetch_add(n as u64, Ordering::Relaxed);
 }
 
 async fn handle_message(
@@ -509,7 +580,9 @@ async fn checkpoint_state(
                 state,
             },
             Err(reason) => {
-                warn!(checkpoint = id.0, %task, %reason, "asynchronous snapshot failed");
+                if !reports.is_closed() {
+                    warn!(checkpoint = id.0, %task, %reason, "asynchronous snapshot failed");
+                }
                 TaskEvent::Decline {
                     id,
                     reason: CheckpointFailureReason::AsyncPhaseFailed { task, reason },
@@ -573,7 +646,13 @@ async fn upload(
         Ok(out)
     })
     .await
-    .map_err(|e| format!("snapshot serialization panicked: {e}"))??;
+    .map_err(|e| {
+        if e.is_cancelled() {
+            "snapshot serialization was cancelled: the job is shutting down".to_string()
+        } else {
+            format!("snapshot serialization panicked: {e}")
+        }
+    })??;
 
     let location = CheckpointLocation::for_checkpoint(job_id, id);
     let mut snapshot = TaskStateSnapshot::default();

@@ -141,7 +141,11 @@ async fn source_map_flat_map_chain_and_key_by_breaks_the_chain() {
         .map(|i: u64| (i % 5, 1i64))
         .key_by(|t: &(u64, i64)| &t.0);
     let sum = keyed.sum();
-    let totals = sum.clone().latest_per_key();
+    // The sum's output is partitioned by its key: the sink chains to it without a shuffle.
+    let totals = sum
+        .clone()
+        .reinterpret_as_keyed(|t: &(u64, i64)| &t.0)
+        .latest_per_key();
 
     let job = env.job_graph().unwrap();
     assert_eq!(job.vertices.len(), 2, "{:#?}", job.vertices);
@@ -188,11 +192,22 @@ fn a_change_of_parallelism_breaks_the_chain_with_a_rebalance() {
     let narrow = source.clone().map(|i: u64| (i, 1i64));
     narrow.clone().latest_per_key();
     let job = env.job_graph().unwrap();
-    assert_eq!(job.vertices.len(), 2);
-    assert_eq!(job.edges.len(), 1);
-    assert_eq!(job.edges[0].partitioner, Partitioner::Rebalance);
-    assert_eq!(job.edges[0].target_node, narrow.node_id());
-    assert_eq!(job.vertices[1].parallelism, 1);
+    // source (2) | rebalance | map (1) | hash by key | latest-per-key sink (1)
+    assert_eq!(job.vertices.len(), 3);
+    let into_narrow: Vec<_> = job
+        .edges
+        .iter()
+        .filter(|e| e.target_node == narrow.node_id())
+        .collect();
+    assert_eq!(into_narrow.len(), 1);
+    assert_eq!(into_narrow[0].partitioner, Partitioner::Rebalance);
+    assert_eq!(job.vertex(into_narrow[0].target).parallelism, 1);
+    assert!(
+        job.edges
+            .iter()
+            .any(|e| e.source_node == narrow.node_id() && e.partitioner == Partitioner::Hash),
+        "latest_per_key keys by the first field"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -452,9 +467,6 @@ async fn without_uids_a_changed_graph_cannot_restore() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: latest_per_key() (and collect()) return a handle, not a DataStream, so their \
-            stateful sink cannot get a uid; its auto id follows its position, and a graph change \
-            upstream makes every checkpoint unrestorable (runtime/src/env.rs latest_per_key)"]
 async fn uids_let_a_changed_graph_with_a_latest_per_key_sink_restore() {
     let tmp = tempfile::tempdir().unwrap();
     let first = tmp.path().join("first");
@@ -543,9 +555,6 @@ async fn checkpointing_is_off_by_default() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: JobResult.source_records misses each source subtask's last batch: \
-            SourceInput::poll_step maps (n, SourceStatus::End) to Step::End and drops n \
-            (runtime/src/task.rs)"]
 async fn source_records_counts_every_record() {
     for (records, parallelism) in [(1_000u64, 1u32), (300_000, 1), (300_000, 3)] {
         let env = StreamEnvironment::new();
@@ -602,9 +611,6 @@ async fn a_canceller_stops_an_unbounded_job() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a cancelled job's JobResult.source_records misses what its sources emitted since \
-            their last flush: tasks add to the shared counter only every 65536 records and at end \
-            of input, and a cancel aborts them (runtime/src/task.rs flush_count)"]
 async fn source_records_of_a_cancelled_job_counts_what_was_emitted() {
     let (r, seen) = cancel_after(10_000).await;
     assert!(
@@ -751,10 +757,6 @@ impl OneInputOperator<u64> for SlowDrop {
 /// while a sum subtask reports its input closed. (Without the slow drop the same race is lost now
 /// and then under load: about 1 run in 100 of the word count with `NoRestart`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: the first TaskEvent::Failed wins, and a panicking task reports only after its \
-            chain (with its output channels) is dropped, so a downstream task's 'input channel \
-            closed before its end of input' can become the job's cause (runtime/src/job.rs: the \
-            catch_unwind wrapper in run_job reports after the task future is dropped)"]
 async fn a_failed_job_reports_the_root_cause() {
     let env = StreamEnvironment::new();
     env.set_parallelism(2)
@@ -963,10 +965,6 @@ fn dirs_with_metadata(root: &Path) -> Vec<(u64, std::path::PathBuf)> {
 /// its directory while the write goes on, which can leave a `_metadata` whose state files were
 /// deleted. Slow `_metadata` writes make that window wide.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: at job end (and before a restart) run_job aborts pending checkpoints, including \
-            one whose spawned write_metadata is in flight, and spawns discard() of its directory \
-            concurrently; the write can land after the discard, leaving a _metadata without its \
-            state files (runtime/src/job.rs, teardown after the select loop)"]
 async fn a_checkpoint_aborted_while_finalizing_leaves_no_metadata() {
     for run in 0..5 {
         let tmp = tempfile::tempdir().unwrap();
@@ -1016,4 +1014,22 @@ fn restart_strategy_defaults_follow_checkpointing() {
         env.config_mut().restart_strategy(),
         RestartStrategy::default_with_checkpointing()
     );
+}
+
+/// `reinterpret_as_keyed` on a stream that is not partitioned by the key is reported, not
+/// silently wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reinterpreting_an_unpartitioned_stream_as_keyed_is_a_clear_error() {
+    let env = StreamEnvironment::new();
+    env.set_parallelism(2)
+        .set_restart_strategy(RestartStrategy::NoRestart);
+    env.from_generator(Some(10_000), |i| (i, 1i64))
+        .reinterpret_as_keyed(|t: &(u64, i64)| &t.0)
+        .latest_per_key();
+    match env.execute().await {
+        Err(JobError::Failed { cause, .. }) => {
+            assert!(cause.contains("not partitioned by that key"), "{cause}")
+        }
+        other => panic!("expected a clear failure, got {other:?}"),
+    }
 }
