@@ -322,6 +322,9 @@ pub struct CheckpointCoordinator {
     completed: u64,
     failed: u64,
     latest_completed: Option<CheckpointId>,
+    records_at_last_trigger: u64,
+    refusals: VecDeque<(Duration, TriggerRefusal)>,
+    refused: u64,
 }
 
 impl CheckpointCoordinator {
@@ -343,7 +346,44 @@ impl CheckpointCoordinator {
             completed: 0,
             failed: 0,
             latest_completed: None,
+            records_at_last_trigger: 0,
+            refusals: VecDeque::new(),
+            refused: 0,
         }
+    }
+
+    /// The sources have emitted `total` records so far in this deployment: with
+    /// `every_records = N`, a checkpoint is triggered once `N` more were emitted since the last
+    /// trigger. A refused trigger (too many in progress, min pause) is retried on the next report,
+    /// so the request waits rather than being lost.
+    pub fn records_emitted(&mut self, total: u64, now: Duration, out: &mut Vec<CoordinatorAction>) {
+        let Some(every) = self.setup.config.every_records else {
+            return;
+        };
+        if total.saturating_sub(self.records_at_last_trigger) >= every
+            && self.try_trigger(SnapshotKind::Checkpoint, now, out).is_ok()
+        {
+            self.records_at_last_trigger = total;
+        }
+    }
+
+    /// Trigger requests refused (periodic, by record count or on demand), newest last, with the
+    /// time and reason; at most [`STATS_HISTORY`] are kept.
+    pub fn refusals(&self) -> impl Iterator<Item = &(Duration, TriggerRefusal)> {
+        self.refusals.iter()
+    }
+
+    /// How many trigger requests were refused in all.
+    pub fn refused_count(&self) -> u64 {
+        self.refused
+    }
+
+    fn note_refusal(&mut self, now: Duration, refusal: &TriggerRefusal) {
+        self.refused += 1;
+        if self.refusals.len() == STATS_HISTORY {
+            self.refusals.pop_front();
+        }
+        self.refusals.push_back((now, refusal.clone()));
     }
 
     fn wall_ms(&self, now: Duration) -> u64 {
@@ -453,6 +493,21 @@ impl CheckpointCoordinator {
         now: Duration,
         out: &mut Vec<CoordinatorAction>,
     ) -> Result<CheckpointId, TriggerRefusal> {
+        let result = self.check_and_trigger(kind, now, out);
+        if let Err(refusal) = &result
+            && self.active
+        {
+            self.note_refusal(now, refusal);
+        }
+        result
+    }
+
+    fn check_and_trigger(
+        &mut self,
+        kind: SnapshotKind,
+        now: Duration,
+        out: &mut Vec<CoordinatorAction>,
+    ) -> Result<CheckpointId, TriggerRefusal> {
         if !self.active {
             return Err(TriggerRefusal::NotRunning);
         }
@@ -479,9 +534,13 @@ impl CheckpointCoordinator {
         let id = CheckpointId(self.next_id);
         self.next_id += 1;
         let timestamp_ms = self.wall_ms(now);
-        let alignment = match self.setup.config.mode {
-            CheckpointingMode::ExactlyOnce => AlignmentType::Aligned,
-            CheckpointingMode::AtLeastOnce => AlignmentType::AtLeastOnce,
+        let alignment = match (kind, self.setup.config.mode) {
+            // Savepoints are always aligned.
+            (SnapshotKind::Savepoint | SnapshotKind::SynchronousSavepoint, _) => {
+                AlignmentType::Aligned
+            }
+            (_, CheckpointingMode::ExactlyOnce) => AlignmentType::Aligned,
+            (_, CheckpointingMode::AtLeastOnce) => AlignmentType::AtLeastOnce,
         };
         let wait: BTreeSet<TaskKey> = self.setup.tasks_to_wait_for.iter().copied().collect();
         self.pending.insert(
@@ -607,10 +666,13 @@ impl CheckpointCoordinator {
         self.consecutive_failures = 0;
         self.last_completion = Some(now);
         self.latest_completed = Some(id);
-        if self.durations.len() == DURATION_HISTORY {
-            self.durations.pop_front();
+        // Percentiles describe periodic checkpoints; savepoints are kept out of them.
+        if p.kind == SnapshotKind::Checkpoint {
+            if self.durations.len() == DURATION_HISTORY {
+                self.durations.pop_front();
+            }
+            self.durations.push_back(duration);
         }
-        self.durations.push_back(duration);
         if let Some(s) = self.history.iter_mut().find(|s| s.id == id) {
             s.status = CheckpointStatus::Completed;
             s.end_to_end = Some(duration);
@@ -951,6 +1013,118 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    #[test]
+    fn every_n_records_triggers_and_a_refused_request_waits() {
+        let mut c = coordinator(CheckpointConfig {
+            every_records: Some(1000),
+            ..CheckpointConfig::default()
+        });
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.records_emitted(999, ms(1), &mut out);
+        assert!(out.is_empty());
+        c.records_emitted(1000, ms(2), &mut out);
+        assert!(matches!(
+            &out[..],
+            [CoordinatorAction::Trigger {
+                id: CheckpointId(1),
+                ..
+            }]
+        ));
+        out.clear();
+        // 1 is still pending: the next request is refused, noted, and retried later.
+        c.records_emitted(2500, ms(3), &mut out);
+        assert!(out.is_empty());
+        assert_eq!(c.refused_count(), 1);
+        assert!(matches!(
+            c.refusals().last(),
+            Some((_, TriggerRefusal::TooManyConcurrent(1)))
+        ));
+        ack_all(&mut c, 1, 4, &mut out);
+        c.finalized(CheckpointId(1), Ok(()), ms(5), &mut out);
+        out.clear();
+        c.records_emitted(2600, ms(6), &mut out);
+        assert!(matches!(
+            &out[..],
+            [CoordinatorAction::Trigger {
+                id: CheckpointId(2),
+                ..
+            }]
+        ));
+        out.clear();
+        // Counting restarts from the records at that trigger.
+        c.records_emitted(3599, ms(7), &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn savepoints_are_aligned_and_never_subsumed() {
+        let mut c = coordinator(CheckpointConfig {
+            mode: CheckpointingMode::AtLeastOnce,
+            max_concurrent: 2,
+            ..periodic(1000)
+        });
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.trigger(SnapshotKind::Savepoint, ms(1), &mut out).unwrap();
+        c.trigger(SnapshotKind::Checkpoint, ms(2), &mut out)
+            .unwrap();
+        let alignments: Vec<AlignmentType> = out
+            .iter()
+            .filter_map(|a| match a {
+                CoordinatorAction::Trigger { options, .. } => Some(options.alignment),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            alignments,
+            [AlignmentType::Aligned, AlignmentType::AtLeastOnce]
+        );
+        ack_all(&mut c, 2, 3, &mut out);
+        out.clear();
+        c.finalized(CheckpointId(2), Ok(()), ms(4), &mut out);
+        assert!(
+            !out.iter()
+                .any(|a| matches!(a, CoordinatorAction::NotifyAborted { .. })),
+            "the pending savepoint 1 must not be subsumed: {out:?}"
+        );
+    }
+
+    #[test]
+    fn notifications_follow_completion_and_name_every_task() {
+        let mut c = coordinator(periodic(10));
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.tick(ms(10), &mut out);
+        ack_all(&mut c, 1, 11, &mut out);
+        // Finalize comes first; completion is notified only after `_metadata` is written.
+        assert!(matches!(
+            out.last(),
+            Some(CoordinatorAction::Finalize { .. })
+        ));
+        assert!(
+            !out.iter()
+                .any(|a| matches!(a, CoordinatorAction::NotifyComplete { .. }))
+        );
+        out.clear();
+        c.finalized(CheckpointId(1), Ok(()), ms(12), &mut out);
+        match &out[..] {
+            [CoordinatorAction::NotifyComplete { id, tasks }] => {
+                assert_eq!(*id, CheckpointId(1));
+                assert_eq!(tasks, &vec![key(0, 0), key(1, 0), key(1, 1)]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A finalize failure aborts and notifies the abort to every task.
+        c.tick(ms(20), &mut out);
+        ack_all(&mut c, 2, 21, &mut out);
+        out.clear();
+        c.finalized(CheckpointId(2), Err("disk full".into()), ms(22), &mut out);
+        assert!(
+            matches!(&out[..], [CoordinatorAction::NotifyAborted { id: CheckpointId(2), reason: CheckpointFailureReason::FinalizeFailed(_), tasks }] if tasks.len() == 3)
+        );
     }
 
     #[test]

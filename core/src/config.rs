@@ -31,6 +31,22 @@ pub struct CheckpointConfig {
     pub num_retained: u32,
     /// Consecutive failed checkpoints tolerated before the job fails; `None` tolerates any number.
     pub tolerable_failed_checkpoints: Option<u32>,
+    /// Also trigger a checkpoint each time the sources have emitted this many more records (the
+    /// "task count trigger" of the notes); `None`: off.
+    pub every_records: Option<u64>,
+    /// What happens to retained checkpoints when the job is cancelled.
+    pub externalized_retention: ExternalizedRetention,
+}
+
+/// What happens to a job's retained checkpoints when it is cancelled (Flink's
+/// `ExternalizedCheckpointRetention`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExternalizedRetention {
+    /// Keep them, so the job can be resumed with `--from` (Weir's default).
+    #[default]
+    RetainOnCancellation,
+    /// Delete them; they are kept only when the job fails.
+    DeleteOnCancellation,
 }
 
 impl Default for CheckpointConfig {
@@ -43,14 +59,16 @@ impl Default for CheckpointConfig {
             max_concurrent: 1,
             num_retained: 1,
             tolerable_failed_checkpoints: None,
+            every_records: None,
+            externalized_retention: ExternalizedRetention::RetainOnCancellation,
         }
     }
 }
 
 impl CheckpointConfig {
-    /// Whether periodic checkpoints are on.
+    /// Whether checkpoints are triggered on their own (periodically or by record count).
     pub fn is_enabled(&self) -> bool {
-        self.interval.is_some()
+        self.interval.is_some() || self.every_records.is_some()
     }
 
     /// Checks every option, naming the first that is out of range.
@@ -64,6 +82,9 @@ impl CheckpointConfig {
         }
         if self.max_concurrent == 0 {
             return bad("max concurrent checkpoints must be at least 1");
+        }
+        if self.every_records == Some(0) {
+            return bad("checkpoint every N records needs N greater than zero");
         }
         if self.num_retained == 0 {
             return bad("the number of retained checkpoints must be at least 1");

@@ -38,6 +38,14 @@ pub struct WordCountOptions {
     pub restart: Option<RestartStrategy>,
     /// Records per batch.
     pub batch_size: usize,
+    /// Completed checkpoints to keep.
+    pub retain: u32,
+    /// Also checkpoint every N records emitted by the sources.
+    pub checkpoint_every_records: Option<u64>,
+    /// Where savepoints go.
+    pub savepoint_dir: Option<PathBuf>,
+    /// Restore even if some state maps to no operator.
+    pub allow_non_restored_state: bool,
 }
 
 impl Default for WordCountOptions {
@@ -54,6 +62,10 @@ impl Default for WordCountOptions {
             print: false,
             restart: None,
             batch_size: 1024,
+            retain: 1,
+            checkpoint_every_records: None,
+            savepoint_dir: None,
+            allow_non_restored_state: false,
         }
     }
 }
@@ -133,7 +145,14 @@ pub fn build(
     if let Some(from) = &opts.from {
         env.restore_from(from);
     }
-    env.config_mut().batch_size = opts.batch_size;
+    {
+        let mut config = env.config_mut();
+        config.batch_size = opts.batch_size;
+        config.checkpoint.num_retained = opts.retain;
+        config.checkpoint.every_records = opts.checkpoint_every_records;
+        config.savepoint_dir = opts.savepoint_dir.clone();
+        config.allow_non_restored_state = opts.allow_non_restored_state;
+    }
     let generator = RandomIntGenerator::new(opts.seed, 1, 9);
     let injector = Arc::new(FailureInjector::new(opts.fail_after.clone()));
     let numbers = env

@@ -48,6 +48,11 @@ pub struct JobConfig {
     pub batch_size: usize,
     /// Credits per channel.
     pub buffers_per_channel: usize,
+    /// Where savepoints go when a request names no directory.
+    pub savepoint_dir: Option<PathBuf>,
+    /// Restore even if the checkpoint has state for operators this job no longer has (that
+    /// state is dropped, with a warning). Off: such a restore is an error.
+    pub allow_non_restored_state: bool,
 }
 
 impl Default for JobConfig {
@@ -62,6 +67,8 @@ impl Default for JobConfig {
             restore_from: None,
             batch_size: 1024,
             buffers_per_channel: 4,
+            savepoint_dir: None,
+            allow_non_restored_state: false,
         }
     }
 }

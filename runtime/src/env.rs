@@ -4,7 +4,7 @@
 use crate::config::{JobConfig, StorageConfig};
 use crate::deploy::{NodeFactory, OperatorContext, OperatorFactory, SourceFactory, TypedNode};
 use crate::error::JobError;
-use crate::job::{JobCanceller, JobResult, JobSpec, run_job};
+use crate::job::{JobClient, JobResult, JobSpec, run_job};
 use crate::keyed::{
     KeyFn, KeyedBase, KeyedProcessFunction, ProcessOperator, ReduceOperator, SumOperator,
 };
@@ -138,6 +138,18 @@ impl StreamEnvironment {
         self
     }
 
+    /// Where savepoints go when a request names no directory.
+    pub fn set_savepoint_dir(&self, dir: impl Into<PathBuf>) -> &Self {
+        self.config_mut().savepoint_dir = Some(dir.into());
+        self
+    }
+
+    /// Restores even if the checkpoint has state for operators this job no longer has.
+    pub fn set_allow_non_restored_state(&self, allow: bool) -> &Self {
+        self.config_mut().allow_non_restored_state = allow;
+        self
+    }
+
     /// Starts the job from a checkpoint directory, or from the latest complete checkpoint under
     /// a checkpoint root (like `flink run -s`).
     pub fn restore_from(&self, path: impl Into<PathBuf>) -> &Self {
@@ -255,13 +267,14 @@ impl StreamEnvironment {
 
     /// Runs the job to its end (Flink's `execute`).
     pub fn execute(self) -> impl Future<Output = Result<JobResult, JobError>> + Send + 'static {
-        self.execute_with(JobCanceller::default())
+        self.execute_with(JobClient::default())
     }
 
-    /// Runs the job; `canceller` can stop it.
+    /// Runs the job; `client` can cancel it, trigger checkpoints and savepoints, or stop it with
+    /// a savepoint.
     pub fn execute_with(
         self,
-        canceller: JobCanceller,
+        canceller: JobClient,
     ) -> impl Future<Output = Result<JobResult, JobError>> + Send + 'static {
         let spec = self.into_spec();
         async move { run_job(spec?, canceller).await }

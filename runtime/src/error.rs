@@ -74,6 +74,9 @@ pub enum JobError {
         /// Why.
         reason: String,
     },
+    /// A requested checkpoint or savepoint was refused or failed.
+    #[error("snapshot failed: {0}")]
+    Snapshot(String),
     /// The restart strategy gave up.
     #[error(
         "job failed after {restarts} restarts; the restart strategy ({strategy}) gave up. Last failure: {cause}"

@@ -8,16 +8,18 @@ use crate::error::{JobError, TaskError};
 use crate::restart::RestartTracker;
 use crate::restore::{candidates_at, load_first_good};
 use crate::task::{
-    JobMetrics, TaskEnv, TaskEvent, TaskMessage, TaskReport, panic_message, run_task,
+    JobMetrics, Targets, TaskEnv, TaskEvent, TaskMessage, TaskReport, panic_message, run_task,
 };
 use futures::FutureExt;
 use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tracing::{Instrument, debug, info, info_span, warn};
 use weir_checkpoint::coordinator::{
     CheckpointCoordinator, CheckpointStats, CheckpointStatus, CoordinatorAction, CoordinatorSetup,
@@ -28,6 +30,7 @@ use weir_checkpoint::store::{CompletedCheckpoint, CompletedCheckpointStore};
 use weir_checkpoint::{
     CheckpointMetadata, CheckpointStorage, OpendalCheckpointStorage, OperatorState,
 };
+use weir_core::config::ExternalizedRetention;
 use weir_core::element::{CheckpointBarrier, SnapshotKind};
 use weir_core::graph::{ExecutionGraph, ExecutionState, JobGraph};
 use weir_core::handle::TaskStateSnapshot;
@@ -71,30 +74,145 @@ pub struct JobResult {
     pub latest_checkpoint: Option<String>,
     /// The checkpoint the job started from, if any.
     pub restored_from: Option<String>,
+    /// The savepoint a stop-with-savepoint ended the job with.
+    pub savepoint: Option<String>,
+    /// Trigger requests refused (too many in progress, min pause, not all tasks running).
+    pub trigger_refusals: u64,
 }
 
-/// Cancels a running job (for example on Ctrl-C): its tasks stop, nothing more is checkpointed.
-#[derive(Clone, Debug, Default)]
-pub struct JobCanceller {
-    inner: Arc<(AtomicBool, Notify)>,
+/// Talks to a running job: cancel it, trigger a checkpoint or a savepoint, stop it with a
+/// savepoint. Make one before `execute_with`, and use clones of it from other tasks.
+#[derive(Clone)]
+pub struct JobClient {
+    inner: Arc<ClientInner>,
 }
 
-impl JobCanceller {
+/// The earlier name of [`JobClient`], for code that only cancels.
+pub type JobCanceller = JobClient;
+
+struct ClientInner {
+    cancelled: AtomicBool,
+    notify: Notify,
+    commands: mpsc::Sender<Command>,
+    receiver: std::sync::Mutex<Option<mpsc::Receiver<Command>>>,
+    source_records: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for JobClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobClient")
+            .field("cancelled", &self.inner.cancelled.load(Ordering::SeqCst))
+            .finish()
+    }
+}
+
+impl Default for JobClient {
+    fn default() -> Self {
+        let (commands, receiver) = mpsc::channel(16);
+        JobClient {
+            inner: Arc::new(ClientInner {
+                cancelled: AtomicBool::new(false),
+                notify: Notify::new(),
+                commands,
+                receiver: std::sync::Mutex::new(Some(receiver)),
+                source_records: Arc::new(AtomicU64::new(0)),
+            }),
+        }
+    }
+}
+
+/// A request from a [`JobClient`] to the job master.
+pub(crate) enum Command {
+    Snapshot {
+        kind: SnapshotKind,
+        dir: Option<PathBuf>,
+        drain: bool,
+        reply: oneshot::Sender<Result<String, String>>,
+    },
+}
+
+impl JobClient {
     /// Requests cancellation.
     pub fn cancel(&self) {
-        self.inner.0.store(true, Ordering::SeqCst);
-        self.inner.1.notify_waiters();
+        self.inner.cancelled.store(true, Ordering::SeqCst);
+        self.inner.notify.notify_waiters();
     }
 
     async fn cancelled(&self) {
         loop {
-            let notified = self.inner.1.notified();
-            if self.inner.0.load(Ordering::SeqCst) {
+            let notified = self.inner.notify.notified();
+            if self.inner.cancelled.load(Ordering::SeqCst) {
                 return;
             }
             notified.await;
         }
     }
+
+    /// Records the sources emitted since this job started (replays after a failover included;
+    /// records covered by a checkpoint the job was restored from are not).
+    pub fn source_records(&self) -> u64 {
+        self.inner.source_records.load(Ordering::Relaxed)
+    }
+
+    async fn snapshot(
+        &self,
+        kind: SnapshotKind,
+        dir: Option<PathBuf>,
+        drain: bool,
+    ) -> Result<String, JobError> {
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .commands
+            .send(Command::Snapshot {
+                kind,
+                dir,
+                drain,
+                reply,
+            })
+            .await
+            .map_err(|_| JobError::Snapshot("the job is not running".into()))?;
+        answer
+            .await
+            .map_err(|_| JobError::Snapshot("the job ended before the snapshot completed".into()))?
+            .map_err(JobError::Snapshot)
+    }
+
+    /// Triggers a checkpoint now; returns its path once complete.
+    pub async fn trigger_checkpoint(&self) -> Result<String, JobError> {
+        self.snapshot(SnapshotKind::Checkpoint, None, false).await
+    }
+
+    /// Takes a savepoint (aligned, self-contained) into a new directory under `dir` (or the
+    /// configured savepoint directory); returns its path once complete.
+    pub async fn trigger_savepoint(&self, dir: Option<PathBuf>) -> Result<String, JobError> {
+        self.snapshot(SnapshotKind::Savepoint, dir, false).await
+    }
+
+    /// Stops the job with a savepoint (Flink's stop-with-savepoint): the sources stop right after
+    /// the barrier, so nothing is processed after the snapshot, and the job ends FINISHED with
+    /// the savepoint's path. With `drain`, event time first advances to the end and the operators
+    /// flush, as at the end of input. If the savepoint fails, the job goes on.
+    pub async fn stop_with_savepoint(
+        &self,
+        dir: Option<PathBuf>,
+        drain: bool,
+    ) -> Result<String, JobError> {
+        self.snapshot(SnapshotKind::SynchronousSavepoint, dir, drain)
+            .await
+    }
+
+    fn take_commands(&self) -> Option<mpsc::Receiver<Command>> {
+        self.inner.receiver.lock().ok().and_then(|mut r| r.take())
+    }
+}
+
+/// Where a snapshot the client asked for goes, and whom to answer.
+struct Target {
+    kind: SnapshotKind,
+    drain: bool,
+    storage: Arc<dyn CheckpointStorage>,
+    location: CheckpointLocation,
+    reply: Option<oneshot::Sender<Result<String, String>>>,
 }
 
 /// A job ready to run: its graph, configuration and typed node factories.
@@ -105,6 +223,37 @@ pub(crate) struct JobSpec {
     pub key_hashes: HashMap<(NodeId, NodeId), Arc<dyn Any + Send + Sync>>,
 }
 
+/// How often the record-count trigger looks at the sources' progress.
+const RECORDS_POLL: Duration = Duration::from_millis(2);
+
+/// A new savepoint directory `savepoint-<job-id prefix>-<random>/` under `dir` (or the configured
+/// savepoint directory).
+fn savepoint_target(
+    config: &JobConfig,
+    dir: Option<PathBuf>,
+    job_id: JobId,
+) -> Result<(Arc<dyn CheckpointStorage>, CheckpointLocation), String> {
+    let dir = dir
+        .or_else(|| config.savepoint_dir.clone())
+        .ok_or("no savepoint directory: give one, or set the job's savepoint directory")?;
+    let storage = OpendalCheckpointStorage::fs(&dir).map_err(|e| e.to_string())?;
+    let nonce = std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let name = format!(
+        "savepoint-{}-{:012x}",
+        &job_id.to_string()[..6],
+        weir_core::ids::stable_hash128(&nonce.to_le_bytes()) as u64 & 0xffff_ffff_ffff
+    );
+    Ok((
+        Arc::new(storage),
+        CheckpointLocation {
+            dir: format!("{name}/"),
+        },
+    ))
+}
+
 /// How long a failure that only echoes another waits for the root cause to be reported.
 const ROOT_CAUSE_WAIT: Duration = Duration::from_millis(50);
 /// How long teardown waits for `_metadata` writes in flight.
@@ -113,6 +262,8 @@ const FINALIZE_WAIT: Duration = Duration::from_secs(10);
 enum Outcome {
     Finished,
     Canceled,
+    /// Stopped with a savepoint (without drain).
+    Stopped(String),
     Failed(String),
 }
 
@@ -183,7 +334,7 @@ fn build_metadata(
 }
 
 /// Runs a job to its end.
-pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<JobResult, JobError> {
+pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobResult, JobError> {
     let JobSpec {
         config,
         job,
@@ -219,7 +370,14 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
         let transport = Arc::new(LocalTransport::new(ChannelConfig {
             buffers_per_channel: config.buffers_per_channel,
         }));
-        let metrics = Arc::new(JobMetrics::default());
+        let metrics = Arc::new(JobMetrics {
+            source_records: canceller.inner.source_records.clone(),
+            ..JobMetrics::default()
+        });
+        let mut commands = canceller.take_commands();
+        let targets: Arc<Targets> = Arc::new(Targets::default());
+        let mut stopped_with: Option<String> = None;
+        let mut refused = 0u64;
         let mut store = CompletedCheckpointStore::new(config.checkpoint.num_retained);
         let mut restart = RestartTracker::new(config.restart_strategy());
         let mut execution = ExecutionGraph::new(&job);
@@ -261,7 +419,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
             transport.release_before(generation);
             let mut contexts = match &restore {
                 Some((s, locations)) => {
-                    let (point, contexts) = load_first_good(s.clone(), locations, &job).await?;
+                    let (point, contexts) = load_first_good(s.clone(), locations, &job, config.allow_non_restored_state).await?;
                     next_checkpoint_id = next_checkpoint_id.max(point.metadata.checkpoint_id.0 + 1);
                     info!(checkpoint = %point.describe(), "restoring");
                     if restored_from.is_none() {
@@ -315,6 +473,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                         started,
                         metrics: metrics.clone(),
                         is_source: v.is_source,
+                        targets: targets.clone(),
                     };
                     let reports = report_tx.clone();
                     handles.push(tokio::spawn(async move {
@@ -342,6 +501,12 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
             // A failure that is only the echo of another (an upstream gone, a consumer gone):
             // wait briefly for the root cause before failing with it.
             let mut echo: Option<(String, Instant)> = None;
+            let mut requested: HashMap<CheckpointId, Target> = HashMap::new();
+            let records_base = metrics.source_records.load(Ordering::Relaxed);
+            let mut records_poll = config
+                .checkpoint
+                .every_records
+                .map(|_| tokio::time::interval(RECORDS_POLL));
             let mut running = BTreeSet::new();
             let mut finished = BTreeSet::new();
             let mut actions = Vec::new();
@@ -416,7 +581,13 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                             continue;
                         }
                         finalizing.remove(&f.id);
+                        let is_checkpoint = requested.get(&f.id).is_none_or(|t| t.kind == SnapshotKind::Checkpoint);
                         match f.result {
+                            Ok(cp) if !is_checkpoint => {
+                                // Savepoints belong to the user: not retained, never discarded.
+                                coordinator.finalized(f.id, Ok(()), now, &mut actions);
+                                let _ = cp;
+                            }
                             Ok(cp) => {
                                 coordinator.finalized(f.id, Ok(()), now, &mut actions);
                                 for old in store.add(cp) {
@@ -439,10 +610,52 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                     } => {
                         coordinator.tick(now.max(started.elapsed()), &mut actions);
                     }
+                    cmd = async {
+                        match commands.as_mut() {
+                            Some(c) => c.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        let Some(Command::Snapshot { kind, dir, drain, reply }) = cmd else {
+                            commands = None;
+                            continue;
+                        };
+                        let target = match kind {
+                            SnapshotKind::Checkpoint => None,
+                            _ => match savepoint_target(&config, dir, job_id) {
+                                Ok(t) => Some(t),
+                                Err(e) => {
+                                    let _ = reply.send(Err(e));
+                                    continue;
+                                }
+                            },
+                        };
+                        match coordinator.trigger(kind, now, &mut actions) {
+                            Ok(id) => {
+                                let (storage, location) = target.unwrap_or_else(|| {
+                                    (storage.clone(), CheckpointLocation::for_checkpoint(job_id, id))
+                                });
+                                requested.insert(id, Target { kind, drain, storage, location, reply: Some(reply) });
+                            }
+                            Err(refusal) => {
+                                let _ = reply.send(Err(format!("not triggered: {refusal}")));
+                            }
+                        }
+                    }
+                    _ = async {
+                        match records_poll.as_mut() {
+                            Some(i) => { i.tick().await; }
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        let emitted = metrics.source_records.load(Ordering::Relaxed) - records_base;
+                        coordinator.records_emitted(emitted, now, &mut actions);
+                    }
                     _ = canceller.cancelled() => break Outcome::Canceled,
                 }
                 // Carry out the coordinator's decisions.
                 let mut fail = None;
+                let mut stop: Option<String> = None;
                 while !actions.is_empty() {
                 for action in std::mem::take(&mut actions) {
                     match action {
@@ -450,13 +663,25 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                             let span = info_span!("checkpoint", id = id.0, kind = ?options.kind);
                             span.in_scope(|| debug!("triggered"));
                             spans.insert(id, span);
-                            match storage.init_location(job_id, id).await {
+                            let (target_storage, location, drain) = match requested.get(&id) {
+                                Some(t) => (t.storage.clone(), t.location.clone(), t.drain),
+                                None => (storage.clone(), CheckpointLocation::for_checkpoint(job_id, id), false),
+                            };
+                            let prepared = if options.kind == SnapshotKind::Checkpoint {
+                                target_storage.init_location(job_id, id).await.map(|_| ())
+                            } else {
+                                Ok(())
+                            };
+                            match prepared {
                                 Err(e) => coordinator.trigger_failed(id, e.to_string(), started.elapsed(), &mut actions),
-                                Ok(_) => {
+                                Ok(()) => {
+                                    if let Ok(mut t) = targets.lock() {
+                                        t.insert(id, (target_storage, location));
+                                    }
                                     let barrier = CheckpointBarrier { id, timestamp_ms, options };
                                     for t in tasks {
                                         if let Some(m) = mailboxes.get(&t)
-                                            && m.try_send(TaskMessage::Trigger(barrier)).is_err()
+                                            && m.try_send(TaskMessage::Trigger(barrier, drain)).is_err()
                                         {
                                             debug!(task = %t, "trigger not delivered: the task has ended");
                                         }
@@ -467,10 +692,13 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                         CoordinatorAction::Finalize { id, kind, timestamp_ms, acks } => {
                             finalizing.insert(id);
                             let metadata = build_metadata(&job, job_id, id, kind, timestamp_ms, &acks);
-                            let s = storage.clone();
+                            let (s, location) = targets
+                                .lock()
+                                .ok()
+                                .and_then(|t| t.get(&id).cloned())
+                                .unwrap_or_else(|| (storage.clone(), CheckpointLocation::for_checkpoint(job_id, id)));
                             let tx = finalize_tx.clone();
                             tokio::spawn(async move {
-                                let location = CheckpointLocation::for_checkpoint(job_id, id);
                                 let result = s
                                     .write_metadata(&location, &metadata)
                                     .await
@@ -494,10 +722,35 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                                     let _ = m.try_send(TaskMessage::NotifyComplete(id));
                                 }
                             }
+                            if let Ok(mut t) = targets.lock() {
+                                t.remove(&id);
+                            }
+                            if let Some(mut t) = requested.remove(&id) {
+                                let path = format!("{}/{}", t.storage.describe(), t.location.dir.trim_end_matches('/'));
+                                info!(checkpoint = id.0, kind = ?t.kind, %path, "snapshot complete");
+                                if let Some(reply) = t.reply.take() {
+                                    let _ = reply.send(Ok(path.clone()));
+                                }
+                                if t.kind == SnapshotKind::SynchronousSavepoint {
+                                    stopped_with = Some(path.clone());
+                                    if !t.drain {
+                                        fail = Some(String::new());
+                                        stop = Some(path);
+                                    }
+                                }
+                            }
                         }
                         CoordinatorAction::NotifyAborted { id, reason, tasks } => {
                             let span = spans.remove(&id).unwrap_or_else(tracing::Span::none);
                             span.in_scope(|| info!(%reason, "checkpoint aborted"));
+                            if let Ok(mut t) = targets.lock() {
+                                t.remove(&id);
+                            }
+                            if let Some(mut t) = requested.remove(&id)
+                                && let Some(reply) = t.reply.take()
+                            {
+                                let _ = reply.send(Err(format!("snapshot {id} failed: {reason}")));
+                            }
                             for t in tasks {
                                 if let Some(m) = mailboxes.get(&t) {
                                     let _ = m.try_send(TaskMessage::NotifyAborted(id));
@@ -511,6 +764,9 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                         CoordinatorAction::FailJob { reason } => fail = Some(reason),
                     }
                 }
+                }
+                if let Some(path) = stop {
+                    break Outcome::Stopped(path);
                 }
                 if let Some(reason) = fail {
                     break Outcome::Failed(reason);
@@ -561,13 +817,31 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
             durations.extend(coordinator.completed_durations());
             history.extend(coordinator.history().cloned());
             next_checkpoint_id = coordinator.next_checkpoint_id();
+            refused += coordinator.refused_count();
             let cause = match outcome {
-                Outcome::Finished | Outcome::Canceled => {
-                    let status = if matches!(outcome, Outcome::Finished) {
-                        JobStatus::Finished
-                    } else {
+                Outcome::Finished | Outcome::Canceled | Outcome::Stopped(_) => {
+                    if let Outcome::Stopped(path) = &outcome {
+                        info!(savepoint = %path, "job stopped with a savepoint");
+                    }
+                    let status = if matches!(outcome, Outcome::Canceled) {
                         JobStatus::Canceled
+                    } else {
+                        JobStatus::Finished
                     };
+                    if status == JobStatus::Canceled
+                        && config.checkpoint.externalized_retention == ExternalizedRetention::DeleteOnCancellation
+                    {
+                        for c in store.retained() {
+                            if let Err(e) = storage.discard(&c.location).await {
+                                warn!(checkpoint = c.id.0, error = %e, "cannot delete the checkpoint on cancellation");
+                            }
+                        }
+                    }
+                    for (_, mut t) in requested.drain() {
+                        if let Some(reply) = t.reply.take() {
+                            let _ = reply.send(Err("the job ended before the snapshot completed".into()));
+                        }
+                    }
                     execution.set_all(match status {
                         JobStatus::Finished => ExecutionState::Finished,
                         JobStatus::Canceled => ExecutionState::Canceled,
@@ -601,13 +875,22 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobCanceller) -> Result<Jo
                             .filter(|s| s.status != CheckpointStatus::InProgress)
                             .collect(),
                         recovery_times,
+                        savepoint: stopped_with,
+                        trigger_refusals: refused,
                         latest_checkpoint: store
                             .latest()
                             .map(|c| format!("{}/{}", storage.describe(), c.location.dir.trim_end_matches('/'))),
                         restored_from,
                     });
                 }
-                Outcome::Failed(cause) => cause,
+                Outcome::Failed(cause) => {
+                    for (_, mut t) in requested.drain() {
+                        if let Some(reply) = t.reply.take() {
+                            let _ = reply.send(Err(format!("the job failed: {cause}")));
+                        }
+                    }
+                    cause
+                }
             };
             let failed_at = started.elapsed();
             let Some(delay) = restart.on_failure(failed_at) else {

@@ -68,6 +68,7 @@ pub(crate) async fn load_first_good(
     storage: Arc<dyn CheckpointStorage>,
     candidates: &[CheckpointLocation],
     job: &JobGraph,
+    allow_non_restored_state: bool,
 ) -> Result<
     (
         RestorePoint,
@@ -85,7 +86,7 @@ pub(crate) async fn load_first_good(
                 location: location.clone(),
                 metadata,
             };
-            let contexts = assign(&point, job).await?;
+            let contexts = assign(&point, job, allow_non_restored_state).await?;
             Ok::<_, JobError>((point, contexts))
         };
         match attempt.await {
@@ -112,6 +113,7 @@ pub(crate) async fn load_first_good(
 pub(crate) async fn assign(
     point: &RestorePoint,
     job: &JobGraph,
+    allow_non_restored_state: bool,
 ) -> Result<HashMap<(VertexId, SubtaskIndex), RestoreContext>, JobError> {
     let meta = &point.metadata;
     let restore_error = |reason: String| JobError::Restore {
@@ -140,8 +142,12 @@ pub(crate) async fn assign(
             if op.subtasks.values().all(|s| s.is_empty()) {
                 continue;
             }
+            if allow_non_restored_state {
+                warn!(operator = %op.name, uid = ?op.uid, id = %op.operator_id, "dropping state that maps to no operator of this job (allow_non_restored_state)");
+                continue;
+            }
             return Err(restore_error(format!(
-                "the checkpoint has state for operator '{}' (uid {:?}, id {}) that maps to no operator of this job",
+                "the checkpoint has state for operator '{}' (uid {:?}, id {}) that maps to no operator of this job; set allow_non_restored_state to drop it",
                 op.name, op.uid, op.operator_id
             )));
         };

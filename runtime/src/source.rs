@@ -239,6 +239,11 @@ impl<T: Send + 'static> SourceDriver<T> {
         self.next.lifecycle(event)
     }
 
+    /// Event time advanced (for a source: to the end, before a drained stop).
+    pub fn watermark(&mut self, watermark: weir_core::element::Watermark) -> OpResult {
+        self.next.watermark(watermark)
+    }
+
     /// Sends what the chain's writers queued.
     pub fn poll_flush(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<OpResult> {
         self.next.poll_flush(cx)

@@ -23,7 +23,7 @@ use weir_checkpoint::CheckpointStorage;
 use weir_checkpoint::barrier::{BarrierAligner, HandlerAction};
 use weir_checkpoint::coordinator::{CheckpointFailureReason, SubtaskCheckpointMetrics, TaskKey};
 use weir_checkpoint::storage::CheckpointLocation;
-use weir_core::element::{CheckpointBarrier, Event, StreamElement, Watermark};
+use weir_core::element::{CheckpointBarrier, Event, SnapshotKind, StreamElement, Watermark};
 use weir_core::handle::{OperatorStateHandle, OperatorSubtaskState, TaskStateSnapshot};
 use weir_core::ids::{CheckpointId, JobId};
 use weir_network::gate::GateItem;
@@ -32,8 +32,9 @@ use weir_network::{Data, InputGate};
 /// A message from the job master to a task, served by its mailbox.
 #[derive(Debug)]
 pub(crate) enum TaskMessage {
-    /// Start checkpoint `barrier.id` (sources only; others get barriers in-band).
-    Trigger(CheckpointBarrier),
+    /// Start checkpoint `barrier.id` (sources only; others get barriers in-band). For a
+    /// synchronous savepoint, `drain` first advances event time to the end.
+    Trigger(CheckpointBarrier, bool),
     /// Checkpoint complete.
     NotifyComplete(CheckpointId),
     /// Checkpoint aborted.
@@ -68,13 +69,19 @@ pub(crate) struct TaskReport {
 /// Counters shared by all tasks of a job.
 #[derive(Debug, Default)]
 pub(crate) struct JobMetrics {
-    /// Records emitted by sources, over all attempts.
-    pub source_records: AtomicU64,
+    /// Records emitted by sources, over all attempts (shared with the job's client).
+    pub source_records: Arc<AtomicU64>,
     /// Records processed by non-source tasks, over all attempts.
     pub processed_records: AtomicU64,
     /// For each deployment generation, when its first record was processed (µs since start).
     pub first_record_us: std::sync::Mutex<Vec<(u64, u64)>>,
 }
+
+/// Where each in-flight checkpoint or savepoint is written, when not in the job's default
+/// location (`<job-id>/chk-<n>`): savepoints go to their own directory and storage.
+pub(crate) type Targets = std::sync::Mutex<
+    std::collections::HashMap<CheckpointId, (Arc<dyn CheckpointStorage>, CheckpointLocation)>,
+>;
 
 /// What a task is handed besides its chain.
 pub(crate) struct TaskEnv {
@@ -88,6 +95,7 @@ pub(crate) struct TaskEnv {
     pub started: Instant,
     pub metrics: Arc<JobMetrics>,
     pub is_source: bool,
+    pub targets: Arc<Targets>,
 }
 
 impl TaskEnv {
@@ -126,6 +134,10 @@ pub(crate) trait TaskInput: Send {
         actions: &mut Vec<HandlerAction>,
     ) -> Poll<Result<Step, TaskError>>;
     fn on_abort_notified(&mut self, _id: CheckpointId, _actions: &mut Vec<HandlerAction>) {}
+    /// A source advances event time to the end (stop-with-savepoint `--drain`).
+    fn advance_to_end_of_time(&mut self) -> OpResult {
+        Ok(())
+    }
 }
 
 /// A source at the head of the chain.
@@ -142,6 +154,10 @@ impl<T: Send + 'static> TaskInput for SourceInput<T> {
 
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<OpResult> {
         self.driver.poll_flush(cx)
+    }
+
+    fn advance_to_end_of_time(&mut self) -> OpResult {
+        self.driver.watermark(Watermark::MAX)
     }
 
     fn poll_step(
@@ -328,6 +344,10 @@ impl TaskInput for Guarded<'_> {
     fn on_abort_notified(&mut self, id: CheckpointId, actions: &mut Vec<HandlerAction>) {
         self.input.on_abort_notified(id, actions)
     }
+
+    fn advance_to_end_of_time(&mut self) -> OpResult {
+        guarded(self.name, || self.input.advance_to_end_of_time())?
+    }
 }
 
 /// The subtask checkpoint coordinator's memory (reference step 0).
@@ -335,6 +355,11 @@ struct SubtaskCheckpoints {
     last: Option<CheckpointId>,
     aborted: BTreeSet<CheckpointId>,
     finished: bool,
+    /// A source stopped after a synchronous savepoint's barrier: it emits nothing until the
+    /// savepoint completes (then ends, with `drain`, or is stopped) or is aborted (then resumes).
+    suspended: Option<(CheckpointId, bool)>,
+    /// The drained savepoint completed: end the input now.
+    end_now: bool,
 }
 
 enum Wake {
@@ -378,6 +403,8 @@ async fn run(
         last: restore.checkpoint,
         aborted: BTreeSet::new(),
         finished: false,
+        suspended: None,
+        end_now: false,
     };
     input.lifecycle(&mut Lifecycle::Open(&mut restore))?;
     drop(restore);
@@ -388,17 +415,25 @@ async fn run(
     let mut steps_since_yield = 0u32;
     loop {
         let now = env.started.elapsed();
-        let wake = poll_fn(|cx| {
-            if let Poll::Ready(m) = env.mailbox.poll_recv(cx) {
-                return Poll::Ready(Wake::Message(m));
-            }
-            if output_pending {
-                input.poll_flush(cx).map(Wake::Flushed)
-            } else {
-                input.poll_step(cx, now, &mut actions).map(Wake::Step)
-            }
-        })
-        .await;
+        let suspended = cps.suspended.is_some();
+        let end_now = std::mem::take(&mut cps.end_now);
+        let wake = if end_now {
+            Wake::Step(Ok(Step::End))
+        } else {
+            poll_fn(|cx| {
+                if let Poll::Ready(m) = env.mailbox.poll_recv(cx) {
+                    return Poll::Ready(Wake::Message(m));
+                }
+                if output_pending {
+                    input.poll_flush(cx).map(Wake::Flushed)
+                } else if suspended {
+                    Poll::Pending
+                } else {
+                    input.poll_step(cx, now, &mut actions).map(Wake::Step)
+                }
+            })
+            .await
+        };
         match wake {
             Wake::Message(None) => return Err(TaskError::MasterGone),
             Wake::Message(Some(msg)) => {
@@ -475,8 +510,8 @@ async fn handle_message(
     actions: &mut Vec<HandlerAction>,
 ) -> Result<(), TaskError> {
     match msg {
-        TaskMessage::Trigger(barrier) => {
-            if cps.finished {
+        TaskMessage::Trigger(barrier, drain) => {
+            if cps.finished || cps.suspended.is_some() {
                 env.report(TaskEvent::Decline {
                     id: barrier.id,
                     reason: CheckpointFailureReason::Declined {
@@ -487,10 +522,33 @@ async fn handle_message(
                 .await?;
                 return Ok(());
             }
-            checkpoint_state(input, env, cps, barrier, Duration::ZERO).await
+            let synchronous = barrier.options.kind == SnapshotKind::SynchronousSavepoint;
+            if synchronous && drain {
+                input.advance_to_end_of_time()?;
+            }
+            checkpoint_state(input, env, cps, barrier, Duration::ZERO).await?;
+            if synchronous {
+                // Nothing is emitted after a synchronous savepoint's barrier.
+                cps.suspended = Some((barrier.id, drain));
+            }
+            Ok(())
         }
-        TaskMessage::NotifyComplete(id) => input.lifecycle(&mut Lifecycle::NotifyComplete(id)),
+        TaskMessage::NotifyComplete(id) => {
+            input.lifecycle(&mut Lifecycle::NotifyComplete(id))?;
+            if let Some((sid, drain)) = cps.suspended
+                && sid == id
+                && drain
+            {
+                cps.suspended = None;
+                cps.end_now = true;
+            }
+            Ok(())
+        }
         TaskMessage::NotifyAborted(id) => {
+            if cps.suspended.is_some_and(|(sid, _)| sid == id) {
+                debug!(checkpoint = id.0, "synchronous savepoint aborted; resuming");
+                cps.suspended = None;
+            }
             input.on_abort_notified(id, actions);
             if cps.last.is_none_or(|l| l < id) {
                 cps.aborted.insert(id);
@@ -561,12 +619,22 @@ async fn checkpoint_state(
     input.lifecycle(&mut Lifecycle::Snapshot(id, &mut parts))?;
     let sync_duration = sync_start.elapsed();
     // Step 4, asynchronous part: serialize and upload off the processing path, then acknowledge.
-    let storage = env.storage.clone();
+    let (storage, location) = env
+        .targets
+        .lock()
+        .ok()
+        .and_then(|t| t.get(&id).cloned())
+        .unwrap_or_else(|| {
+            (
+                env.storage.clone(),
+                CheckpointLocation::for_checkpoint(env.job_id, id),
+            )
+        });
     let reports = env.reports.clone();
-    let (generation, task, job_id) = (env.generation, env.task, env.job_id);
+    let (generation, task) = (env.generation, env.task);
     tokio::spawn(async move {
         let async_start = Instant::now();
-        let result = upload(storage, job_id, id, task, generation, parts).await;
+        let result = upload(storage, location, task, generation, parts).await;
         let event = match result {
             Ok(state) => TaskEvent::Acknowledge {
                 id,
@@ -606,8 +674,7 @@ type StateNames = Vec<(String, weir_core::handle::OperatorStateMode)>;
 /// Serializes the frozen parts and writes them to checkpoint storage.
 async fn upload(
     storage: Arc<dyn CheckpointStorage>,
-    job_id: JobId,
-    id: CheckpointId,
+    location: CheckpointLocation,
     task: TaskKey,
     generation: u64,
     parts: Vec<OperatorSnapshotParts>,
@@ -654,7 +721,6 @@ async fn upload(
         }
     })??;
 
-    let location = CheckpointLocation::for_checkpoint(job_id, id);
     let mut snapshot = TaskStateSnapshot::default();
     for s in serialized {
         let short = format!("{}", s.operator_id);

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 use weir_examples::{WordCountOptions, build};
-use weir_runtime::{JobCanceller, JobStatus};
+use weir_runtime::{JobClient, JobStatus};
 
 /// Records cross threads (made by a source, freed by a sink): mimalloc frees them without the
 /// lock contention glibc's allocator shows here (measured: 60% of the time in malloc/free).
@@ -51,6 +51,25 @@ struct Args {
     /// Records per batch.
     #[arg(long, default_value_t = 1024)]
     batch_size: usize,
+    /// Completed checkpoints to keep.
+    #[arg(long, default_value_t = 1)]
+    retain: u32,
+    /// Also checkpoint every N records the sources emit.
+    #[arg(long)]
+    checkpoint_every_records: Option<u64>,
+    /// Where savepoints go.
+    #[arg(long, default_value = "weir-savepoints")]
+    savepoint_dir: PathBuf,
+    /// Once the sources have emitted K records in this run, stop with a savepoint and print its
+    /// path.
+    #[arg(long)]
+    stop_with_savepoint_after: Option<u64>,
+    /// With --stop-with-savepoint-after: advance event time to the end and flush first.
+    #[arg(long)]
+    drain: bool,
+    /// Restore even if the checkpoint has state for operators this job does not have.
+    #[arg(long)]
+    allow_non_restored_state: bool,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
@@ -81,6 +100,12 @@ async fn main() -> Result<()> {
     if args.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
+    if args.retain == 0 {
+        bail!("--retain must be at least 1");
+    }
+    if args.checkpoint_every_records == Some(0) {
+        bail!("--checkpoint-every-records must be at least 1");
+    }
     let opts = WordCountOptions {
         records: (args.records > 0).then_some(args.records),
         parallelism: args.parallelism,
@@ -93,18 +118,45 @@ async fn main() -> Result<()> {
         print: args.print,
         restart: None,
         batch_size: args.batch_size,
+        retain: args.retain,
+        checkpoint_every_records: args.checkpoint_every_records,
+        savepoint_dir: Some(args.savepoint_dir.clone()),
+        allow_non_restored_state: args.allow_non_restored_state,
     };
     let (env, totals, _injector) = build(&opts);
-    let canceller = JobCanceller::default();
-    let c = canceller.clone();
+    let client = JobClient::default();
+    let c = client.clone();
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
             eprintln!("word_count: cancelling (Ctrl-C)");
             c.cancel();
         }
     });
+    if let Some(k) = args.stop_with_savepoint_after {
+        let c = client.clone();
+        let drain = args.drain;
+        tokio::spawn(async move {
+            while c.source_records() < k {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            // A request can be refused while a checkpoint is in progress: retry until it is
+            // taken or the job has ended.
+            loop {
+                match c.stop_with_savepoint(None, drain).await {
+                    Ok(_) => break,
+                    Err(e) if e.to_string().contains("not triggered") => {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err(e) => {
+                        eprintln!("word_count: stop-with-savepoint failed: {e}");
+                        break;
+                    }
+                }
+            }
+        });
+    }
     let result = env
-        .execute_with(canceller)
+        .execute_with(client)
         .await
         .context("word_count failed")?;
     let totals = totals.get();
@@ -130,10 +182,13 @@ async fn main() -> Result<()> {
     if result.status == JobStatus::Canceled {
         writeln!(out, "job cancelled")?;
     }
+    if let Some(savepoint) = &result.savepoint {
+        writeln!(out, "stopped with savepoint: {savepoint}")?;
+    }
     let mut durations = result.checkpoint_durations.clone();
     durations.sort();
     let records = match opts.records {
-        Some(n) if result.status == JobStatus::Finished => n,
+        Some(n) if result.status == JobStatus::Finished && result.savepoint.is_none() => n,
         _ => result.source_records,
     };
     let secs = result.duration.as_secs_f64();
