@@ -148,11 +148,11 @@ fn checkpoint_every_records_and_retain() {
         tmp.path(),
         &[
             "--records",
-            "6000000",
+            "3000000",
             "--parallelism",
             "2",
             "--checkpoint-every-records",
-            "500000",
+            "250000",
             "--retain",
             "3",
         ],
@@ -201,6 +201,17 @@ async fn on_demand_checkpoint_and_savepoint() {
         }
     };
     assert!(checkpoint.contains("/chk-"), "{checkpoint}");
+    // The live statistics show it, completed, with per-subtask figures.
+    let id: u64 = checkpoint.rsplit("chk-").next().unwrap().parse().unwrap();
+    let stats = c.checkpoint_stats();
+    let s = stats
+        .iter()
+        .find(|s| s.id.0 == id)
+        .unwrap_or_else(|| panic!("no stats for {id}: {stats:?}"));
+    assert_eq!(s.status, weir_checkpoint_status_completed());
+    assert_eq!(s.num_acknowledged, s.num_subtasks);
+    assert_eq!(s.subtasks.len(), s.num_subtasks);
+    assert!(s.end_to_end.is_some());
     let refused = c.trigger_savepoint(None).await.unwrap_err();
     assert!(
         refused.to_string().contains("savepoint directory"),
@@ -313,4 +324,8 @@ async fn non_restored_state_is_an_error_unless_allowed() {
     env.execute().await.unwrap();
     let expected: BTreeMap<u64, i64> = (0..10).map(|k| (k, (records / 10) as i64)).collect();
     assert_eq!(totals.get(), expected);
+}
+
+fn weir_checkpoint_status_completed() -> weir_runtime::CheckpointStatus {
+    weir_runtime::CheckpointStatus::Completed
 }

@@ -96,6 +96,8 @@ struct ClientInner {
     commands: mpsc::Sender<Command>,
     receiver: std::sync::Mutex<Option<mpsc::Receiver<Command>>>,
     source_records: Arc<AtomicU64>,
+    /// The statistics of the last checkpoints, as the master last published them.
+    stats: std::sync::Mutex<Vec<CheckpointStats>>,
 }
 
 impl std::fmt::Debug for JobClient {
@@ -116,6 +118,7 @@ impl Default for JobClient {
                 commands,
                 receiver: std::sync::Mutex::new(Some(receiver)),
                 source_records: Arc::new(AtomicU64::new(0)),
+                stats: std::sync::Mutex::new(Vec::new()),
             }),
         }
     }
@@ -199,6 +202,22 @@ impl JobClient {
     ) -> Result<String, JobError> {
         self.snapshot(SnapshotKind::SynchronousSavepoint, dir, drain)
             .await
+    }
+
+    /// The statistics of the job's last checkpoints and savepoints (in progress, completed and
+    /// failed, with reasons), oldest first, as of the last change.
+    pub fn checkpoint_stats(&self) -> Vec<CheckpointStats> {
+        self.inner
+            .stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    fn publish_stats(&self, coordinator: &CheckpointCoordinator) {
+        if let Ok(mut s) = self.inner.stats.lock() {
+            *s = coordinator.history().cloned().collect();
+        }
     }
 
     fn take_commands(&self) -> Option<mpsc::Receiver<Command>> {
@@ -726,6 +745,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 t.remove(&id);
                             }
                             if let Some(mut t) = requested.remove(&id) {
+                                // Statistics first, so a client answered next sees them.
+                                canceller.publish_stats(&coordinator);
                                 let path = format!("{}/{}", t.storage.describe(), t.location.dir.trim_end_matches('/'));
                                 info!(checkpoint = id.0, kind = ?t.kind, %path, "snapshot complete");
                                 if let Some(reply) = t.reply.take() {
@@ -749,6 +770,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                             if let Some(mut t) = requested.remove(&id)
                                 && let Some(reply) = t.reply.take()
                             {
+                                canceller.publish_stats(&coordinator);
                                 let _ = reply.send(Err(format!("snapshot {id} failed: {reason}")));
                             }
                             for t in tasks {
@@ -765,6 +787,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                     }
                 }
                 }
+                canceller.publish_stats(&coordinator);
                 if let Some(path) = stop {
                     break Outcome::Stopped(path);
                 }

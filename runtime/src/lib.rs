@@ -40,5 +40,8 @@ pub use error::{JobError, TaskError};
 pub use job::{JobCanceller, JobClient, JobResult, JobStatus};
 pub use restart::RestartStrategy;
 pub use sink::{CollectHandle, LatestHandle};
+pub use weir_checkpoint::coordinator::{
+    CheckpointFailureReason, CheckpointStats, CheckpointStatus, SubtaskCheckpointMetrics,
+};
 pub use weir_core::config::{CheckpointConfig, CheckpointingMode, ExternalizedRetention};
 pub use weir_state::{StateKey, StateValue, ValueState, ValueStateDescriptor};
