@@ -404,13 +404,22 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         // job, or a restore that fell back past newer, corrupt ones), so no chk-<n> is reused.
         let mut next_checkpoint_id = 1u64;
         if config.checkpoint.is_enabled() {
-            match storage.list_checkpoints(job_id).await {
-                Ok(existing) => {
-                    if let Some(last) = existing.last() {
-                        next_checkpoint_id = last.id.0 + 1;
+            // Unknown ids could overwrite an earlier run's checkpoints: the listing is retried,
+            // and if it keeps failing the start fails, as for an unwritable storage.
+            let mut attempt = 0;
+            let existing = loop {
+                match storage.list_checkpoints(job_id).await {
+                    Ok(existing) => break existing,
+                    Err(e) if attempt < 3 => {
+                        attempt += 1;
+                        warn!(error = %e, attempt, "cannot list earlier checkpoints; retrying");
+                        tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
                     }
+                    Err(e) => return Err(e.into()),
                 }
-                Err(e) => warn!(error = %e, "cannot list earlier checkpoints"),
+            };
+            if let Some(last) = existing.last() {
+                next_checkpoint_id = last.id.0 + 1;
             }
         }
         let mut generation = 0u64;
@@ -438,7 +447,25 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             transport.release_before(generation);
             let mut contexts = match &restore {
                 Some((s, locations)) => {
-                    let (point, contexts) = load_first_good(s.clone(), locations, &job, config.allow_non_restored_state).await?;
+                    let loaded = load_first_good(s.clone(), locations, &job, config.allow_non_restored_state).await;
+                    let (point, contexts) = match loaded {
+                        Ok(found) => found,
+                        // During a failover, a restore that fails (a transient storage error) is one
+                        // more failure for the restart strategy; at job start it is the user's.
+                        Err(e) if generation > 1 && !matches!(e, JobError::Restore { .. }) => {
+                            let Some(delay) = restart.on_failure(started.elapsed()) else {
+                                return Err(JobError::Failed {
+                                    restarts: restart.restarts(),
+                                    strategy: config.restart_strategy().describe(),
+                                    cause: format!("restoring failed: {e}"),
+                                });
+                            };
+                            warn!(error = %e, ?delay, "restoring failed; restarting again");
+                            tokio::time::sleep(delay).await;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
                     next_checkpoint_id = next_checkpoint_id.max(point.metadata.checkpoint_id.0 + 1);
                     info!(checkpoint = %point.describe(), "restoring");
                     if restored_from.is_none() {

@@ -1,5 +1,6 @@
 //! The checkpoint-storage seam: [`CheckpointStorage`], and [`OpendalCheckpointStorage`], which
 //! runs it over any opendal service (fs and memory here; s3 and others plug in the same way).
+//! [`faults::FaultInjectingStorage`] wraps any storage and injects seeded faults, for tests.
 //!
 //! Layout, as Flink's, relative to the storage root:
 //! ```text
@@ -126,5 +127,6 @@ pub trait CheckpointStorage: Send + Sync + 'static {
 pub use opendal_impl::OpendalCheckpointStorage;
 
 pub mod conformance;
+pub mod faults;
 
 mod opendal_impl;
