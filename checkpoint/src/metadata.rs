@@ -30,6 +30,9 @@ pub struct OperatorState {
     pub max_parallelism: u32,
     /// The state of each subtask that had any.
     pub subtasks: BTreeMap<SubtaskIndex, OperatorSubtaskState>,
+    /// The operator coordinator's state (a source's split enumerator: the splits not yet
+    /// assigned), taken before the checkpoint's barriers were injected.
+    pub coordinator_state: Option<Vec<u8>>,
 }
 
 impl OperatorState {

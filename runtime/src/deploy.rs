@@ -68,6 +68,10 @@ pub struct OperatorContext {
     pub info: SubtaskInfo,
 }
 
+/// Builds a source's split enumerator for a source of the given parallelism.
+pub(crate) type EnumeratorFactory =
+    Arc<dyn Fn(u32) -> Box<dyn crate::source::SplitEnumerator> + Send + Sync>;
+
 /// Builds a source function for a subtask.
 pub(crate) type SourceFactory<O> =
     Arc<dyn Fn(&SubtaskInfo) -> Box<dyn SourceFunction<O>> + Send + Sync>;

@@ -2,7 +2,9 @@
 //! StreamGraph and the typed factories that deployment turns into running chains.
 
 use crate::config::{JobConfig, StorageConfig};
-use crate::deploy::{NodeFactory, OperatorContext, OperatorFactory, SourceFactory, TypedNode};
+use crate::deploy::{
+    EnumeratorFactory, NodeFactory, OperatorContext, OperatorFactory, SourceFactory, TypedNode,
+};
 use crate::error::JobError;
 use crate::job::{JobClient, JobResult, JobSpec, run_job};
 use crate::keyed::{
@@ -15,7 +17,7 @@ use crate::sink::{
     CollectHandle, FileCommitter, LatestHandle, LatestPerKeySink, PrintSink, Printable,
     TwoPhaseCommitSink,
 };
-use crate::source::{IndexedSource, SourceFunction};
+use crate::source::{IndexSplitEnumerator, IndexedSource, SourceFunction, SplitEnumerator};
 use crate::writer::KeyHashFn;
 use std::any::Any;
 use std::cell::RefCell;
@@ -35,11 +37,16 @@ use weir_core::partition::Partitioner;
 use weir_network::Data;
 use weir_state::{StateKey, StateValue};
 
+/// Splits the generator starts with, per reader: readers come back to the enumerator for work,
+/// so assignment, its checkpointed state and reassignment on restore are exercised all the time.
+const GENERATOR_SPLITS_PER_READER: u32 = 4;
+
 struct EnvInner {
     config: JobConfig,
     graph: StreamGraph,
     factories: Vec<Arc<dyn NodeFactory>>,
     key_hashes: HashMap<(NodeId, NodeId), Arc<dyn Any + Send + Sync>>,
+    enumerators: HashMap<NodeId, EnumeratorFactory>,
     /// Edges whose partitioner was chosen by default (forward, or rebalance when parallelism
     /// differs), so a later parallelism change can re-choose it.
     defaulted: HashSet<(NodeId, NodeId)>,
@@ -73,6 +80,7 @@ impl StreamEnvironment {
                 graph,
                 factories: Vec::new(),
                 key_hashes: HashMap::new(),
+                enumerators: HashMap::new(),
                 defaulted: HashSet::new(),
                 explicit_parallelism: HashSet::new(),
             })),
@@ -210,9 +218,30 @@ impl StreamEnvironment {
         make: impl Fn(u64) -> T + Send + Sync + 'static,
     ) -> DataStream<T> {
         let make: Arc<dyn Fn(u64) -> T + Send + Sync> = Arc::new(make);
-        self.add_source("Generator Source", move |_| {
+        self.indexed_source("Generator Source", count, make, GENERATOR_SPLITS_PER_READER)
+    }
+
+    /// A source over indices whose splits an [`IndexSplitEnumerator`] hands out.
+    fn indexed_source<T: Data>(
+        &self,
+        name: &str,
+        count: Option<u64>,
+        make: Arc<dyn Fn(u64) -> T + Send + Sync>,
+        splits_per_reader: u32,
+    ) -> DataStream<T> {
+        let stream = self.add_source(name, move |_| {
             Box::new(IndexedSource::new(count, make.clone())) as Box<dyn SourceFunction<T>>
-        })
+        });
+        let enumerator: EnumeratorFactory = Arc::new(move |parallelism| {
+            Box::new(IndexSplitEnumerator::new(
+                parallelism.saturating_mul(splits_per_reader),
+            )) as Box<dyn SplitEnumerator>
+        });
+        self.inner
+            .borrow_mut()
+            .enumerators
+            .insert(stream.node, enumerator);
+        stream
     }
 
     /// A replayable source of the elements of `items`.
@@ -221,9 +250,8 @@ impl StreamEnvironment {
         let n = items.len() as u64;
         let make: Arc<dyn Fn(u64) -> T + Send + Sync> =
             Arc::new(move |i| items[i as usize].clone());
-        self.add_source("Collection Source", move |_| {
-            Box::new(IndexedSource::new(Some(n), make.clone())) as Box<dyn SourceFunction<T>>
-        })
+        // One split per reader: at parallelism 1 the elements come out in the collection's order.
+        self.indexed_source("Collection Source", Some(n), make, 1)
     }
 
     /// The StreamGraph as built so far, with max parallelism filled in.
@@ -262,6 +290,7 @@ impl StreamEnvironment {
             job,
             factories: i.factories.clone(),
             key_hashes: i.key_hashes.clone(),
+            enumerators: i.enumerators.clone(),
         })
     }
 

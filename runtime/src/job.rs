@@ -3,10 +3,11 @@
 //! all tasks from the latest completed checkpoint.
 
 use crate::config::{JobConfig, StorageConfig};
-use crate::deploy::{BuildContext, NodeFactory, build_task};
+use crate::deploy::{BuildContext, EnumeratorFactory, NodeFactory, build_task};
 use crate::error::{JobError, TaskError};
 use crate::restart::RestartTracker;
 use crate::restore::{candidates_at, load_first_good};
+use crate::source::{SplitAssignment, SplitEnumerator};
 use crate::task::{
     JobMetrics, Targets, TaskEnv, TaskEvent, TaskMessage, TaskReport, panic_message, run_task,
 };
@@ -34,7 +35,7 @@ use weir_core::config::ExternalizedRetention;
 use weir_core::element::{CheckpointBarrier, SnapshotKind};
 use weir_core::graph::{ExecutionGraph, ExecutionState, JobGraph};
 use weir_core::handle::TaskStateSnapshot;
-use weir_core::ids::{CheckpointId, JobId, NodeId};
+use weir_core::ids::{CheckpointId, JobId, NodeId, OperatorId, VertexId};
 use weir_network::{ChannelConfig, LocalTransport, Transport};
 
 /// How a job ended.
@@ -240,6 +241,7 @@ pub(crate) struct JobSpec {
     pub job: JobGraph,
     pub factories: Vec<Arc<dyn NodeFactory>>,
     pub key_hashes: HashMap<(NodeId, NodeId), Arc<dyn Any + Send + Sync>>,
+    pub enumerators: HashMap<NodeId, EnumeratorFactory>,
 }
 
 /// How often the record-count trigger looks at the sources' progress.
@@ -275,6 +277,8 @@ fn savepoint_target(
 
 /// How long a failure that only echoes another waits for the root cause to be reported.
 const ROOT_CAUSE_WAIT: Duration = Duration::from_millis(50);
+/// How long teardown waits for aborted tasks to stop.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(10);
 /// How long teardown waits for `_metadata` writes in flight.
 const FINALIZE_WAIT: Duration = Duration::from_secs(10);
 
@@ -314,6 +318,7 @@ fn build_metadata(
     kind: SnapshotKind,
     trigger_timestamp_ms: u64,
     acks: &BTreeMap<TaskKey, TaskStateSnapshot>,
+    coordinators: &BTreeMap<OperatorId, Vec<u8>>,
 ) -> CheckpointMetadata {
     let operators = job
         .stream_graph
@@ -337,6 +342,7 @@ fn build_metadata(
                 parallelism: n.parallelism,
                 max_parallelism: n.max_parallelism,
                 subtasks,
+                coordinator_state: coordinators.get(&n.operator_id).cloned(),
             }
         })
         .collect();
@@ -359,6 +365,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         job,
         factories,
         key_hashes,
+        enumerators: enumerator_factories,
     } = spec;
     let started = Instant::now();
     let epoch_wall_ms = wall_ms();
@@ -445,6 +452,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         loop {
             generation += 1;
             transport.release_before(generation);
+            let mut restored_meta: Option<CheckpointMetadata> = None;
             let mut contexts = match &restore {
                 Some((s, locations)) => {
                     let loaded = load_first_good(s.clone(), locations, &job, config.allow_non_restored_state).await;
@@ -467,6 +475,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         Err(e) => return Err(e),
                     };
                     next_checkpoint_id = next_checkpoint_id.max(point.metadata.checkpoint_id.0 + 1);
+                    restored_meta = Some(point.metadata.clone());
                     info!(checkpoint = %point.describe(), "restoring");
                     if restored_from.is_none() {
                         restored_from = Some(point.describe());
@@ -482,6 +491,20 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                 next_checkpoint_id,
                 epoch_wall_ms,
             });
+            // The operator coordinators: each source's split enumerator, fresh or restored.
+            let mut enumerators: HashMap<VertexId, (OperatorId, Box<dyn SplitEnumerator>)> = HashMap::new();
+            for (node, factory) in &enumerator_factories {
+                let n = job.stream_graph.node(*node);
+                let mut e = factory(n.parallelism);
+                if let Some(meta) = &restored_meta
+                    && let Some(op) = meta.operators.iter().find(|o| o.operator_id == n.operator_id)
+                {
+                    e.restore(op.coordinator_state.as_deref())
+                        .map_err(|err| JobError::Restore { path: format!("checkpoint {}", meta.checkpoint_id), reason: format!("the split enumerator of '{}': {err}", n.name) })?;
+                }
+                enumerators.insert(job.vertex_of[node.0 as usize], (n.operator_id, e));
+            }
+            let mut coordinator_states: HashMap<CheckpointId, BTreeMap<OperatorId, Vec<u8>>> = HashMap::new();
             // Deploy every subtask of this generation.
             let (report_tx, mut report_rx) = mpsc::channel::<TaskReport>(1024);
             let mut mailboxes: HashMap<TaskKey, mpsc::Sender<TaskMessage>> = HashMap::new();
@@ -589,6 +612,17 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                     span.in_scope(|| info!(%task, %reason, "declined"));
                                 }
                                 coordinator.decline(task, id, reason, now, &mut actions);
+                            }
+                            TaskEvent::SplitRequest => {
+                                if let Some((_, e)) = enumerators.get_mut(&task.vertex) {
+                                    let assignment = e.assign(task.subtask);
+                                    debug!(%task, ?assignment, "split request");
+                                    if let Some(m) = mailboxes.get(&task) {
+                                        let _ = m.try_send(TaskMessage::Splits(assignment));
+                                    }
+                                } else if let Some(m) = mailboxes.get(&task) {
+                                    let _ = m.try_send(TaskMessage::Splits(SplitAssignment::NoMoreSplits));
+                                }
                             }
                             TaskEvent::Finished => {
                                 execution.get_mut(task.vertex, task.subtask).state = ExecutionState::Finished;
@@ -714,12 +748,22 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 None => (storage.clone(), CheckpointLocation::for_checkpoint(job_id, id), false),
                             };
                             let prepared = if options.kind == SnapshotKind::Checkpoint {
-                                target_storage.init_location(job_id, id).await.map(|_| ())
+                                target_storage.init_location(job_id, id).await.map(|_| ()).map_err(|e| e.to_string())
                             } else {
                                 Ok(())
                             };
+                            // The operator coordinators are checkpointed before any barrier is
+                            // injected; assignments after this reach readers after the barrier.
+                            let prepared = prepared.and_then(|()| {
+                                let mut states = BTreeMap::new();
+                                for (op, e) in enumerators.values() {
+                                    states.insert(*op, e.snapshot().map_err(|e| e.to_string())?);
+                                }
+                                coordinator_states.insert(id, states);
+                                Ok(())
+                            });
                             match prepared {
-                                Err(e) => coordinator.trigger_failed(id, e.to_string(), started.elapsed(), &mut actions),
+                                Err(e) => coordinator.trigger_failed(id, e, started.elapsed(), &mut actions),
                                 Ok(()) => {
                                     if let Ok(mut t) = targets.lock() {
                                         t.insert(id, (target_storage, location));
@@ -737,7 +781,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         }
                         CoordinatorAction::Finalize { id, kind, timestamp_ms, acks } => {
                             finalizing.insert(id);
-                            let metadata = build_metadata(&job, job_id, id, kind, timestamp_ms, &acks);
+                            let coordinators = coordinator_states.remove(&id).unwrap_or_default();
+                            let metadata = build_metadata(&job, job_id, id, kind, timestamp_ms, &acks, &coordinators);
                             let (s, location) = targets
                                 .lock()
                                 .ok()
@@ -826,6 +871,13 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             // first: they are complete (every subtask acknowledged) and may be the restore point.
             for h in &handles {
                 h.abort();
+            }
+            // An abort takes effect at a task's next await: wait until every task has stopped, so
+            // nothing of this generation runs on (or counts) once the next one starts or the
+            // result is read.
+            let stopped = tokio::time::timeout(TEARDOWN_WAIT, futures::future::join_all(handles)).await;
+            if stopped.is_err() {
+                warn!("some tasks did not stop within {TEARDOWN_WAIT:?}");
             }
             let give_up = Instant::now() + FINALIZE_WAIT;
             while !finalizing.is_empty() {

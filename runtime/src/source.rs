@@ -22,6 +22,8 @@ pub enum SourceStatus {
     More,
     /// Nothing now; try again later (an unbounded source waiting for input).
     Idle,
+    /// No split to read: ask the source's enumerator for one.
+    NeedSplits,
     /// The input is exhausted.
     End,
 }
@@ -42,6 +44,95 @@ pub trait SourceFunction<T>: Send + 'static {
 
     /// Records the position in operator state (the synchronous part of a snapshot).
     fn snapshot_state(&mut self, state: &mut OperatorStateBackend) -> Result<(), TaskError>;
+
+    /// Splits the source's enumerator assigned to this subtask, as the enumerator encoded them.
+    fn add_splits(&mut self, _splits: Vec<Vec<u8>>) -> Result<(), TaskError> {
+        Ok(())
+    }
+
+    /// The enumerator has no more splits for this subtask: once its splits are read, it ends.
+    fn no_more_splits(&mut self) {}
+}
+
+/// What an enumerator answers a reader that asks for work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SplitAssignment {
+    /// These splits, encoded for the reader.
+    Splits(Vec<Vec<u8>>),
+    /// There will be no more.
+    NoMoreSplits,
+}
+
+/// A source's split enumerator: the operator coordinator that runs in the job master, owns the
+/// splits not yet assigned and hands them to readers that ask (Flink's `SplitEnumerator`).
+///
+/// Contract: its state is checkpointed before the checkpoint's barriers are injected into the
+/// sources, and assignments travel to readers through the same ordered mailbox as triggers, so a
+/// split is, in every checkpoint, either in the enumerator's state or in exactly one reader's.
+pub trait SplitEnumerator: Send + 'static {
+    /// Answers reader `subtask`, which has nothing left to read.
+    fn assign(&mut self, subtask: u32) -> SplitAssignment;
+
+    /// The unassigned splits, encoded: the coordinator's part of a checkpoint.
+    fn snapshot(&self) -> Result<Vec<u8>, TaskError>;
+
+    /// Replaces the unassigned splits with a checkpoint's; `None` when the checkpoint had this
+    /// source but no enumerator state (nothing left to assign).
+    fn restore(&mut self, state: Option<&[u8]>) -> Result<(), TaskError>;
+}
+
+/// The enumerator of an indexed source: `splits` splits over `0..count`, split `s` covering
+/// indices `s, s + splits, …`.
+#[derive(Debug)]
+pub struct IndexSplitEnumerator {
+    unassigned: std::collections::VecDeque<IndexSplit>,
+}
+
+impl IndexSplitEnumerator {
+    /// All `splits` splits unassigned (a fresh start).
+    pub fn new(splits: u32) -> Self {
+        let n = u64::from(splits.max(1));
+        IndexSplitEnumerator {
+            unassigned: (0..splits.max(1))
+                .map(|s| IndexSplit {
+                    split: s,
+                    stride: n,
+                    next: u64::from(s),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl SplitEnumerator for IndexSplitEnumerator {
+    fn assign(&mut self, _subtask: u32) -> SplitAssignment {
+        match self.unassigned.pop_front() {
+            Some(split) => match weir_core::codec::encode("index split", &split) {
+                Ok(bytes) => SplitAssignment::Splits(vec![bytes]),
+                Err(_) => SplitAssignment::NoMoreSplits,
+            },
+            None => SplitAssignment::NoMoreSplits,
+        }
+    }
+
+    fn snapshot(&self) -> Result<Vec<u8>, TaskError> {
+        let splits: Vec<IndexSplit> = self.unassigned.iter().copied().collect();
+        Ok(weir_core::codec::encode("index split enumerator", &splits)
+            .map_err(weir_state::StateError::from)?)
+    }
+
+    fn restore(&mut self, state: Option<&[u8]>) -> Result<(), TaskError> {
+        self.unassigned = match state {
+            Some(bytes) => {
+                weir_core::codec::decode::<Vec<IndexSplit>>("index split enumerator", bytes)
+                    .map_err(weir_state::StateError::from)?
+                    .into_iter()
+                    .collect()
+            }
+            None => Default::default(),
+        };
+        Ok(())
+    }
 }
 
 /// One split of an indexed source: indices `first, first+stride, …` below the end.
@@ -57,12 +148,17 @@ pub struct IndexSplit {
 
 /// A source over record indices `0..count` (`count = None`: unbounded), turning index `i` into
 /// a record with a function of `i` alone. The generator and the collection source are this.
+///
+/// Its splits come from an [`IndexSplitEnumerator`]: a reader starts with none (or with those it
+/// restored), asks for one when it has nothing left to read, and ends when the enumerator has no
+/// more.
 pub struct IndexedSource<T> {
     make: Arc<dyn Fn(u64) -> T + Send + Sync>,
     count: Option<u64>,
     splits: Vec<IndexSplit>,
     state: Option<ListState<IndexSplit>>,
     current: usize,
+    no_more_splits: bool,
 }
 
 impl<T: Send + 'static> IndexedSource<T> {
@@ -74,6 +170,7 @@ impl<T: Send + 'static> IndexedSource<T> {
             splits: Vec::new(),
             state: None,
             current: 0,
+            no_more_splits: false,
         }
     }
 }
@@ -88,24 +185,25 @@ impl<T: Send + 'static> SourceFunction<T> for IndexedSource<T> {
     ) -> Result<(), TaskError> {
         let list =
             state.list_state::<IndexSplit>(SPLITS_STATE, OperatorStateMode::SplitDistribute)?;
-        let restored = state.get(&list)?;
-        // A restored subtask with no splits has nothing left to read (more subtasks than splits);
-        // only a fresh start takes split `index` of `parallelism`.
-        self.splits = if restored.is_empty() && !info.restored {
-            vec![IndexSplit {
-                split: info.index,
-                stride: u64::from(info.parallelism),
-                next: u64::from(info.index),
-            }]
-        } else {
-            restored
-        };
+        // The splits this reader held at the checkpoint; the rest are the enumerator's.
+        let _ = info;
+        self.splits = state.get(&list)?;
         self.state = Some(list);
         Ok(())
     }
 
     fn next_batch(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, TaskError> {
         let end = self.count.unwrap_or(u64::MAX);
+        self.splits.retain(|s| s.next < end);
+        if self.splits.is_empty() {
+            self.current = 0;
+            return Ok(if self.no_more_splits {
+                SourceStatus::End
+            } else {
+                SourceStatus::NeedSplits
+            });
+        }
+        self.current %= self.splits.len();
         let n = self.splits.len();
         let mut exhausted = 0;
         while out.len() < max && exhausted < n {
@@ -127,11 +225,20 @@ impl<T: Send + 'static> SourceFunction<T> for IndexedSource<T> {
             s.next = i;
             self.current = (self.current + 1) % n;
         }
-        if n == 0 || self.splits.iter().all(|s| s.next >= end) {
-            Ok(SourceStatus::End)
-        } else {
-            Ok(SourceStatus::More)
+        Ok(SourceStatus::More)
+    }
+
+    fn add_splits(&mut self, splits: Vec<Vec<u8>>) -> Result<(), TaskError> {
+        for bytes in splits {
+            let split: IndexSplit = weir_core::codec::decode("index split", &bytes)
+                .map_err(weir_state::StateError::from)?;
+            self.splits.push(split);
         }
+        Ok(())
+    }
+
+    fn no_more_splits(&mut self) {
+        self.no_more_splits = true;
     }
 
     fn snapshot_state(&mut self, state: &mut OperatorStateBackend) -> Result<(), TaskError> {
@@ -239,6 +346,17 @@ impl<T: Send + 'static> SourceDriver<T> {
         self.next.lifecycle(event)
     }
 
+    /// Hands the enumerator's answer to the source.
+    pub fn assigned(&mut self, assignment: SplitAssignment) -> OpResult {
+        match assignment {
+            SplitAssignment::Splits(splits) => self.source.add_splits(splits),
+            SplitAssignment::NoMoreSplits => {
+                self.source.no_more_splits();
+                Ok(())
+            }
+        }
+    }
+
     /// Event time advanced (for a source: to the end, before a drained stop).
     pub fn watermark(&mut self, watermark: weir_core::element::Watermark) -> OpResult {
         self.next.watermark(watermark)
@@ -265,52 +383,90 @@ mod tests {
         }
     }
 
-    fn drain(src: &mut IndexedSource<u64>, max: usize) -> Vec<u64> {
+    /// Reads everything, asking `e` for splits as a task would.
+    fn drain(src: &mut IndexedSource<u64>, e: &mut IndexSplitEnumerator, max: usize) -> Vec<u64> {
         let mut all = Vec::new();
         loop {
             let mut b = Vec::new();
             let st = src.next_batch(&mut b, max).unwrap();
             all.extend(b);
-            if st == SourceStatus::End {
-                return all;
+            match st {
+                SourceStatus::End => return all,
+                SourceStatus::NeedSplits => match e.assign(0) {
+                    SplitAssignment::Splits(s) => src.add_splits(s).unwrap(),
+                    SplitAssignment::NoMoreSplits => src.no_more_splits(),
+                },
+                _ => {}
             }
         }
     }
 
     #[test]
-    fn splits_cover_every_index_once_at_any_parallelism() {
-        for p in [1u32, 2, 3, 4] {
-            let mut all = Vec::new();
-            for i in 0..p {
-                let mut s = IndexedSource::new(Some(103), Arc::new(|i| i));
-                let mut st = OperatorStateBackend::new();
-                s.open(&info(i, p, false), &mut st).unwrap();
-                all.extend(drain(&mut s, 7));
+    fn readers_cover_every_index_once_whatever_the_split_count() {
+        for splits in [1u32, 2, 3, 4] {
+            for readers in [1usize, 2, 3] {
+                let mut e = IndexSplitEnumerator::new(splits);
+                let mut sources: Vec<IndexedSource<u64>> = (0..readers)
+                    .map(|i| {
+                        let mut s = IndexedSource::new(Some(103), Arc::new(|i| i));
+                        s.open(
+                            &info(i as u32, readers as u32, false),
+                            &mut OperatorStateBackend::new(),
+                        )
+                        .unwrap();
+                        s
+                    })
+                    .collect();
+                let mut all = Vec::new();
+                for s in &mut sources {
+                    all.extend(drain(s, &mut e, 7));
+                }
+                all.sort();
+                assert_eq!(
+                    all,
+                    (0..103).collect::<Vec<_>>(),
+                    "splits={splits} readers={readers}"
+                );
             }
-            all.sort();
-            assert_eq!(all, (0..103).collect::<Vec<_>>(), "p={p}");
         }
     }
 
     #[test]
     fn snapshot_and_restore_resume_after_the_last_record() {
+        let mut e = IndexSplitEnumerator::new(2);
         let mut s = IndexedSource::new(Some(50), Arc::new(|i| i));
         let mut st = OperatorStateBackend::new();
         s.open(&info(0, 2, false), &mut st).unwrap();
         let mut first = Vec::new();
+        assert_eq!(
+            s.next_batch(&mut first, 10).unwrap(),
+            SourceStatus::NeedSplits
+        );
+        match e.assign(0) {
+            SplitAssignment::Splits(sp) => s.add_splits(sp).unwrap(),
+            other => panic!("{other:?}"),
+        }
         s.next_batch(&mut first, 10).unwrap();
+        // The checkpoint: the enumerator first, then the reader.
+        let enumerator_state = e.snapshot().unwrap();
         s.snapshot_state(&mut st).unwrap();
         let mut blob = Vec::new();
         st.snapshot().write_to(&mut blob).unwrap();
 
+        let mut e2 = IndexSplitEnumerator::new(2);
+        e2.restore(Some(&enumerator_state)).unwrap();
         let mut restored_state = OperatorStateBackend::new();
         restored_state.restore(&[&blob]).unwrap();
         let mut r = IndexedSource::new(Some(50), Arc::new(|i| i));
         r.open(&info(0, 2, true), &mut restored_state).unwrap();
-        let rest = drain(&mut r, 10);
         let mut all = first.clone();
-        all.extend(rest);
-        assert_eq!(all, (0..50).step_by(2).collect::<Vec<_>>());
+        all.extend(drain(&mut r, &mut e2, 10));
+        all.sort();
+        assert_eq!(all, (0..50).collect::<Vec<_>>(), "each index once");
+        // A restore with no enumerator state has nothing to assign.
+        let mut e3 = IndexSplitEnumerator::new(2);
+        e3.restore(None).unwrap();
+        assert_eq!(e3.assign(0), SplitAssignment::NoMoreSplits);
     }
 
     #[test]

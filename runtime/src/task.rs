@@ -9,7 +9,7 @@
 
 use crate::error::TaskError;
 use crate::operator::{Lifecycle, OpResult, OperatorSnapshotParts, Output, RestoreContext};
-use crate::source::{SourceDriver, SourceStatus};
+use crate::source::{SourceDriver, SourceStatus, SplitAssignment};
 use bytes::Bytes;
 use std::collections::BTreeSet;
 use std::future::poll_fn;
@@ -39,6 +39,8 @@ pub(crate) enum TaskMessage {
     NotifyComplete(CheckpointId),
     /// Checkpoint aborted.
     NotifyAborted(CheckpointId),
+    /// The source's enumerator answered a split request.
+    Splits(SplitAssignment),
 }
 
 /// What a task reports to the job master.
@@ -56,6 +58,8 @@ pub(crate) enum TaskEvent {
     },
     Finished,
     Failed(TaskError),
+    /// A source has nothing left to read and asks its enumerator for splits.
+    SplitRequest,
 }
 
 /// A report, tagged with the deployment generation it belongs to.
@@ -121,6 +125,8 @@ pub(crate) enum Step {
     End,
     /// Nothing to do now (an idle source).
     Idle,
+    /// A source needs splits from its enumerator.
+    NeedSplits,
 }
 
 /// The input side of a task: a source, or an input gate with its barrier handler.
@@ -136,6 +142,10 @@ pub(crate) trait TaskInput: Send {
     fn on_abort_notified(&mut self, _id: CheckpointId, _actions: &mut Vec<HandlerAction>) {}
     /// A source advances event time to the end (stop-with-savepoint `--drain`).
     fn advance_to_end_of_time(&mut self) -> OpResult {
+        Ok(())
+    }
+    /// A source gets its enumerator's answer.
+    fn assigned(&mut self, _assignment: SplitAssignment) -> OpResult {
         Ok(())
     }
 }
@@ -160,6 +170,10 @@ impl<T: Send + 'static> TaskInput for SourceInput<T> {
         self.driver.watermark(Watermark::MAX)
     }
 
+    fn assigned(&mut self, assignment: SplitAssignment) -> OpResult {
+        self.driver.assigned(assignment)
+    }
+
     fn poll_step(
         &mut self,
         _cx: &mut Context<'_>,
@@ -176,6 +190,7 @@ impl<T: Send + 'static> TaskInput for SourceInput<T> {
                 Step::Records(n)
             }
             SourceStatus::Idle if n == 0 => Step::Idle,
+            SourceStatus::NeedSplits if n == 0 => Step::NeedSplits,
             _ => Step::Records(n),
         }))
     }
@@ -348,6 +363,10 @@ impl TaskInput for Guarded<'_> {
     fn advance_to_end_of_time(&mut self) -> OpResult {
         guarded(self.name, || self.input.advance_to_end_of_time())?
     }
+
+    fn assigned(&mut self, assignment: SplitAssignment) -> OpResult {
+        guarded(self.name, || self.input.assigned(assignment))?
+    }
 }
 
 /// The subtask checkpoint coordinator's memory (reference step 0).
@@ -360,6 +379,8 @@ struct SubtaskCheckpoints {
     suspended: Option<(CheckpointId, bool)>,
     /// The drained savepoint completed: end the input now.
     end_now: bool,
+    /// A split request is out: read nothing until the enumerator answers.
+    awaiting_splits: bool,
 }
 
 enum Wake {
@@ -405,6 +426,7 @@ async fn run(
         finished: false,
         suspended: None,
         end_now: false,
+        awaiting_splits: false,
     };
     input.lifecycle(&mut Lifecycle::Open(&mut restore))?;
     drop(restore);
@@ -415,7 +437,7 @@ async fn run(
     let mut steps_since_yield = 0u32;
     loop {
         let now = env.started.elapsed();
-        let suspended = cps.suspended.is_some();
+        let suspended = cps.suspended.is_some() || cps.awaiting_splits;
         let end_now = std::mem::take(&mut cps.end_now);
         let wake = if end_now {
             Wake::Step(Ok(Step::End))
@@ -474,6 +496,10 @@ async fn run(
                     poll_fn(|cx| input.poll_flush(cx)).await?;
                     debug!("input ended; task finished");
                     return Ok(());
+                }
+                Step::NeedSplits => {
+                    cps.awaiting_splits = true;
+                    env.report(TaskEvent::SplitRequest).await?;
                 }
                 Step::Idle => {
                     tokio::select! {
@@ -543,6 +569,10 @@ async fn handle_message(
                 cps.end_now = true;
             }
             Ok(())
+        }
+        TaskMessage::Splits(assignment) => {
+            cps.awaiting_splits = false;
+            input.assigned(assignment)
         }
         TaskMessage::NotifyAborted(id) => {
             if cps.suspended.is_some_and(|(sid, _)| sid == id) {

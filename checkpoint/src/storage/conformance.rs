@@ -267,6 +267,7 @@ fn sample_metadata(
                 parallelism: 1,
                 max_parallelism: 2,
                 subtasks,
+                coordinator_state: Some(vec![1, 2, 3]),
             },
             OperatorState {
                 operator_id: OperatorId::from_uid("sink"),
@@ -275,6 +276,7 @@ fn sample_metadata(
                 parallelism: 1,
                 max_parallelism: 2,
                 subtasks: BTreeMap::new(),
+                coordinator_state: None,
             },
         ],
     }
