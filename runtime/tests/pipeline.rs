@@ -1064,7 +1064,7 @@ async fn split_enumerator_state_is_checkpointed_and_splits_are_reassigned_on_res
                     panic!("failing on purpose after {n} records");
                 }
                 // Slow enough for checkpoints to land while splits are still unassigned.
-                if n % 4096 == 0 {
+                if n.is_multiple_of(4096) {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 (i % 7, 1i64)
