@@ -212,6 +212,14 @@ async fn on_demand_checkpoint_and_savepoint() {
     assert_eq!(s.num_acknowledged, s.num_subtasks);
     assert_eq!(s.subtasks.len(), s.num_subtasks);
     assert!(s.end_to_end.is_some());
+    // Requests made before every task ran were refused, and the statistics say why.
+    let refusals = c.trigger_refusals();
+    assert!(
+        refusals
+            .iter()
+            .all(|(_, why)| why.contains("not running") || why.contains("in progress")),
+        "{refusals:?}"
+    );
     let refused = c.trigger_savepoint(None).await.unwrap_err();
     assert!(
         refused.to_string().contains("savepoint directory"),

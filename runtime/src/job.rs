@@ -99,6 +99,8 @@ struct ClientInner {
     source_records: Arc<AtomicU64>,
     /// The statistics of the last checkpoints, as the master last published them.
     stats: std::sync::Mutex<Vec<CheckpointStats>>,
+    /// The last refused trigger requests: time since the job started, and the reason.
+    refusals: std::sync::Mutex<Vec<(Duration, String)>>,
 }
 
 impl std::fmt::Debug for JobClient {
@@ -120,6 +122,7 @@ impl Default for JobClient {
                 receiver: std::sync::Mutex::new(Some(receiver)),
                 source_records: Arc::new(AtomicU64::new(0)),
                 stats: std::sync::Mutex::new(Vec::new()),
+                refusals: std::sync::Mutex::new(Vec::new()),
             }),
         }
     }
@@ -215,9 +218,26 @@ impl JobClient {
             .unwrap_or_default()
     }
 
+    /// The last trigger requests that were refused (periodic, by record count or on demand),
+    /// with when (since the job started) and why: too many in progress, the min pause, tasks not
+    /// running.
+    pub fn trigger_refusals(&self) -> Vec<(Duration, String)> {
+        self.inner
+            .refusals
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
     fn publish_stats(&self, coordinator: &CheckpointCoordinator) {
         if let Ok(mut s) = self.inner.stats.lock() {
             *s = coordinator.history().cloned().collect();
+        }
+        if let Ok(mut r) = self.inner.refusals.lock() {
+            *r = coordinator
+                .refusals()
+                .map(|(t, why)| (*t, why.to_string()))
+                .collect();
         }
     }
 
