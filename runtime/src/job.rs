@@ -468,6 +468,9 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             .flat_map(|v| (0..v.parallelism).map(move |i| TaskKey { vertex: v.id, subtask: i }))
             .collect();
         let (finalize_tx, mut finalize_rx) = mpsc::channel::<Finalized>(64);
+        // Discards of subsumed or aborted checkpoints run beside the job; they are awaited
+        // before it returns, so a process that exits right after leaves nothing behind.
+        let mut discards: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
 
         loop {
             generation += 1;
@@ -692,7 +695,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 coordinator.finalized(f.id, Ok(()), now, &mut actions);
                                 for old in store.add(cp) {
                                     let s = storage.clone();
-                                    tokio::spawn(async move {
+                                    discards.spawn(async move {
                                         if let Err(e) = s.discard(&old.location).await {
                                             warn!(checkpoint = old.id.0, error = %e, "cannot discard subsumed checkpoint");
                                         }
@@ -751,6 +754,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         let emitted = metrics.source_records.load(Ordering::Relaxed) - records_base;
                         coordinator.records_emitted(emitted, now, &mut actions);
                     }
+                    Some(_) = discards.join_next(), if !discards.is_empty() => {}
                     _ = canceller.cancelled() => break Outcome::Canceled,
                 }
                 // Carry out the coordinator's decisions.
@@ -871,7 +875,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 }
                             }
                             let s = storage.clone();
-                            tokio::spawn(async move {
+                            discards.spawn(async move {
                                 let _ = s.discard(&CheckpointLocation::for_checkpoint(job_id, id)).await;
                             });
                         }
@@ -913,7 +917,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         coordinator.finalized(f.id, Ok(()), started.elapsed(), &mut ignored);
                         for old in store.add(cp) {
                             let s = storage.clone();
-                            tokio::spawn(async move {
+                            discards.spawn(async move {
                                 let _ = s.discard(&old.location).await;
                             });
                         }
@@ -928,7 +932,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                     && !finalizing.contains(&id)
                 {
                     let s = storage.clone();
-                    tokio::spawn(async move {
+                    discards.spawn(async move {
                         let _ = s.discard(&CheckpointLocation::for_checkpoint(job_id, id)).await;
                     });
                 }
@@ -982,6 +986,14 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         .collect();
                     let keep = history.len().saturating_sub(weir_checkpoint::coordinator::STATS_HISTORY);
                     history.drain(..keep);
+                    if tokio::time::timeout(FINALIZE_WAIT, async {
+                        while discards.join_next().await.is_some() {}
+                    })
+                    .await
+                    .is_err()
+                    {
+                        warn!("discarding old checkpoints did not finish within {FINALIZE_WAIT:?}");
+                    }
                     info!(?status, restarts = restart.restarts(), completed, failed, "job ended");
                     return Ok(JobResult {
                         job_id,
