@@ -218,7 +218,14 @@ impl StreamEnvironment {
         make: impl Fn(u64) -> T + Send + Sync + 'static,
     ) -> DataStream<T> {
         let make: Arc<dyn Fn(u64) -> T + Send + Sync> = Arc::new(make);
-        self.indexed_source("Generator Source", count, make, GENERATOR_SPLITS_PER_READER)
+        // An unbounded reader never finishes its split, so it would never ask for another: every
+        // split goes out at the start.
+        let per_reader = if count.is_some() {
+            GENERATOR_SPLITS_PER_READER
+        } else {
+            1
+        };
+        self.indexed_source("Generator Source", count, make, per_reader)
     }
 
     /// A source over indices whose splits an [`IndexSplitEnumerator`] hands out.

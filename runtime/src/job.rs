@@ -305,8 +305,6 @@ const FINALIZE_WAIT: Duration = Duration::from_secs(10);
 enum Outcome {
     Finished,
     Canceled,
-    /// Stopped with a savepoint (without drain).
-    Stopped(String),
     Failed(String),
 }
 
@@ -637,14 +635,17 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 coordinator.decline(task, id, reason, now, &mut actions);
                             }
                             TaskEvent::SplitRequest => {
-                                if let Some((_, e)) = enumerators.get_mut(&task.vertex) {
-                                    let assignment = e.assign(task.subtask);
-                                    debug!(%task, ?assignment, "split request");
-                                    if let Some(m) = mailboxes.get(&task) {
-                                        let _ = m.try_send(TaskMessage::Splits(assignment));
-                                    }
-                                } else if let Some(m) = mailboxes.get(&task) {
-                                    let _ = m.try_send(TaskMessage::Splits(SplitAssignment::NoMoreSplits));
+                                let assignment = match enumerators.get_mut(&task.vertex) {
+                                    Some((_, e)) => e.assign(task.subtask),
+                                    None => SplitAssignment::NoMoreSplits,
+                                };
+                                debug!(%task, ?assignment, "split request");
+                                // An assigned split is in no enumerator snapshot any more: if it
+                                // cannot be delivered, fail (and restore) rather than lose it.
+                                if let Some(m) = mailboxes.get(&task)
+                                    && m.try_send(TaskMessage::Splits(assignment)).is_err()
+                                {
+                                    break Outcome::Failed(format!("cannot deliver a split assignment to {task}: its mailbox is full or closed"));
                                 }
                             }
                             TaskEvent::Finished => {
@@ -759,7 +760,6 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                 }
                 // Carry out the coordinator's decisions.
                 let mut fail = None;
-                let mut stop: Option<String> = None;
                 while !actions.is_empty() {
                 for action in std::mem::take(&mut actions) {
                     match action {
@@ -849,17 +849,15 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                     let _ = reply.send(Ok(path.clone()));
                                 }
                                 if t.kind == SnapshotKind::SynchronousSavepoint {
-                                    stopped_with = Some(path.clone());
-                                    if !t.drain {
-                                        fail = Some(String::new());
-                                        stop = Some(path);
-                                    }
+                                    // The sources now end their input; the job finishes normally.
+                                    stopped_with = Some(path);
                                 }
                             }
                         }
                         CoordinatorAction::NotifyAborted { id, reason, tasks } => {
                             let span = spans.remove(&id).unwrap_or_else(tracing::Span::none);
                             span.in_scope(|| info!(%reason, "checkpoint aborted"));
+                            coordinator_states.remove(&id);
                             if let Ok(mut t) = targets.lock() {
                                 t.remove(&id);
                             }
@@ -884,17 +882,23 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                 }
                 }
                 canceller.publish_stats(&coordinator);
-                if let Some(path) = stop {
-                    break Outcome::Stopped(path);
-                }
                 if let Some(reason) = fail {
                     break Outcome::Failed(reason);
                 }
             };
             // Tear this generation down. Checkpoints whose `_metadata` is being written finish
             // first: they are complete (every subtask acknowledged) and may be the restore point.
-            for h in &handles {
-                h.abort();
+            if matches!(outcome, Outcome::Finished) {
+                // Every task finished: now, and only now, they may commit what they held back.
+                for m in mailboxes.values() {
+                    if m.try_send(TaskMessage::JobFinished).is_err() {
+                        warn!("a finished task did not take the job's end");
+                    }
+                }
+            } else {
+                for h in &handles {
+                    h.abort();
+                }
             }
             // An abort takes effect at a task's next await: wait until every task has stopped, so
             // nothing of this generation runs on (or counts) once the next one starts or the
@@ -912,7 +916,20 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                     continue;
                 }
                 let mut ignored = Vec::new();
+                let target = requested.remove(&f.id);
+                let is_checkpoint = target.as_ref().is_none_or(|t| t.kind == SnapshotKind::Checkpoint);
+                if let Some(mut t) = target
+                    && let Some(reply) = t.reply.take()
+                {
+                    let _ = reply.send(match &f.result {
+                        Ok(_) => Ok(format!("{}/{}", t.storage.describe(), t.location.dir.trim_end_matches('/'))),
+                        Err(e) => Err(format!("snapshot {} failed: {e}", f.id)),
+                    });
+                }
                 match f.result {
+                    Ok(_) if !is_checkpoint => {
+                        coordinator.finalized(f.id, Ok(()), started.elapsed(), &mut ignored);
+                    }
                     Ok(cp) => {
                         coordinator.finalized(f.id, Ok(()), started.elapsed(), &mut ignored);
                         for old in store.add(cp) {
@@ -945,8 +962,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             next_checkpoint_id = coordinator.next_checkpoint_id();
             refused += coordinator.refused_count();
             let cause = match outcome {
-                Outcome::Finished | Outcome::Canceled | Outcome::Stopped(_) => {
-                    if let Outcome::Stopped(path) = &outcome {
+                Outcome::Finished | Outcome::Canceled => {
+                    if let Some(path) = &stopped_with {
                         info!(savepoint = %path, "job stopped with a savepoint");
                     }
                     let status = if matches!(outcome, Outcome::Canceled) {

@@ -171,6 +171,9 @@ pub enum Lifecycle<'a> {
     EndInput,
     /// Writers hand partly filled batches to their channels' queues.
     FlushPartial,
+    /// Every task of the job finished: what was held back for the end (a two-phase-commit sink's
+    /// last transactions) is committed now. Never sent to a job that may still restart.
+    JobFinished,
 }
 
 /// A one-input operator, chained in front of its downstream by [`Chained`].

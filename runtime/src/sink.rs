@@ -226,11 +226,13 @@ where
             Lifecycle::NotifyComplete(CheckpointId(id)) => self.commit_up_to(*id)?,
             // An aborted checkpoint's transaction stays pending: the next checkpoint that
             // completes commits every transaction up to its id, this one included.
+            // The last records wait for the whole job to finish: if another subtask fails
+            // first, this one is restored and replays them, and they must not be committed twice.
             Lifecycle::EndInput => {
                 let last = std::mem::take(&mut self.open);
                 self.pending.insert(FINAL_TRANSACTION, last);
-                self.commit_up_to(FINAL_TRANSACTION)?;
             }
+            Lifecycle::JobFinished => self.commit_up_to(FINAL_TRANSACTION)?,
             _ => {}
         }
         Ok(())

@@ -250,29 +250,38 @@ impl<T: Send + 'static> SourceFunction<T> for IndexedSource<T> {
 }
 
 /// Flink's `RandomGenerator.intGenerator(min, max)` made deterministic: the value of record `i`
-/// is a hash of `(seed, i)` mapped into `min..=max`.
+/// is a hash of `(seed, i)` mapped into `min..=max` (any range of `i64`, the full one included;
+/// bounds given the wrong way round are swapped).
 #[derive(Clone, Copy, Debug)]
 pub struct RandomIntGenerator {
     seed: u64,
     min: i64,
+    /// `max - min + 1`; 0 stands for the full 2^64 values.
     span: u64,
 }
 
 impl RandomIntGenerator {
     /// Values in `min..=max`.
     pub fn new(seed: u64, min: i64, max: i64) -> Self {
+        let (min, max) = if min <= max { (min, max) } else { (max, min) };
+        let span = (i128::from(max) - i128::from(min) + 1) as u128;
         RandomIntGenerator {
             seed,
             min,
-            span: (max - min) as u64 + 1,
+            span: if span > u128::from(u64::MAX) {
+                0
+            } else {
+                span as u64
+            },
         }
     }
 
     /// The value of record `i`.
     #[inline]
     pub fn value(&self, i: u64) -> i64 {
-        self.min
-            + (splitmix64(self.seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15)) % self.span) as i64
+        let h = splitmix64(self.seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let offset = if self.span == 0 { h } else { h % self.span };
+        self.min.wrapping_add(offset as i64)
     }
 }
 
@@ -467,6 +476,18 @@ mod tests {
         let mut e3 = IndexSplitEnumerator::new(2);
         e3.restore(None).unwrap();
         assert_eq!(e3.assign(0), SplitAssignment::NoMoreSplits);
+    }
+
+    #[test]
+    fn generator_takes_any_range_without_panicking() {
+        let full = RandomIntGenerator::new(1, i64::MIN, i64::MAX);
+        let _ = (0..100).map(|i| full.value(i)).collect::<Vec<_>>();
+        let one = RandomIntGenerator::new(1, 5, 5);
+        assert!((0..100).all(|i| one.value(i) == 5));
+        let swapped = RandomIntGenerator::new(1, 9, 1);
+        assert!((0..1000).all(|i| (1..=9).contains(&swapped.value(i))));
+        let top = RandomIntGenerator::new(1, i64::MAX - 2, i64::MAX);
+        assert!((0..1000).all(|i| top.value(i) >= i64::MAX - 2));
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub(crate) enum TaskMessage {
     NotifyAborted(CheckpointId),
     /// The source's enumerator answered a split request.
     Splits(SplitAssignment),
+    /// Every task finished: commit what was held for the end, then exit.
+    JobFinished,
 }
 
 /// What a task reports to the job master.
@@ -407,8 +409,8 @@ pub(crate) async fn run_task(
     };
     let result = run(&mut guarded, &mut env, restore).instrument(span).await;
     let event = match result {
-        Ok(()) => TaskEvent::Finished,
-        Err(TaskError::MasterGone) => return,
+        // A finished task reported it before waiting for the job's end.
+        Ok(()) | Err(TaskError::MasterGone) => return,
         Err(e) => TaskEvent::Failed(e),
     };
     let _ = env.report(event).await;
@@ -495,7 +497,8 @@ async fn run(
                     input.lifecycle(&mut Lifecycle::EndInput)?;
                     poll_fn(|cx| input.poll_flush(cx)).await?;
                     debug!("input ended; task finished");
-                    return Ok(());
+                    env.report(TaskEvent::Finished).await?;
+                    return wait_for_job_end(input, env, &mut cps, &mut actions).await;
                 }
                 Step::NeedSplits => {
                     cps.awaiting_splits = true;
@@ -519,6 +522,25 @@ async fn run(
 }
 
 /// One relaxed add per batch (not per record) to the job's shared counters.
+/// After its input ended, a task stays until the whole job has finished: notifications still
+/// reach its operators, and the job's end lets sinks commit what they held back.
+async fn wait_for_job_end(
+    input: &mut dyn TaskInput,
+    env: &mut TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+    actions: &mut Vec<HandlerAction>,
+) -> Result<(), TaskError> {
+    loop {
+        match env.mailbox.recv().await {
+            None => return Err(TaskError::MasterGone),
+            Some(TaskMessage::JobFinished) => {
+                return input.lifecycle(&mut Lifecycle::JobFinished);
+            }
+            Some(msg) => handle_message(msg, input, env, cps, actions).await?,
+        }
+    }
+}
+
 fn count_records(env: &TaskEnv, n: usize) {
     let counter = if env.is_source {
         &env.metrics.source_records
@@ -561,10 +583,9 @@ async fn handle_message(
         }
         TaskMessage::NotifyComplete(id) => {
             input.lifecycle(&mut Lifecycle::NotifyComplete(id))?;
-            if let Some((sid, drain)) = cps.suspended
-                && sid == id
-                && drain
-            {
+            // After a synchronous savepoint the sources end their input (with or without drain:
+            // they emitted nothing after its barrier), and the job finishes normally.
+            if cps.suspended.is_some_and(|(sid, _)| sid == id) {
                 cps.suspended = None;
                 cps.end_now = true;
             }
@@ -574,8 +595,21 @@ async fn handle_message(
             cps.awaiting_splits = false;
             input.assigned(assignment)
         }
+        TaskMessage::JobFinished => Ok(()),
         TaskMessage::NotifyAborted(id) => {
-            if cps.suspended.is_some_and(|(sid, _)| sid == id) {
+            if let Some((sid, drain)) = cps.suspended
+                && sid == id
+            {
+                if drain {
+                    // Event time already went to the end: resuming would make every later record
+                    // late. Fail, and restart from the latest checkpoint (as Flink does).
+                    return Err(TaskError::Operator {
+                        operator: env.name.clone(),
+                        message: format!(
+                            "the drained stop-with-savepoint {id} failed after event time was advanced to the end"
+                        ),
+                    });
+                }
                 debug!(checkpoint = id.0, "synchronous savepoint aborted; resuming");
                 cps.suspended = None;
             }
@@ -695,6 +729,9 @@ async fn checkpoint_state(
             })
             .await;
     });
+    // A task spawned from a busy task sits in this worker's LIFO slot, which other workers cannot
+    // steal: yield once so the upload starts now, not after the next stretch of records.
+    tokio::task::yield_now().await;
     Ok(())
 }
 
