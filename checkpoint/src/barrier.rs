@@ -192,6 +192,178 @@ impl BarrierAligner {
     }
 }
 
+/// Flink's `CheckpointBarrierTracker` for AT_LEAST_ONCE: it never blocks a channel. It counts
+/// each checkpoint's barriers and triggers once every open channel delivered one; records that
+/// overtake a barrier on a fast channel are in the snapshot *and* replayed after a restore, so a
+/// restore may count them twice, but never loses one. Several checkpoints can be tracked at once;
+/// when one triggers, older incomplete ones are aborted.
+#[derive(Clone, Debug)]
+pub struct BarrierTracker {
+    ended: Vec<bool>,
+    /// Pending checkpoints, oldest first: the barrier, which channels delivered it, and when the
+    /// first one arrived.
+    pending: Vec<(CheckpointBarrier, Vec<bool>, Duration)>,
+    /// The newest checkpoint triggered or aborted; older barriers are stale.
+    latest: Option<CheckpointId>,
+}
+
+impl BarrierTracker {
+    /// A tracker over `num_channels` channels.
+    pub fn new(num_channels: usize) -> BarrierTracker {
+        BarrierTracker {
+            ended: vec![false; num_channels],
+            pending: Vec::new(),
+            latest: None,
+        }
+    }
+
+    fn complete_ready(&mut self, now: Duration, out: &mut Vec<HandlerAction>) {
+        let ended = &self.ended;
+        let ready = self
+            .pending
+            .iter()
+            .rposition(|(_, seen, _)| seen.iter().zip(ended).all(|(s, e)| *s || *e));
+        if let Some(i) = ready {
+            let rest = self.pending.split_off(i + 1);
+            let done: Vec<_> = std::mem::replace(&mut self.pending, rest);
+            for (older, _, _) in &done[..i] {
+                out.push(HandlerAction::Abort {
+                    id: older.id,
+                    reason: AbortReason::Subsumed,
+                });
+            }
+            let (barrier, _, first) = done[i];
+            self.latest = Some(barrier.id);
+            out.push(HandlerAction::Trigger {
+                barrier,
+                alignment: now.saturating_sub(first),
+            });
+        }
+    }
+
+    /// Barrier `barrier` arrived on `channel`.
+    pub fn on_barrier(
+        &mut self,
+        channel: usize,
+        barrier: CheckpointBarrier,
+        now: Duration,
+        out: &mut Vec<HandlerAction>,
+    ) {
+        if self.latest.is_some_and(|l| barrier.id <= l) {
+            return;
+        }
+        let pos = match self.pending.iter().position(|(b, _, _)| b.id == barrier.id) {
+            Some(p) => p,
+            None => {
+                let at = self.pending.partition_point(|(b, _, _)| b.id < barrier.id);
+                self.pending
+                    .insert(at, (barrier, vec![false; self.ended.len()], now));
+                at
+            }
+        };
+        self.pending[pos].1[channel] = true;
+        self.complete_ready(now, out);
+    }
+
+    /// A cancel marker for checkpoint `id`: it, and every older pending one, is aborted.
+    pub fn on_cancel_marker(&mut self, id: CheckpointId, out: &mut Vec<HandlerAction>) {
+        if self.latest.is_some_and(|l| id <= l) {
+            return;
+        }
+        let keep = self.pending.partition_point(|(b, _, _)| b.id <= id);
+        for (b, _, _) in self.pending.drain(..keep) {
+            if b.id != id {
+                out.push(HandlerAction::Abort {
+                    id: b.id,
+                    reason: AbortReason::Subsumed,
+                });
+            }
+        }
+        self.latest = Some(id);
+        out.push(HandlerAction::Abort {
+            id,
+            reason: AbortReason::CancelMarker,
+        });
+    }
+
+    /// The coordinator aborted checkpoint `id`.
+    pub fn on_abort_notified(&mut self, id: CheckpointId) {
+        self.pending.retain(|(b, _, _)| b.id != id);
+    }
+
+    /// Channel `channel` ended: it no longer has to deliver barriers.
+    pub fn on_end_of_input(&mut self, channel: usize, now: Duration, out: &mut Vec<HandlerAction>) {
+        self.ended[channel] = true;
+        self.complete_ready(now, out);
+    }
+}
+
+/// The barrier handler of a task with inputs, chosen by the checkpointing mode (a closed set).
+#[derive(Clone, Debug)]
+pub enum BarrierHandler {
+    /// EXACTLY_ONCE, aligned.
+    Aligner(BarrierAligner),
+    /// AT_LEAST_ONCE.
+    Tracker(BarrierTracker),
+}
+
+impl BarrierHandler {
+    /// The handler for `mode` over `num_channels` channels.
+    pub fn for_mode(mode: weir_core::config::CheckpointingMode, num_channels: usize) -> Self {
+        match mode {
+            weir_core::config::CheckpointingMode::ExactlyOnce => {
+                BarrierHandler::Aligner(BarrierAligner::new(num_channels))
+            }
+            weir_core::config::CheckpointingMode::AtLeastOnce => {
+                BarrierHandler::Tracker(BarrierTracker::new(num_channels))
+            }
+        }
+    }
+
+    /// Barrier `barrier` arrived on `channel`.
+    pub fn on_barrier(
+        &mut self,
+        channel: usize,
+        barrier: CheckpointBarrier,
+        now: Duration,
+        out: &mut Vec<HandlerAction>,
+    ) {
+        match self {
+            BarrierHandler::Aligner(a) => a.on_barrier(channel, barrier, now, out),
+            BarrierHandler::Tracker(t) => t.on_barrier(channel, barrier, now, out),
+        }
+    }
+
+    /// A cancel marker for `id` arrived on `channel`.
+    pub fn on_cancel_marker(
+        &mut self,
+        channel: usize,
+        id: CheckpointId,
+        out: &mut Vec<HandlerAction>,
+    ) {
+        match self {
+            BarrierHandler::Aligner(a) => a.on_cancel_marker(channel, id, out),
+            BarrierHandler::Tracker(t) => t.on_cancel_marker(id, out),
+        }
+    }
+
+    /// The coordinator aborted `id`.
+    pub fn on_abort_notified(&mut self, id: CheckpointId, out: &mut Vec<HandlerAction>) {
+        match self {
+            BarrierHandler::Aligner(a) => a.on_abort_notified(id, out),
+            BarrierHandler::Tracker(t) => t.on_abort_notified(id),
+        }
+    }
+
+    /// Channel `channel` ended.
+    pub fn on_end_of_input(&mut self, channel: usize, now: Duration, out: &mut Vec<HandlerAction>) {
+        match self {
+            BarrierHandler::Aligner(a) => a.on_end_of_input(channel, now, out),
+            BarrierHandler::Tracker(t) => t.on_end_of_input(channel, now, out),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,5 +575,74 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn run_tracker(channels: usize, script: &str) -> String {
+        let mut t = BarrierTracker::new(channels);
+        let mut lines = Vec::new();
+        for (n, line) in script
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .enumerate()
+        {
+            let (ch, ev) = line.split_once(' ').unwrap();
+            let ch: usize = ch.parse().unwrap();
+            let now = Duration::from_millis(n as u64);
+            let mut out = Vec::new();
+            if let Some(k) = ev.strip_prefix('b') {
+                t.on_barrier(ch, b(k.parse().unwrap()), now, &mut out);
+            } else if let Some(k) = ev.strip_prefix('c') {
+                t.on_cancel_marker(CheckpointId(k.parse().unwrap()), &mut out);
+            } else if ev == "end" {
+                t.on_end_of_input(ch, now, &mut out);
+            }
+            let rendered: Vec<String> = out
+                .iter()
+                .map(|a| match a {
+                    HandlerAction::Block(c) => format!("block {c}"),
+                    HandlerAction::UnblockAll => "unblock".into(),
+                    HandlerAction::Trigger { barrier, .. } => format!("trigger {}", barrier.id),
+                    HandlerAction::Abort { id, reason } => format!("abort {id} ({reason:?})"),
+                })
+                .collect();
+            lines.push(format!("{line:8} => {}", rendered.join(", ")));
+        }
+        lines.join("\n")
+    }
+
+    #[test]
+    fn tracker_never_blocks_and_triggers_when_all_channels_delivered() {
+        assert_eq!(
+            run_tracker(2, "0 b1\n0 b2\n1 b1\n1 b2"),
+            "0 b1     => \n\
+             0 b2     => \n\
+             1 b1     => trigger 1\n\
+             1 b2     => trigger 2"
+        );
+    }
+
+    #[test]
+    fn tracker_aborts_older_incomplete_checkpoints_and_ignores_stale_barriers() {
+        assert_eq!(
+            run_tracker(2, "0 b1\n0 b2\n1 b2\n1 b1"),
+            "0 b1     => \n\
+             0 b2     => \n\
+             1 b2     => abort 1 (Subsumed), trigger 2\n\
+             1 b1     => "
+        );
+    }
+
+    #[test]
+    fn tracker_cancel_and_end_of_input() {
+        assert_eq!(
+            run_tracker(3, "0 b1\n1 c1\n2 b1\n0 b2\n1 end\n2 b2"),
+            "0 b1     => \n\
+             1 c1     => abort 1 (CancelMarker)\n\
+             2 b1     => \n\
+             0 b2     => \n\
+             1 end    => \n\
+             2 b2     => trigger 2"
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use weir_runtime::source::RandomIntGenerator;
-use weir_runtime::{LatestHandle, RestartStrategy, StreamEnvironment};
+use weir_runtime::{CheckpointingMode, LatestHandle, RestartStrategy, StreamEnvironment};
 
 /// The job's options (the binary's flags).
 #[derive(Clone, Debug)]
@@ -46,6 +46,12 @@ pub struct WordCountOptions {
     pub savepoint_dir: Option<PathBuf>,
     /// Restore even if some state maps to no operator.
     pub allow_non_restored_state: bool,
+    /// Checkpointing mode.
+    pub mode: CheckpointingMode,
+    /// Credits per channel.
+    pub buffers_per_channel: usize,
+    /// A pause per record before the sink, to create backpressure.
+    pub sink_delay: Option<Duration>,
 }
 
 impl Default for WordCountOptions {
@@ -66,6 +72,9 @@ impl Default for WordCountOptions {
             checkpoint_every_records: None,
             savepoint_dir: None,
             allow_non_restored_state: false,
+            mode: CheckpointingMode::ExactlyOnce,
+            buffers_per_channel: 4,
+            sink_delay: None,
         }
     }
 }
@@ -152,6 +161,8 @@ pub fn build(
         config.checkpoint.every_records = opts.checkpoint_every_records;
         config.savepoint_dir = opts.savepoint_dir.clone();
         config.allow_non_restored_state = opts.allow_non_restored_state;
+        config.checkpoint.mode = opts.mode;
+        config.buffers_per_channel = opts.buffers_per_channel;
     }
     let generator = RandomIntGenerator::new(opts.seed, 1, 9);
     let injector = Arc::new(FailureInjector::new(opts.fail_after.clone()));
@@ -174,6 +185,15 @@ pub fn build(
         .key_by(|t: &(String, i64)| &t.0)
         .sum()
         .uid("sum");
+    let counts = match opts.sink_delay {
+        Some(delay) if !delay.is_zero() => counts
+            .map(move |t: (String, i64)| {
+                std::thread::sleep(delay);
+                t
+            })
+            .uid("sink-delay"),
+        _ => counts,
+    };
     if opts.print {
         counts.clone().print().uid("print");
     }

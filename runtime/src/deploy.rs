@@ -27,6 +27,7 @@ pub(crate) struct BuildContext<'a> {
     pub attempt: u32,
     pub restored: bool,
     pub batch_size: usize,
+    pub mode: weir_core::config::CheckpointingMode,
     pub key_hashes: &'a HashMap<(NodeId, NodeId), Arc<dyn Any + Send + Sync>>,
 }
 
@@ -187,7 +188,11 @@ impl<I: Data, O: Data> NodeFactory for TypedNode<I, O> {
                 }
             }
         }
-        Ok(Box::new(NetworkInput::new(InputGate::new(receivers), head)))
+        Ok(Box::new(NetworkInput::new(
+            InputGate::new(receivers),
+            head,
+            ctx.mode,
+        )))
     }
 
     fn output_writer(

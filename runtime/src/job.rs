@@ -546,6 +546,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         attempt,
                         restored: restore_ctx.checkpoint.is_some(),
                         batch_size: config.batch_size,
+                        mode: config.checkpoint.mode,
                         key_hashes: &key_hashes,
                     };
                     let input = build_task(&ctx, &factories).map_err(|e| JobError::Invalid(e.to_string()))?;

@@ -20,9 +20,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tracing::{Instrument, debug, warn};
 use weir_checkpoint::CheckpointStorage;
-use weir_checkpoint::barrier::{BarrierAligner, HandlerAction};
+use weir_checkpoint::barrier::{BarrierHandler, HandlerAction};
 use weir_checkpoint::coordinator::{CheckpointFailureReason, SubtaskCheckpointMetrics, TaskKey};
 use weir_checkpoint::storage::CheckpointLocation;
+use weir_core::config::CheckpointingMode;
 use weir_core::element::{CheckpointBarrier, Event, SnapshotKind, StreamElement, Watermark};
 use weir_core::handle::{OperatorStateHandle, OperatorSubtaskState, TaskStateSnapshot};
 use weir_core::ids::{CheckpointId, JobId};
@@ -202,19 +203,19 @@ impl<T: Send + 'static> TaskInput for SourceInput<T> {
 pub(crate) struct NetworkInput<T> {
     pub gate: InputGate<T>,
     pub head: Box<dyn Output<T>>,
-    pub aligner: BarrierAligner,
+    pub handler: BarrierHandler,
     pub ended: Vec<bool>,
     pub watermarks: Vec<i64>,
     pub current_watermark: i64,
 }
 
 impl<T: Data> NetworkInput<T> {
-    pub fn new(gate: InputGate<T>, head: Box<dyn Output<T>>) -> Self {
+    pub fn new(gate: InputGate<T>, head: Box<dyn Output<T>>, mode: CheckpointingMode) -> Self {
         let n = gate.num_channels();
         NetworkInput {
             gate,
             head,
-            aligner: BarrierAligner::new(n),
+            handler: BarrierHandler::for_mode(mode, n),
             ended: vec![false; n],
             watermarks: vec![i64::MIN; n],
             current_watermark: i64::MIN,
@@ -274,17 +275,17 @@ impl<T: Data> TaskInput for NetworkInput<T> {
                     }
                 }
                 Event::Barrier(b) => {
-                    self.aligner.on_barrier(i, b, now, actions);
+                    self.handler.on_barrier(i, b, now, actions);
                     Ok(Step::Events)
                 }
                 Event::CancelCheckpoint(id) => {
-                    self.aligner.on_cancel_marker(i, id, actions);
+                    self.handler.on_cancel_marker(i, id, actions);
                     Ok(Step::Events)
                 }
                 Event::EndOfInput => {
                     self.ended[i] = true;
                     self.watermarks[i] = i64::MAX;
-                    self.aligner.on_end_of_input(i, now, actions);
+                    self.handler.on_end_of_input(i, now, actions);
                     if self.ended.iter().all(|e| *e) {
                         Ok(Step::End)
                     } else {
@@ -305,7 +306,7 @@ impl<T: Data> TaskInput for NetworkInput<T> {
     }
 
     fn on_abort_notified(&mut self, id: CheckpointId, actions: &mut Vec<HandlerAction>) {
-        self.aligner.on_abort_notified(id, actions);
+        self.handler.on_abort_notified(id, actions);
         self.apply_blocking(actions);
     }
 }

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 use weir_examples::{WordCountOptions, build};
-use weir_runtime::{JobClient, JobStatus};
+use weir_runtime::{CheckpointingMode, JobClient, JobStatus};
 
 /// Records cross threads (made by a source, freed by a sink): mimalloc frees them without the
 /// lock contention glibc's allocator shows here (measured: 60% of the time in malloc/free).
@@ -70,6 +70,24 @@ struct Args {
     /// Restore even if the checkpoint has state for operators this job does not have.
     #[arg(long)]
     allow_non_restored_state: bool,
+    /// Checkpointing mode: exactly-once (aligned barriers) or at-least-once (tracked barriers).
+    #[arg(long, value_enum, default_value_t = Mode::ExactlyOnce)]
+    mode: Mode,
+    /// Credits per channel (buffers in flight between two subtasks).
+    #[arg(long, default_value_t = 4)]
+    buffers_per_channel: usize,
+    /// A pause per record before the sink, e.g. 10us, to create backpressure.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    sink_delay: Option<Duration>,
+}
+
+/// `--mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    /// Aligned barriers: every record counted exactly once, also after a failure.
+    ExactlyOnce,
+    /// Tracked barriers: never blocks; after a failure some records may count twice.
+    AtLeastOnce,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
@@ -100,6 +118,9 @@ async fn main() -> Result<()> {
     if args.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
+    if args.buffers_per_channel == 0 {
+        bail!("--buffers-per-channel must be at least 1");
+    }
     if args.retain == 0 {
         bail!("--retain must be at least 1");
     }
@@ -122,6 +143,12 @@ async fn main() -> Result<()> {
         checkpoint_every_records: args.checkpoint_every_records,
         savepoint_dir: Some(args.savepoint_dir.clone()),
         allow_non_restored_state: args.allow_non_restored_state,
+        mode: match args.mode {
+            Mode::ExactlyOnce => CheckpointingMode::ExactlyOnce,
+            Mode::AtLeastOnce => CheckpointingMode::AtLeastOnce,
+        },
+        buffers_per_channel: args.buffers_per_channel,
+        sink_delay: args.sink_delay,
     };
     let (env, totals, _injector) = build(&opts);
     let client = JobClient::default();

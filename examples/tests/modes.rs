@@ -1,0 +1,78 @@
+//! Checkpointing modes: at-least-once (the barrier tracker, never blocking) loses nothing under
+//! failures, and exactly-once (the aligner) stays exact under real backpressure (one buffer per
+//! channel, a slow sink).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+use weir_examples::{WordCountOptions, build, expected_totals};
+use weir_runtime::{CheckpointingMode, RestartStrategy};
+
+fn opts(dir: &std::path::Path, records: u64, mode: CheckpointingMode) -> WordCountOptions {
+    WordCountOptions {
+        records: Some(records),
+        parallelism: 2,
+        checkpoint_interval: Some(Duration::from_millis(10)),
+        checkpoint_dir: dir.join("checkpoints"),
+        mode,
+        restart: Some(RestartStrategy::FixedDelay {
+            attempts: 10,
+            delay: Duration::ZERO,
+        }),
+        ..WordCountOptions::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_least_once_without_failures_is_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = opts(tmp.path(), 300_000, CheckpointingMode::AtLeastOnce);
+    let (env, totals, _) = build(&o);
+    let r = env.execute().await.unwrap();
+    assert!(r.checkpoints_completed > 0, "{r:?}");
+    assert_eq!(totals.get(), expected_totals(300_000, o.seed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_least_once_under_failures_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 600_000;
+    let o = WordCountOptions {
+        fail_after: vec![150_000, 300_000, 450_000],
+        ..opts(tmp.path(), records, CheckpointingMode::AtLeastOnce)
+    };
+    let (env, totals, injector) = build(&o);
+    let r = env.execute().await.unwrap();
+    assert_eq!(injector.injected(), 3);
+    assert_eq!(r.restarts, 3);
+    let got = totals.get();
+    let expected = expected_totals(records, o.seed);
+    assert_eq!(got.len(), expected.len());
+    for (word, n) in &expected {
+        assert!(
+            got[word] >= *n,
+            "word {word}: {} < {n}: a record was lost",
+            got[word]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_under_backpressure_and_a_failure_is_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 60_000;
+    let o = WordCountOptions {
+        fail_after: vec![30_000],
+        buffers_per_channel: 1,
+        batch_size: 64,
+        sink_delay: Some(Duration::from_micros(20)),
+        ..opts(tmp.path(), records, CheckpointingMode::ExactlyOnce)
+    };
+    let (env, totals, _) = build(&o);
+    let r = env.execute().await.unwrap();
+    assert_eq!(r.restarts, 1);
+    assert!(
+        r.checkpoints_completed > 0,
+        "no checkpoint completed under backpressure"
+    );
+    assert_eq!(totals.get(), expected_totals(records, o.seed));
+}
