@@ -76,3 +76,25 @@ async fn exactly_once_under_backpressure_and_a_failure_is_exact() {
     );
     assert_eq!(totals.get(), expected_totals(records, o.seed));
 }
+
+/// Aligned checkpoints with several in flight (`max_concurrent_checkpoints > 1`) stay exact
+/// under failures: a channel delivers barrier n before n + 1, so alignments never interleave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_aligned_checkpoints_are_exact_under_failures() {
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 600_000;
+    let o = WordCountOptions {
+        fail_after: vec![200_000, 400_000],
+        ..opts(tmp.path(), records, CheckpointingMode::ExactlyOnce)
+    };
+    let (env, totals, _) = build(&o);
+    {
+        let mut c = env.checkpoint_config();
+        c.max_concurrent = 3;
+        c.interval = Some(Duration::from_millis(2));
+    }
+    let r = env.execute().await.unwrap();
+    assert_eq!(r.restarts, 2);
+    assert!(r.checkpoints_completed > 0);
+    assert_eq!(totals.get(), expected_totals(records, o.seed));
+}
