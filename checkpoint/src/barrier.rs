@@ -377,10 +377,10 @@ mod tests {
         }
     }
 
-    /// Runs a script of `(channel, event)` lines and renders the actions, one line per event.
+    /// Runs a script of `(channel, event)` lines through a handler and renders the actions, one
+    /// line per event (the event padded to `width`; alignment times shown when `timing`).
     /// Events: `b<n>` barrier, `c<n>` cancel marker, `end`, `abort<n>` coordinator abort.
-    fn run(channels: usize, script: &str) -> String {
-        let mut a = BarrierAligner::new(channels);
+    fn script(mut h: BarrierHandler, width: usize, timing: bool, script: &str) -> String {
         let mut lines = Vec::new();
         for (t, line) in script
             .lines()
@@ -393,28 +393,47 @@ mod tests {
             let now = Duration::from_millis(t as u64);
             let mut out = Vec::new();
             if let Some(n) = ev.strip_prefix("abort") {
-                a.on_abort_notified(CheckpointId(n.parse().unwrap()), &mut out);
+                h.on_abort_notified(CheckpointId(n.parse().unwrap()), &mut out);
             } else if let Some(n) = ev.strip_prefix('b') {
-                a.on_barrier(ch, b(n.parse().unwrap()), now, &mut out);
+                h.on_barrier(ch, b(n.parse().unwrap()), now, &mut out);
             } else if let Some(n) = ev.strip_prefix('c') {
-                a.on_cancel_marker(ch, CheckpointId(n.parse().unwrap()), &mut out);
+                h.on_cancel_marker(ch, CheckpointId(n.parse().unwrap()), &mut out);
             } else if ev == "end" {
-                a.on_end_of_input(ch, now, &mut out);
+                h.on_end_of_input(ch, now, &mut out);
             }
             let rendered: Vec<String> = out
                 .iter()
                 .map(|a| match a {
                     HandlerAction::Block(c) => format!("block {c}"),
                     HandlerAction::UnblockAll => "unblock".into(),
-                    HandlerAction::Trigger { barrier, alignment } => {
+                    HandlerAction::Trigger { barrier, alignment } if timing => {
                         format!("trigger {} after {}ms", barrier.id, alignment.as_millis())
                     }
+                    HandlerAction::Trigger { barrier, .. } => format!("trigger {}", barrier.id),
                     HandlerAction::Abort { id, reason } => format!("abort {id} ({reason:?})"),
                 })
                 .collect();
-            lines.push(format!("{line:10} => {}", rendered.join(", ")));
+            lines.push(format!("{line:width$} => {}", rendered.join(", ")));
         }
         lines.join("\n")
+    }
+
+    fn run(channels: usize, s: &str) -> String {
+        script(
+            BarrierHandler::Aligner(BarrierAligner::new(channels)),
+            10,
+            true,
+            s,
+        )
+    }
+
+    fn run_tracker(channels: usize, s: &str) -> String {
+        script(
+            BarrierHandler::Tracker(BarrierTracker::new(channels)),
+            8,
+            false,
+            s,
+        )
     }
 
     #[test]
@@ -575,40 +594,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    fn run_tracker(channels: usize, script: &str) -> String {
-        let mut t = BarrierTracker::new(channels);
-        let mut lines = Vec::new();
-        for (n, line) in script
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .enumerate()
-        {
-            let (ch, ev) = line.split_once(' ').unwrap();
-            let ch: usize = ch.parse().unwrap();
-            let now = Duration::from_millis(n as u64);
-            let mut out = Vec::new();
-            if let Some(k) = ev.strip_prefix('b') {
-                t.on_barrier(ch, b(k.parse().unwrap()), now, &mut out);
-            } else if let Some(k) = ev.strip_prefix('c') {
-                t.on_cancel_marker(CheckpointId(k.parse().unwrap()), &mut out);
-            } else if ev == "end" {
-                t.on_end_of_input(ch, now, &mut out);
-            }
-            let rendered: Vec<String> = out
-                .iter()
-                .map(|a| match a {
-                    HandlerAction::Block(c) => format!("block {c}"),
-                    HandlerAction::UnblockAll => "unblock".into(),
-                    HandlerAction::Trigger { barrier, .. } => format!("trigger {}", barrier.id),
-                    HandlerAction::Abort { id, reason } => format!("abort {id} ({reason:?})"),
-                })
-                .collect();
-            lines.push(format!("{line:8} => {}", rendered.join(", ")));
-        }
-        lines.join("\n")
     }
 
     #[test]
