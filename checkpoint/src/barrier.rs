@@ -1,15 +1,28 @@
 //! Barrier handlers as pure state machines: events from the input channels in, actions out.
 //!
-//! [`BarrierAligner`] is Flink's `CheckpointBarrierAligner` for EXACTLY_ONCE aligned checkpoints:
-//! when barrier *n* arrives on a channel, that channel is blocked; when it has arrived on every
-//! channel still open, the checkpoint triggers and all channels resume. Channels that ended count
-//! as having delivered the barrier. Older barriers are ignored (reference step 0), a newer barrier
-//! aborts an alignment in progress, and a `CancelCheckpointMarker` releases it.
+//! [`BarrierAligner`] is the EXACTLY_ONCE handler, Flink's `SingleCheckpointBarrierHandler`. It
+//! acts on each checkpoint as its barrier's [`AlignmentType`] says:
+//! - *Aligned*: when barrier *n* arrives on a channel, that channel is blocked; when it has
+//!   arrived on every channel still open, the checkpoint triggers and all channels resume.
+//! - *Unaligned* (the unaligner): the first barrier triggers at once. From then on, what each
+//!   other channel delivers before its barrier is in-flight data to persist; the task never stops
+//!   reading. A priority barrier overtook queued elements inside its channel: those, too, are
+//!   persisted.
+//! - *Aligned with timeout* (the alternating handler): starts aligned; once the alignment has
+//!   lasted `timeout` since the first barrier reached this task, or an upstream task's barrier
+//!   arrives already switched, it switches to unaligned: channels resume, the checkpoint
+//!   triggers, and the channels still owing their barrier are persisted.
 //!
-//! Time is passed in (`now`, monotonic), so alignment durations are measured without a clock here.
+//! In every mode, channels that ended count as having delivered the barrier, older barriers are
+//! ignored (reference step 0), a newer barrier aborts the checkpoint in progress, and a
+//! `CancelCheckpointMarker` releases it.
+//!
+//! Time is passed in (`now`, monotonic), so alignment durations and timeouts are decided without
+//! a clock here; [`BarrierAligner::next_deadline`] tells the task when to call
+//! [`BarrierAligner::on_timer`].
 
 use std::time::Duration;
-use weir_core::element::CheckpointBarrier;
+use weir_core::element::{AlignmentType, CheckpointBarrier};
 use weir_core::ids::CheckpointId;
 
 /// What the task must do after a handler saw an event.
@@ -19,14 +32,26 @@ pub enum HandlerAction {
     Block(usize),
     /// Resume reading every channel.
     UnblockAll,
-    /// Barriers arrived on every channel: take the checkpoint (steps 0–4), then go on.
+    /// Take the checkpoint (steps 0–4), then go on. When `barrier` is unaligned
+    /// ([`weir_core::element::CheckpointOptions::is_unaligned`]), the task emits it as a priority
+    /// event and its snapshot is complete only with the in-flight data (see
+    /// [`HandlerAction::InFlightComplete`]).
     Trigger {
-        /// The barrier, as received.
+        /// The barrier to emit; switched to unaligned when the alignment timed out.
         barrier: CheckpointBarrier,
-        /// Time from the first barrier to the last.
+        /// Time from the first barrier to the trigger.
         alignment: Duration,
     },
+    /// Persist what this channel delivers from now on, until its barrier's position.
+    PersistInFlight(usize),
+    /// The channel's barrier of the unaligned checkpoint arrived: persist the elements it
+    /// overtook inside the channel (none for an in-order barrier or end of input), then stop.
+    BarrierReached(usize),
+    /// Every channel's barrier arrived: once the overtaken elements are read, the in-flight data
+    /// of this checkpoint is complete.
+    InFlightComplete(CheckpointId),
     /// Give up on checkpoint `id` here: tell the coordinator and send a cancel marker downstream.
+    /// Any in-flight data persisted for it is dropped.
     Abort {
         /// The checkpoint.
         id: CheckpointId,
@@ -57,21 +82,32 @@ impl std::fmt::Display for AbortReason {
     }
 }
 
-/// Flink's aligned barrier handler.
+/// The checkpoint a [`BarrierAligner`] is working on.
+#[derive(Clone, Copy, Debug)]
+struct Current {
+    barrier: CheckpointBarrier,
+    /// When its first barrier arrived.
+    started: Duration,
+    /// Triggered unaligned: collecting in-flight data, nothing blocked.
+    unaligned: bool,
+}
+
+/// The EXACTLY_ONCE barrier handler: aligner, unaligner and alternating handler in one state
+/// machine, switching per checkpoint on its barrier's alignment (see the module docs).
 #[derive(Clone, Debug)]
 pub struct BarrierAligner {
-    /// Barrier received on each channel for the current alignment.
+    /// Barrier received on each channel for the current checkpoint.
     received: Vec<bool>,
     /// Channels that ended.
     ended: Vec<bool>,
-    /// The alignment in progress.
-    current: Option<(CheckpointBarrier, Duration)>,
-    /// The newest checkpoint id triggered, aborted or being aligned; older barriers are stale.
+    /// The checkpoint in progress.
+    current: Option<Current>,
+    /// The newest checkpoint id triggered, aborted or in progress; older barriers are stale.
     latest: Option<CheckpointId>,
 }
 
 impl BarrierAligner {
-    /// An aligner over `num_channels` channels.
+    /// A handler over `num_channels` channels.
     pub fn new(num_channels: usize) -> BarrierAligner {
         BarrierAligner {
             received: vec![false; num_channels],
@@ -81,14 +117,30 @@ impl BarrierAligner {
         }
     }
 
-    /// The checkpoint being aligned, if any.
+    /// The checkpoint in progress (aligning, or collecting in-flight data), if any.
     pub fn aligning(&self) -> Option<CheckpointId> {
-        self.current.map(|(b, _)| b.id)
+        self.current.map(|c| c.barrier.id)
     }
 
     /// Whether channel `i` is blocked by the alignment in progress.
     pub fn is_blocked(&self, i: usize) -> bool {
-        self.current.is_some() && self.received[i]
+        self.current.is_some_and(|c| !c.unaligned) && self.received[i]
+    }
+
+    /// When [`on_timer`](Self::on_timer) must be called: the aligned checkpoint timeout of the
+    /// alignment in progress.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        match self.current {
+            Some(Current {
+                barrier,
+                started,
+                unaligned: false,
+            }) => match barrier.options.alignment {
+                AlignmentType::AlignedWithTimeout { timeout } => Some(started + timeout),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 
     fn is_stale(&self, id: CheckpointId) -> bool {
@@ -96,23 +148,68 @@ impl BarrierAligner {
     }
 
     fn release(&mut self, out: &mut Vec<HandlerAction>) {
-        if self.current.take().is_some() {
+        if let Some(c) = self.current.take() {
             self.received.iter_mut().for_each(|r| *r = false);
-            out.push(HandlerAction::UnblockAll);
+            if !c.unaligned {
+                out.push(HandlerAction::UnblockAll);
+            }
         }
     }
 
+    fn all_reached(&self) -> bool {
+        self.received.iter().zip(&self.ended).all(|(r, e)| *r || *e)
+    }
+
     fn maybe_complete(&mut self, now: Duration, out: &mut Vec<HandlerAction>) {
-        let Some((barrier, started)) = self.current else {
+        let Some(c) = self.current else {
             return;
         };
-        let all = self.received.iter().zip(&self.ended).all(|(r, e)| *r || *e);
-        if all {
+        if !self.all_reached() {
+            return;
+        }
+        if c.unaligned {
+            self.current = None;
+            self.received.iter_mut().for_each(|r| *r = false);
+            out.push(HandlerAction::InFlightComplete(c.barrier.id));
+        } else {
             self.release(out);
             out.push(HandlerAction::Trigger {
-                barrier,
-                alignment: now.saturating_sub(started),
+                barrier: c.barrier,
+                alignment: now.saturating_sub(c.started),
             });
+        }
+    }
+
+    /// Switches the checkpoint in progress to unaligned: resume every channel, trigger, and
+    /// persist the channels that still owe their barrier.
+    fn switch_to_unaligned(&mut self, now: Duration, out: &mut Vec<HandlerAction>) {
+        let Some(c) = self.current.as_mut() else {
+            return;
+        };
+        if c.unaligned {
+            return;
+        }
+        let had_blocked = self.received.iter().any(|r| *r);
+        c.unaligned = true;
+        c.barrier.options = c.barrier.options.as_unaligned();
+        if had_blocked {
+            out.push(HandlerAction::UnblockAll);
+        }
+        out.push(HandlerAction::Trigger {
+            barrier: c.barrier,
+            alignment: now.saturating_sub(c.started),
+        });
+        for (i, (r, e)) in self.received.iter().zip(&self.ended).enumerate() {
+            if !*r && !*e {
+                out.push(HandlerAction::PersistInFlight(i));
+            }
+        }
+    }
+
+    /// Time passed: an alignment past its aligned checkpoint timeout switches to unaligned.
+    pub fn on_timer(&mut self, now: Duration, out: &mut Vec<HandlerAction>) {
+        if self.next_deadline().is_some_and(|d| now >= d) {
+            self.switch_to_unaligned(now, out);
         }
     }
 
@@ -127,22 +224,35 @@ impl BarrierAligner {
         if self.is_stale(barrier.id) {
             return;
         }
-        if let Some((cur, _)) = self.current
-            && barrier.id > cur.id
+        if let Some(cur) = self.current
+            && barrier.id > cur.barrier.id
         {
             self.release(out);
             out.push(HandlerAction::Abort {
-                id: cur.id,
+                id: cur.barrier.id,
                 reason: AbortReason::Subsumed,
             });
         }
         if self.current.is_none() {
-            self.current = Some((barrier, now));
+            self.current = Some(Current {
+                barrier,
+                started: now,
+                unaligned: false,
+            });
             self.latest = Some(barrier.id);
         }
+        self.on_timer(now, out);
+        if barrier.options.is_unaligned() {
+            self.switch_to_unaligned(now, out);
+        }
+        let unaligned = self.current.is_some_and(|c| c.unaligned);
         if !self.received[channel] {
             self.received[channel] = true;
-            out.push(HandlerAction::Block(channel));
+            out.push(if unaligned {
+                HandlerAction::BarrierReached(channel)
+            } else {
+                HandlerAction::Block(channel)
+            });
         }
         self.maybe_complete(now, out);
     }
@@ -185,9 +295,12 @@ impl BarrierAligner {
         }
     }
 
-    /// Channel `channel` ended. During an alignment it counts as having delivered the barrier.
+    /// Channel `channel` ended. During a checkpoint it counts as having delivered the barrier.
     pub fn on_end_of_input(&mut self, channel: usize, now: Duration, out: &mut Vec<HandlerAction>) {
         self.ended[channel] = true;
+        if self.current.is_some_and(|c| c.unaligned) && !self.received[channel] {
+            out.push(HandlerAction::BarrierReached(channel));
+        }
         self.maybe_complete(now, out);
     }
 }
@@ -362,6 +475,21 @@ impl BarrierHandler {
             BarrierHandler::Tracker(t) => t.on_end_of_input(channel, now, out),
         }
     }
+
+    /// When [`on_timer`](Self::on_timer) must be called next, if ever.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        match self {
+            BarrierHandler::Aligner(a) => a.next_deadline(),
+            BarrierHandler::Tracker(_) => None,
+        }
+    }
+
+    /// Time passed (an aligned checkpoint timeout may have expired).
+    pub fn on_timer(&mut self, now: Duration, out: &mut Vec<HandlerAction>) {
+        if let BarrierHandler::Aligner(a) = self {
+            a.on_timer(now, out);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -379,7 +507,9 @@ mod tests {
 
     /// Runs a script of `(channel, event)` lines through a handler and renders the actions, one
     /// line per event (the event padded to `width`; alignment times shown when `timing`).
-    /// Events: `b<n>` barrier, `c<n>` cancel marker, `end`, `abort<n>` coordinator abort.
+    /// Events: `b<n>` aligned barrier, `u<n>` unaligned barrier, `t<n>` aligned barrier with a
+    /// 2 ms aligned checkpoint timeout, `c<n>` cancel marker, `end`, `tick` (timer), `abort<n>`
+    /// coordinator abort. Each line is one millisecond after the previous one.
     fn script(mut h: BarrierHandler, width: usize, timing: bool, script: &str) -> String {
         let mut lines = Vec::new();
         for (t, line) in script
@@ -398,6 +528,18 @@ mod tests {
                 h.on_barrier(ch, b(n.parse().unwrap()), now, &mut out);
             } else if let Some(n) = ev.strip_prefix('c') {
                 h.on_cancel_marker(ch, CheckpointId(n.parse().unwrap()), &mut out);
+            } else if let Some(n) = ev.strip_prefix('u') {
+                let mut barrier = b(n.parse().unwrap());
+                barrier.options = barrier.options.as_unaligned();
+                h.on_barrier(ch, barrier, now, &mut out);
+            } else if ev == "tick" {
+                h.on_timer(now, &mut out);
+            } else if let Some(n) = ev.strip_prefix('t') {
+                let mut barrier = b(n.parse().unwrap());
+                barrier.options.alignment = AlignmentType::AlignedWithTimeout {
+                    timeout: Duration::from_millis(2),
+                };
+                h.on_barrier(ch, barrier, now, &mut out);
             } else if ev == "end" {
                 h.on_end_of_input(ch, now, &mut out);
             }
@@ -407,9 +549,21 @@ mod tests {
                     HandlerAction::Block(c) => format!("block {c}"),
                     HandlerAction::UnblockAll => "unblock".into(),
                     HandlerAction::Trigger { barrier, alignment } if timing => {
-                        format!("trigger {} after {}ms", barrier.id, alignment.as_millis())
+                        let u = if barrier.options.is_unaligned() {
+                            " unaligned"
+                        } else {
+                            ""
+                        };
+                        format!(
+                            "trigger {}{u} after {}ms",
+                            barrier.id,
+                            alignment.as_millis()
+                        )
                     }
                     HandlerAction::Trigger { barrier, .. } => format!("trigger {}", barrier.id),
+                    HandlerAction::PersistInFlight(c) => format!("persist {c}"),
+                    HandlerAction::BarrierReached(c) => format!("reached {c}"),
+                    HandlerAction::InFlightComplete(id) => format!("complete {id}"),
                     HandlerAction::Abort { id, reason } => format!("abort {id} ({reason:?})"),
                 })
                 .collect();
@@ -570,7 +724,10 @@ mod tests {
                         HandlerAction::Block(c) => blocked[c] = true,
                         HandlerAction::UnblockAll => blocked.iter_mut().for_each(|b| *b = false),
                         HandlerAction::Trigger { barrier, .. } => triggered.push(barrier.id.0),
-                        HandlerAction::Abort { .. } => {}
+                        HandlerAction::Abort { .. }
+                        | HandlerAction::PersistInFlight(_)
+                        | HandlerAction::BarrierReached(_)
+                        | HandlerAction::InFlightComplete(_) => {}
                     }
                 }
             }
@@ -594,6 +751,446 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// One item of a channel in the model of the randomized unaligned/alternating test.
+    #[derive(Clone, Copy, Debug)]
+    enum Item {
+        /// Record `n` of its channel; each channel numbers its records from 0.
+        Data(u64),
+        Barrier(CheckpointBarrier),
+        Cancel(u64),
+        End,
+    }
+
+    /// The unaligned checkpoint whose in-flight data the task is collecting.
+    struct Collecting {
+        id: u64,
+        /// Per channel: records processed before the trigger (records `0..before[c]`).
+        before: Vec<u64>,
+        /// Per channel: between `PersistInFlight` and `BarrierReached`.
+        persisting: Vec<bool>,
+        /// Per channel: `BarrierReached` seen.
+        reached: Vec<bool>,
+        /// Per channel: the records persisted as in-flight data.
+        persisted: Vec<Vec<u64>>,
+    }
+
+    /// The randomized test of unaligned and alternating checkpoints, in the style of Flink's
+    /// `AlignedCheckpointsMassiveRandomTest`: channels carry numbered records, barriers (in
+    /// increasing order, in order with the records: nothing is overtaken), cancel markers and end
+    /// of input; the timer fires at random times, the coordinator aborts now and then. The task is
+    /// simulated exactly: blocked channels deliver nothing, an unaligned trigger starts collecting
+    /// in-flight data, `PersistInFlight`/`BarrierReached` say which records are persisted.
+    ///
+    /// Invariants: triggers strictly increase; no deadlock (every queue drains); the task's view of
+    /// blocked channels is the handler's; an alignment past its timeout has switched once the timer
+    /// or a barrier was handled; nothing is blocked or triggered while an unaligned checkpoint
+    /// collects; `InFlightComplete` follows the trigger of the same id, with every
+    /// channel's barrier reached; a completed checkpoint is never aborted afterwards; a checkpoint
+    /// some channel cancelled never completes; one no channel cancelled (and the coordinator did
+    /// not abort first) triggers; and exactly-once: for every completed checkpoint and channel, the
+    /// records processed before the trigger plus those persisted are exactly, without duplicates,
+    /// the records before that checkpoint's barrier (or the end) on the channel.
+    #[test]
+    fn random_unaligned_and_alternating_checkpoints_are_exactly_once() {
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut rnd = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for round in 0..400 {
+            let channels = 1 + rnd(4) as usize;
+            let checkpoints = 1 + rnd(6);
+            // 0: unaligned, 1: alternating, 2: aligned, unaligned and alternating mixed.
+            let style = rnd(3);
+            let cancelled: Vec<bool> = (0..=checkpoints).map(|_| rnd(5) == 0).collect();
+            let barriers: Vec<CheckpointBarrier> = (0..=checkpoints)
+                .map(|id| {
+                    let mut barrier = b(id);
+                    barrier.options.alignment = match (style, rnd(3)) {
+                        (0, _) | (2, 0) => AlignmentType::Unaligned,
+                        (1, _) | (2, 1) => AlignmentType::AlignedWithTimeout {
+                            timeout: Duration::from_millis(rnd(8)),
+                        },
+                        _ => AlignmentType::Aligned,
+                    };
+                    barrier
+                })
+                .collect();
+            let mut queues: Vec<Vec<Item>> = Vec::new();
+            for _ in 0..channels {
+                let ends_after = if rnd(4) == 0 {
+                    rnd(checkpoints + 1)
+                } else {
+                    checkpoints
+                };
+                let mut q = Vec::new();
+                let mut n = 0;
+                for id in 1..=ends_after {
+                    for _ in 0..rnd(4) {
+                        q.push(Item::Data(n));
+                        n += 1;
+                    }
+                    let mut barrier = barriers[id as usize];
+                    if matches!(
+                        barrier.options.alignment,
+                        AlignmentType::AlignedWithTimeout { .. }
+                    ) && rnd(6) == 0
+                    {
+                        // The upstream task's alignment timed out: its barrier comes switched.
+                        barrier.options = barrier.options.as_unaligned();
+                    }
+                    q.push(if cancelled[id as usize] && rnd(2) == 0 {
+                        Item::Cancel(id)
+                    } else {
+                        Item::Barrier(barrier)
+                    });
+                }
+                for _ in 0..rnd(4) {
+                    q.push(Item::Data(n));
+                    n += 1;
+                }
+                q.push(Item::End);
+                queues.push(q);
+            }
+
+            let mut a = BarrierAligner::new(channels);
+            let mut pos = vec![0usize; channels];
+            let mut processed = vec![0u64; channels];
+            let mut blocked = vec![false; channels];
+            let mut triggered: Vec<u64> = Vec::new();
+            let mut collecting: Option<Collecting> = None;
+            // (id, records processed before the trigger, records persisted) per channel.
+            let mut completed: Vec<(u64, Vec<u64>, Vec<Vec<u64>>)> = Vec::new();
+            // The coordinator aborted a newer or equal id before this one triggered.
+            let mut excused = vec![false; checkpoints as usize + 1];
+            let mut now = Duration::ZERO;
+            let mut trace = String::new();
+            for step in 0.. {
+                assert!(
+                    step < 10_000,
+                    "round {round}: the handler livelocks\n{trace}"
+                );
+                now += Duration::from_millis(rnd(3));
+                let ready: Vec<usize> = (0..channels)
+                    .filter(|&c| !blocked[c] && pos[c] < queues[c].len())
+                    .collect();
+                let mut out = Vec::new();
+                let event;
+                let (mut timed, mut barrier_arrived) = (false, false);
+                let dice = rnd(40);
+                if dice < 4 {
+                    event = "tick".to_string();
+                    timed = true;
+                    a.on_timer(now, &mut out);
+                } else if dice == 4 {
+                    let id = 1 + rnd(checkpoints);
+                    event = format!("abort{id}");
+                    for older in 1..=id {
+                        if !triggered.contains(&older) {
+                            excused[older as usize] = true;
+                        }
+                    }
+                    a.on_abort_notified(CheckpointId(id), &mut out);
+                    // The task drops the in-flight data of a checkpoint the coordinator aborted.
+                    if collecting.as_ref().is_some_and(|k| k.id == id) {
+                        collecting = None;
+                    }
+                } else if ready.is_empty() {
+                    // Nothing to read: the task waits for the timer, if any.
+                    let Some(deadline) = a.next_deadline() else {
+                        break;
+                    };
+                    now = now.max(deadline);
+                    event = "timer".to_string();
+                    timed = true;
+                    a.on_timer(now, &mut out);
+                } else {
+                    let c = ready[rnd(ready.len() as u64) as usize];
+                    let item = queues[c][pos[c]];
+                    pos[c] += 1;
+                    match item {
+                        Item::Data(n) => {
+                            event = format!("{c} d{n}");
+                            assert_eq!(n, processed[c], "round {round}: the model lost a record");
+                            processed[c] += 1;
+                            if let Some(k) = collecting.as_mut()
+                                && k.persisting[c]
+                            {
+                                k.persisted[c].push(n);
+                            }
+                        }
+                        Item::Barrier(barrier) => {
+                            let kind = match barrier.options.alignment {
+                                AlignmentType::Unaligned => "u".to_string(),
+                                AlignmentType::AlignedWithTimeout { timeout } => {
+                                    format!("t({}ms)", timeout.as_millis())
+                                }
+                                _ => "b".to_string(),
+                            };
+                            event = format!("{c} {kind}{}", barrier.id);
+                            barrier_arrived = true;
+                            a.on_barrier(c, barrier, now, &mut out);
+                        }
+                        Item::Cancel(id) => {
+                            event = format!("{c} c{id}");
+                            a.on_cancel_marker(c, CheckpointId(id), &mut out);
+                        }
+                        Item::End => {
+                            event = format!("{c} end");
+                            a.on_end_of_input(c, now, &mut out);
+                        }
+                    }
+                }
+                trace += &format!("{:>4}ms {event:12} => {out:?}\n", now.as_millis());
+                if timed || (barrier_arrived && !out.is_empty()) {
+                    // The timeout is checked on the timer and when a barrier is handled.
+                    assert!(
+                        a.next_deadline().is_none_or(|d| d > now),
+                        "round {round}: an alignment past its timeout did not switch\n{trace}"
+                    );
+                }
+                for act in out {
+                    match act {
+                        HandlerAction::Block(c) => {
+                            assert!(
+                                collecting.is_none(),
+                                "round {round}: channel {c} blocked while an unaligned \
+                                 checkpoint collects in-flight data\n{trace}"
+                            );
+                            assert!(
+                                !blocked[c],
+                                "round {round}: channel {c} blocked twice\n{trace}"
+                            );
+                            blocked[c] = true;
+                        }
+                        HandlerAction::UnblockAll => blocked.iter_mut().for_each(|b| *b = false),
+                        HandlerAction::Trigger { barrier, .. } => {
+                            let id = barrier.id.0;
+                            assert!(
+                                triggered.last().is_none_or(|l| *l < id),
+                                "round {round}: trigger {id} after {triggered:?}\n{trace}"
+                            );
+                            assert!(
+                                collecting.is_none(),
+                                "round {round}: trigger {id} while an unaligned checkpoint \
+                                 collects in-flight data\n{trace}"
+                            );
+                            assert!(
+                                !blocked.iter().any(|b| *b),
+                                "round {round}: trigger {id} with channels still blocked\n{trace}"
+                            );
+                            triggered.push(id);
+                            if barrier.options.is_unaligned() {
+                                collecting = Some(Collecting {
+                                    id,
+                                    before: processed.clone(),
+                                    persisting: vec![false; channels],
+                                    reached: vec![false; channels],
+                                    persisted: vec![Vec::new(); channels],
+                                });
+                            } else {
+                                completed.push((id, processed.clone(), vec![Vec::new(); channels]));
+                            }
+                        }
+                        HandlerAction::PersistInFlight(c) => {
+                            let Some(k) = collecting.as_mut() else {
+                                panic!(
+                                    "round {round}: persist {c} with no unaligned checkpoint\n\
+                                     {trace}"
+                                );
+                            };
+                            assert!(
+                                !k.persisting[c] && !k.reached[c],
+                                "round {round}: persist {c} twice or after its barrier\n{trace}"
+                            );
+                            k.persisting[c] = true;
+                        }
+                        HandlerAction::BarrierReached(c) => {
+                            let Some(k) = collecting.as_mut() else {
+                                panic!(
+                                    "round {round}: reached {c} with no unaligned checkpoint\n\
+                                     {trace}"
+                                );
+                            };
+                            assert!(!k.reached[c], "round {round}: reached {c} twice\n{trace}");
+                            // In this model barriers overtake nothing: persisting stops here.
+                            k.reached[c] = true;
+                            k.persisting[c] = false;
+                        }
+                        HandlerAction::InFlightComplete(id) => {
+                            let Some(k) = collecting.take() else {
+                                panic!(
+                                    "round {round}: complete {id} with no unaligned checkpoint\n\
+                                     {trace}"
+                                );
+                            };
+                            assert_eq!(
+                                k.id, id.0,
+                                "round {round}: complete {id} while collecting for {}\n{trace}",
+                                k.id
+                            );
+                            assert!(
+                                !k.persisting.iter().any(|p| *p),
+                                "round {round}: complete {id} while channels still owe their \
+                                 barrier: {:?}\n{trace}",
+                                k.persisting
+                            );
+                            completed.push((k.id, k.before, k.persisted));
+                        }
+                        HandlerAction::Abort { id, .. } => {
+                            assert!(
+                                !completed.iter().any(|(done, _, _)| *done == id.0),
+                                "round {round}: abort {id} after it completed\n{trace}"
+                            );
+                            if collecting.as_ref().is_some_and(|k| k.id == id.0) {
+                                collecting = None;
+                            }
+                        }
+                    }
+                }
+                for (c, blocked) in blocked.iter().enumerate() {
+                    assert_eq!(
+                        *blocked,
+                        a.is_blocked(c),
+                        "round {round}: the task and the handler disagree on channel {c}\n{trace}"
+                    );
+                }
+            }
+
+            for (c, q) in queues.iter().enumerate() {
+                assert_eq!(
+                    pos[c],
+                    q.len(),
+                    "round {round}: deadlock, channel {c} stuck (blocked: {blocked:?})\n{trace}"
+                );
+            }
+            assert!(
+                collecting.is_none() && a.aligning().is_none(),
+                "round {round}: a checkpoint is still in progress after every channel \
+                 ended\n{trace}"
+            );
+            for id in 1..=checkpoints {
+                let has = |f: &dyn Fn(&Item) -> bool| queues.iter().any(|q| q.iter().any(f));
+                let cancelled = has(&|i| matches!(i, Item::Cancel(x) if *x == id));
+                let barrier = has(&|i| matches!(i, Item::Barrier(x) if x.id.0 == id));
+                let done = completed.iter().any(|(d, _, _)| *d == id);
+                if cancelled {
+                    assert!(!done, "round {round}: cancelled {id} completed\n{trace}");
+                } else if barrier && !excused[id as usize] {
+                    assert!(
+                        triggered.contains(&id),
+                        "round {round}: clean checkpoint {id} did not trigger\n{trace}"
+                    );
+                }
+            }
+            for (id, before, persisted) in &completed {
+                for (c, q) in queues.iter().enumerate() {
+                    let cut = q
+                        .iter()
+                        .position(|i| match i {
+                            Item::Barrier(x) => x.id.0 == *id,
+                            Item::Cancel(x) => x == id,
+                            Item::End => true,
+                            Item::Data(_) => false,
+                        })
+                        .expect("every queue ends");
+                    assert!(
+                        !matches!(q[cut], Item::Cancel(_)),
+                        "round {round}: checkpoint {id} completed though channel {c} \
+                         cancelled it\n{trace}"
+                    );
+                    let expected: Vec<u64> = q[..cut]
+                        .iter()
+                        .filter_map(|i| match i {
+                            Item::Data(n) => Some(*n),
+                            _ => None,
+                        })
+                        .collect();
+                    let mut got: Vec<u64> =
+                        (0..before[c]).chain(persisted[c].iter().copied()).collect();
+                    got.sort_unstable();
+                    assert_eq!(
+                        got, expected,
+                        "round {round}: checkpoint {id}, channel {c}: records processed before \
+                         the trigger ({}) plus persisted ({:?}) must be exactly those before the \
+                         barrier, once each\n{trace}",
+                        before[c], persisted[c]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unaligned_triggers_on_the_first_barrier_and_persists_the_other_channels() {
+        assert_eq!(
+            run(3, "1 u1\n0 u1\n2 end"),
+            "1 u1       => trigger 1 unaligned after 0ms, persist 0, persist 1, persist 2, reached 1\n\
+             0 u1       => reached 0\n\
+             2 end      => reached 2, complete 1"
+        );
+    }
+
+    #[test]
+    fn unaligned_checkpoints_abort_on_newer_barriers_and_cancel_markers() {
+        assert_eq!(
+            run(2, "0 u1\n0 u2\n1 u1\n1 c3\n1 u2\n0 u4\n1 u4"),
+            "0 u1       => trigger 1 unaligned after 0ms, persist 0, persist 1, reached 0\n\
+             0 u2       => abort 1 (Subsumed), trigger 2 unaligned after 0ms, persist 0, persist 1, reached 0\n\
+             1 u1       => \n\
+             1 c3       => abort 2 (Subsumed), abort 3 (CancelMarker)\n\
+             1 u2       => \n\
+             0 u4       => trigger 4 unaligned after 0ms, persist 0, persist 1, reached 0\n\
+             1 u4       => reached 1, complete 4"
+        );
+    }
+
+    #[test]
+    fn alternating_switches_to_unaligned_after_the_timeout() {
+        // Aligned within the timeout: an ordinary aligned checkpoint.
+        assert_eq!(
+            run(2, "0 t1\n1 t1"),
+            "0 t1       => block 0\n\
+             1 t1       => block 1, unblock, trigger 1 after 1ms"
+        );
+        // Channel 1's barrier is late: at 2 ms the timer switches, channel 0 resumes and only
+        // channel 1 is persisted.
+        assert_eq!(
+            run(3, "0 t1\n2 t1\n0 tick\n1 t1"),
+            "0 t1       => block 0\n\
+             2 t1       => block 2\n\
+             0 tick     => unblock, trigger 1 unaligned after 2ms, persist 1\n\
+             1 t1       => reached 1, complete 1"
+        );
+        // A barrier that an upstream task already switched makes this task switch too.
+        assert_eq!(
+            run(2, "0 t1\n1 u1"),
+            "0 t1       => block 0\n\
+             1 u1       => unblock, trigger 1 unaligned after 1ms, persist 1, reached 1, complete 1"
+        );
+        // The timeout is checked when a barrier arrives too.
+        assert_eq!(
+            run(3, "0 t1\n1 end\n0 tick\n2 t1"),
+            "0 t1       => block 0\n\
+             1 end      => \n\
+             0 tick     => unblock, trigger 1 unaligned after 2ms, persist 2\n\
+             2 t1       => reached 2, complete 1"
+        );
+    }
+
+    #[test]
+    fn savepoint_barriers_stay_aligned_beside_unaligned_checkpoints() {
+        assert_eq!(
+            run(2, "0 u1\n1 u1\n0 b2\n1 b2"),
+            "0 u1       => trigger 1 unaligned after 0ms, persist 0, persist 1, reached 0\n\
+             1 u1       => reached 1, complete 1\n\
+             0 b2       => block 0\n\
+             1 b2       => block 1, unblock, trigger 2 after 1ms"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
-use weir_core::config::{CheckpointConfig, CheckpointingMode};
+use weir_core::config::CheckpointConfig;
 use weir_core::element::{AlignmentType, CheckpointOptions, SnapshotKind};
 use weir_core::handle::TaskStateSnapshot;
 use weir_core::ids::{CheckpointId, SubtaskIndex, VertexId};
@@ -167,8 +167,10 @@ pub struct CheckpointStats {
     pub trigger_timestamp_ms: u64,
     /// Trigger to completion (or to failure).
     pub end_to_end: Option<Duration>,
-    /// Bytes of state over all subtasks.
+    /// Bytes of state over all subtasks (in-flight data included).
     pub state_size: u64,
+    /// Bytes of persisted in-flight data (unaligned checkpoints) over all subtasks.
+    pub in_flight_size: u64,
     /// Subtasks that acknowledged, of `num_subtasks`.
     pub num_acknowledged: usize,
     /// Subtasks it waits for.
@@ -208,10 +210,11 @@ impl fmt::Display for CheckpointStats {
         };
         write!(
             f,
-            "checkpoint {} {:?} {status}: duration {dur}, state {} B, acked {}/{}, max alignment {:.1}ms, max sync {:.1}ms, max async {:.1}ms",
+            "checkpoint {} {:?} {status}: duration {dur}, state {} B, in-flight {} B, acked {}/{}, max alignment {:.1}ms, max sync {:.1}ms, max async {:.1}ms",
             self.id,
             self.kind,
             self.state_size,
+            self.in_flight_size,
             self.num_acknowledged,
             self.num_subtasks,
             max_align.as_secs_f64() * 1e3,
@@ -539,8 +542,7 @@ impl CheckpointCoordinator {
             (SnapshotKind::Savepoint | SnapshotKind::SynchronousSavepoint, _) => {
                 AlignmentType::Aligned
             }
-            (_, CheckpointingMode::ExactlyOnce) => AlignmentType::Aligned,
-            (_, CheckpointingMode::AtLeastOnce) => AlignmentType::AtLeastOnce,
+            _ => self.setup.config.checkpoint_alignment(),
         };
         let wait: BTreeSet<TaskKey> = self.setup.tasks_to_wait_for.iter().copied().collect();
         self.pending.insert(
@@ -563,6 +565,7 @@ impl CheckpointCoordinator {
             trigger_timestamp_ms: timestamp_ms,
             end_to_end: None,
             state_size: 0,
+            in_flight_size: 0,
             num_acknowledged: 0,
             num_subtasks: self.setup.tasks_to_wait_for.len(),
             subtasks: BTreeMap::new(),
@@ -610,11 +613,14 @@ impl CheckpointCoordinator {
         }
         p.acks.insert(task, state);
         p.metrics.insert(task, metrics);
-        let (num_acked, state_size) = (p.acks.len(), p.acks.values().map(|s| s.state_size()).sum());
+        let num_acked = p.acks.len();
+        let state_size = p.acks.values().map(|s| s.state_size()).sum();
+        let in_flight_size = p.acks.values().map(|s| s.in_flight_size()).sum();
         let done = p.not_yet_acked.is_empty();
         if let Some(s) = self.history.iter_mut().find(|s| s.id == id) {
             s.num_acknowledged = num_acked;
             s.state_size = state_size;
+            s.in_flight_size = in_flight_size;
             s.subtasks.insert(task, metrics);
         }
         let Some(p) = self.pending.get_mut(&id) else {
@@ -1062,7 +1068,7 @@ mod tests {
     #[test]
     fn savepoints_are_aligned_and_never_subsumed() {
         let mut c = coordinator(CheckpointConfig {
-            mode: CheckpointingMode::AtLeastOnce,
+            mode: weir_core::config::CheckpointingMode::AtLeastOnce,
             max_concurrent: 2,
             ..periodic(1000)
         });

@@ -1,11 +1,12 @@
 //! The `_metadata` file: what a complete checkpoint or savepoint contains, versioned and
-//! checksummed (magic `WCKM`, format version 1), enough to explain itself to `weir checkpoints
+//! checksummed (magic `WCKM`, format version 2; version 1 files still read), enough to explain itself to `weir checkpoints
 //! inspect` and to restore every operator by its id.
 
 use crate::CheckpointError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use weir_core::CoreError;
+use weir_core::channel_state::ChannelStateHandle;
 use weir_core::element::SnapshotKind;
 use weir_core::handle::OperatorSubtaskState;
 use weir_core::ids::{CheckpointId, JobId, OperatorId, SubtaskIndex};
@@ -13,7 +14,9 @@ use weir_core::ids::{CheckpointId, JobId, OperatorId, SubtaskIndex};
 /// Magic bytes of a `_metadata` file.
 pub const METADATA_MAGIC: [u8; 4] = *b"WCKM";
 /// The format version this build writes.
-pub const METADATA_VERSION: u16 = 1;
+pub const METADATA_VERSION: u16 = 2;
+/// Every format version this build reads. Version 1 had no in-flight data.
+pub const METADATA_READ_VERSIONS: [u16; 2] = [1, 2];
 
 /// The state of one operator over all its subtasks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,12 +64,59 @@ pub struct CheckpointMetadata {
     pub weir_version: String,
     /// Every operator of the job, with or without state.
     pub operators: Vec<OperatorState>,
+    /// The in-flight data of unaligned checkpoints, per subtask (since version 2).
+    pub in_flight: Vec<SubtaskInFlight>,
+}
+
+/// One subtask's persisted in-flight data, filed under the first operator of its chain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubtaskInFlight {
+    /// The chain's head operator.
+    pub operator_id: OperatorId,
+    /// The subtask.
+    pub subtask: SubtaskIndex,
+    /// Its channel state.
+    pub handle: ChannelStateHandle,
+}
+
+/// Version 1 of the payload: the same, without in-flight data.
+#[derive(Deserialize)]
+struct CheckpointMetadataV1 {
+    job_id: JobId,
+    job_name: String,
+    checkpoint_id: CheckpointId,
+    kind: SnapshotKind,
+    trigger_timestamp_ms: u64,
+    completion_timestamp_ms: u64,
+    weir_version: String,
+    operators: Vec<OperatorState>,
+}
+
+impl From<CheckpointMetadataV1> for CheckpointMetadata {
+    fn from(v: CheckpointMetadataV1) -> Self {
+        CheckpointMetadata {
+            job_id: v.job_id,
+            job_name: v.job_name,
+            checkpoint_id: v.checkpoint_id,
+            kind: v.kind,
+            trigger_timestamp_ms: v.trigger_timestamp_ms,
+            completion_timestamp_ms: v.completion_timestamp_ms,
+            weir_version: v.weir_version,
+            operators: v.operators,
+            in_flight: Vec::new(),
+        }
+    }
 }
 
 impl CheckpointMetadata {
     /// Total bytes referenced by all operators.
     pub fn state_size(&self) -> u64 {
-        self.operators.iter().map(|o| o.state_size()).sum()
+        self.operators.iter().map(|o| o.state_size()).sum::<u64>() + self.in_flight_size()
+    }
+
+    /// Bytes of persisted in-flight data.
+    pub fn in_flight_size(&self) -> u64 {
+        self.in_flight.iter().map(|s| s.handle.size()).sum()
     }
 
     /// Encodes the file: an envelope around the postcard payload.
@@ -89,8 +139,226 @@ impl CheckpointMetadata {
                 other => other.to_string(),
             },
         };
-        let (_, payload) = weir_core::codec::open(path, METADATA_MAGIC, &[METADATA_VERSION], bytes)
-            .map_err(corrupt)?;
+        let (version, payload) =
+            weir_core::codec::open(path, METADATA_MAGIC, &METADATA_READ_VERSIONS, bytes)
+                .map_err(corrupt)?;
+        if version == 1 {
+            let v1: CheckpointMetadataV1 =
+                weir_core::codec::decode(path, payload).map_err(corrupt)?;
+            return Ok(v1.into());
+        }
         weir_core::codec::decode(path, payload).map_err(corrupt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_core::channel_state::{
+        ChannelDirection, ChannelInfo, ChannelSectionSummary, ChannelStateHandle,
+    };
+    use weir_core::handle::{
+        KeyedStateHandle, OperatorStateHandle, OperatorStateMode, StreamStateHandle,
+    };
+    use weir_core::keygroup::KeyGroupRange;
+
+    /// Version 1 of the payload as a v1 build wrote it: the v1 fields, in their order.
+    #[derive(Serialize)]
+    struct WrittenV1 {
+        job_id: JobId,
+        job_name: String,
+        checkpoint_id: CheckpointId,
+        kind: SnapshotKind,
+        trigger_timestamp_ms: u64,
+        completion_timestamp_ms: u64,
+        weir_version: String,
+        operators: Vec<OperatorState>,
+    }
+
+    fn operators() -> Vec<OperatorState> {
+        let mut subtasks = BTreeMap::new();
+        subtasks.insert(
+            1,
+            OperatorSubtaskState {
+                keyed: vec![KeyedStateHandle {
+                    key_group_range: KeyGroupRange::new(4, 7),
+                    header: (0, 12),
+                    offsets: vec![12, 40, 40, 77],
+                    end: 90,
+                    stream: StreamStateHandle::File {
+                        path: "chk-7/sum-1-keyed".to_string(),
+                        size: 90,
+                        crc32: 0xdead_beef,
+                    },
+                }],
+                operator: vec![OperatorStateHandle {
+                    states: vec![("offsets".to_string(), OperatorStateMode::Union)],
+                    stream: StreamStateHandle::Inline(vec![1, 2, 3]),
+                }],
+            },
+        );
+        vec![
+            OperatorState {
+                operator_id: OperatorId::from_uid("sum"),
+                uid: Some("sum".to_string()),
+                name: "Sum".to_string(),
+                parallelism: 2,
+                max_parallelism: 8,
+                subtasks,
+                coordinator_state: Some(vec![9, 8]),
+            },
+            OperatorState {
+                operator_id: OperatorId::from_uid("sink"),
+                uid: None,
+                name: "Sink".to_string(),
+                parallelism: 2,
+                max_parallelism: 8,
+                subtasks: BTreeMap::new(),
+                coordinator_state: None,
+            },
+        ]
+    }
+
+    fn metadata(in_flight: Vec<SubtaskInFlight>) -> CheckpointMetadata {
+        CheckpointMetadata {
+            job_id: JobId::from_name("metadata-test"),
+            job_name: "metadata-test".to_string(),
+            checkpoint_id: CheckpointId(7),
+            kind: SnapshotKind::Savepoint,
+            trigger_timestamp_ms: 1_700_000_000_000,
+            completion_timestamp_ms: 1_700_000_000_250,
+            weir_version: "0.1.0".to_string(),
+            operators: operators(),
+            in_flight,
+        }
+    }
+
+    fn in_flight() -> SubtaskInFlight {
+        let channel = ChannelInfo {
+            from: OperatorId::from_uid("source"),
+            to: OperatorId::from_uid("sum"),
+            producer: 0,
+            consumer: 1,
+        };
+        SubtaskInFlight {
+            operator_id: OperatorId::from_uid("sum"),
+            subtask: 1,
+            handle: ChannelStateHandle {
+                stream: StreamStateHandle::File {
+                    path: "chk-7/sum-1-channels".to_string(),
+                    size: 321,
+                    crc32: 0x0123_4567,
+                },
+                sections: vec![
+                    ChannelSectionSummary {
+                        direction: ChannelDirection::Input,
+                        channel,
+                        records: 10,
+                        bytes: 200,
+                    },
+                    ChannelSectionSummary {
+                        direction: ChannelDirection::Output,
+                        channel: ChannelInfo {
+                            from: OperatorId::from_uid("sum"),
+                            to: OperatorId::from_uid("sink"),
+                            producer: 1,
+                            consumer: 0,
+                        },
+                        records: 3,
+                        bytes: 101,
+                    },
+                ],
+            },
+        }
+    }
+
+    fn sealed_v1(m: &CheckpointMetadata) -> Vec<u8> {
+        let v1 = WrittenV1 {
+            job_id: m.job_id,
+            job_name: m.job_name.clone(),
+            checkpoint_id: m.checkpoint_id,
+            kind: m.kind,
+            trigger_timestamp_ms: m.trigger_timestamp_ms,
+            completion_timestamp_ms: m.completion_timestamp_ms,
+            weir_version: m.weir_version.clone(),
+            operators: m.operators.clone(),
+        };
+        let payload = weir_core::codec::encode("v1 metadata", &v1).unwrap();
+        weir_core::codec::seal(METADATA_MAGIC, 1, &payload)
+    }
+
+    #[test]
+    fn version_2_round_trips_with_in_flight_data() {
+        let m = metadata(vec![in_flight()]);
+        let bytes = m.to_bytes().unwrap();
+        assert_eq!(
+            u16::from_le_bytes([bytes[4], bytes[5]]),
+            METADATA_VERSION,
+            "the envelope must carry the version this build writes"
+        );
+        assert_eq!(METADATA_VERSION, 2);
+        let back = CheckpointMetadata::from_bytes("chk-7/_metadata", &bytes).unwrap();
+        assert_eq!(back, m, "a v2 file must decode to what was written");
+        assert_eq!(back.in_flight_size(), 321);
+        assert_eq!(
+            back.state_size(),
+            90 + 3 + 321,
+            "the state size counts operator state and in-flight data"
+        );
+    }
+
+    #[test]
+    fn version_1_files_read_without_in_flight_data() {
+        let m = metadata(Vec::new());
+        let back = CheckpointMetadata::from_bytes("chk-7/_metadata", &sealed_v1(&m))
+            .expect("a version 1 file must still be read");
+        assert!(back.in_flight.is_empty(), "v1 had no in-flight data");
+        assert_eq!(back, m, "every v1 field must be read as written");
+    }
+
+    #[test]
+    fn payload_must_match_the_envelope_version() {
+        // A v2 payload labelled v1 leaves the in-flight list unread; a v1 payload labelled v2
+        // ends before it. Either is corrupt, never silently misread.
+        let v2_payload =
+            weir_core::codec::encode("metadata", &metadata(vec![in_flight()])).unwrap();
+        let err = CheckpointMetadata::from_bytes(
+            "chk-7/_metadata",
+            &weir_core::codec::seal(METADATA_MAGIC, 1, &v2_payload),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, CheckpointError::Corrupt { path, .. } if path == "chk-7/_metadata"),
+            "{err}"
+        );
+        let mut v1_as_v2 = sealed_v1(&metadata(Vec::new()));
+        v1_as_v2[4..6].copy_from_slice(&2u16.to_le_bytes());
+        let body_end = v1_as_v2.len() - weir_core::codec::ENVELOPE_TRAILER_LEN;
+        let crc = crc32fast::hash(&v1_as_v2[..body_end]);
+        v1_as_v2[body_end..].copy_from_slice(&crc.to_le_bytes());
+        let err = CheckpointMetadata::from_bytes("chk-7/_metadata", &v1_as_v2).unwrap_err();
+        assert!(
+            matches!(&err, CheckpointError::Corrupt { path, .. } if path == "chk-7/_metadata"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_versions_are_rejected_naming_the_file() {
+        let payload = weir_core::codec::encode("metadata", &metadata(vec![in_flight()])).unwrap();
+        let bytes = weir_core::codec::seal(METADATA_MAGIC, 3, &payload);
+        let err = CheckpointMetadata::from_bytes("jobs/abc/chk-7/_metadata", &bytes).unwrap_err();
+        match &err {
+            CheckpointError::Corrupt { path, reason } => {
+                assert_eq!(path, "jobs/abc/chk-7/_metadata");
+                assert!(reason.contains("format version 3"), "{reason}");
+            }
+            other => panic!("expected a corrupt-file error, got {other:?}"),
+        }
+        let shown = err.to_string();
+        assert!(
+            shown.contains("jobs/abc/chk-7/_metadata") && shown.contains("version 3"),
+            "the error must name the file and the version: {shown}"
+        );
     }
 }

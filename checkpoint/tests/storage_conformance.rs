@@ -23,6 +23,7 @@ fn metadata(job: JobId, id: u64) -> CheckpointMetadata {
         completion_timestamp_ms: 2,
         weir_version: "test".to_string(),
         operators: Vec::new(),
+        in_flight: Vec::new(),
     }
 }
 

@@ -36,6 +36,14 @@ pub struct CheckpointConfig {
     pub every_records: Option<u64>,
     /// What happens to retained checkpoints when the job is cancelled.
     pub externalized_retention: ExternalizedRetention,
+    /// Unaligned checkpoints (Flink's `execution.checkpointing.unaligned.enabled`, default off):
+    /// barriers overtake in-flight data, which is persisted as channel state. Exactly-once only,
+    /// one checkpoint at a time. Savepoints stay aligned.
+    pub unaligned: bool,
+    /// With `unaligned`, how long a checkpoint first tries to align before it switches to
+    /// unaligned (Flink's `execution.checkpointing.aligned-checkpoint-timeout`, default 0: start
+    /// unaligned).
+    pub aligned_checkpoint_timeout: Duration,
 }
 
 /// What happens to a job's retained checkpoints when it is cancelled (Flink's
@@ -61,6 +69,8 @@ impl Default for CheckpointConfig {
             tolerable_failed_checkpoints: None,
             every_records: None,
             externalized_retention: ExternalizedRetention::RetainOnCancellation,
+            unaligned: false,
+            aligned_checkpoint_timeout: Duration::ZERO,
         }
     }
 }
@@ -89,6 +99,37 @@ impl CheckpointConfig {
         if self.num_retained == 0 {
             return bad("the number of retained checkpoints must be at least 1");
         }
+        if self.unaligned && self.mode == CheckpointingMode::AtLeastOnce {
+            return bad(
+                "unaligned checkpoints conflict with the at-least-once mode: unaligned checkpoints are exactly-once only (disable one of them)",
+            );
+        }
+        if self.unaligned && self.max_concurrent > 1 {
+            return Err(CoreError::InvalidGraph(format!(
+                "unaligned checkpoints conflict with max concurrent checkpoints = {}: unaligned checkpoints run one at a time (set it to 1)",
+                self.max_concurrent
+            )));
+        }
+        if !self.unaligned && !self.aligned_checkpoint_timeout.is_zero() {
+            return bad(
+                "an aligned checkpoint timeout needs unaligned checkpoints enabled: it is the time before an aligned checkpoint switches to unaligned",
+            );
+        }
         Ok(())
+    }
+
+    /// The alignment of the checkpoints (not savepoints) this configuration takes.
+    pub fn checkpoint_alignment(&self) -> crate::element::AlignmentType {
+        use crate::element::AlignmentType;
+        match (self.mode, self.unaligned) {
+            (CheckpointingMode::AtLeastOnce, _) => AlignmentType::AtLeastOnce,
+            (CheckpointingMode::ExactlyOnce, false) => AlignmentType::Aligned,
+            (CheckpointingMode::ExactlyOnce, true) if self.aligned_checkpoint_timeout.is_zero() => {
+                AlignmentType::Unaligned
+            }
+            (CheckpointingMode::ExactlyOnce, true) => AlignmentType::AlignedWithTimeout {
+                timeout: self.aligned_checkpoint_timeout,
+            },
+        }
     }
 }

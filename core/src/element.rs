@@ -80,6 +80,29 @@ pub enum AlignmentType {
     Aligned,
     /// Never block; trigger when all barriers arrived (at-least-once).
     AtLeastOnce,
-    /// Trigger on the first barrier and persist in-flight data (exactly-once, unaligned).
+    /// Trigger on the first barrier and persist in-flight data (exactly-once, unaligned). On the
+    /// output side such a barrier is a priority event: it overtakes queued buffers.
     Unaligned,
+    /// Start aligned; a task whose alignment has lasted longer than `timeout` since the first
+    /// barrier reached it switches to unaligned (Flink's aligned checkpoint timeout, handled by
+    /// its `AlternatingCheckpointBarrierHandler`).
+    AlignedWithTimeout {
+        /// How long a task may align before it switches.
+        timeout: std::time::Duration,
+    },
+}
+
+impl CheckpointOptions {
+    /// Whether the barrier is a priority event that overtakes queued data.
+    pub fn is_unaligned(&self) -> bool {
+        self.alignment == AlignmentType::Unaligned
+    }
+
+    /// The same checkpoint, switched to unaligned (after an alignment timeout).
+    pub fn as_unaligned(self) -> CheckpointOptions {
+        CheckpointOptions {
+            alignment: AlignmentType::Unaligned,
+            ..self
+        }
+    }
 }

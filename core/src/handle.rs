@@ -128,11 +128,18 @@ impl OperatorSubtaskState {
 pub struct TaskStateSnapshot {
     /// Per operator of the chain.
     pub operators: BTreeMap<OperatorId, OperatorSubtaskState>,
+    /// The in-flight data an unaligned checkpoint persisted for the subtask.
+    pub in_flight: Option<crate::channel_state::ChannelStateHandle>,
 }
 
 impl TaskStateSnapshot {
     /// Total bytes referenced.
     pub fn state_size(&self) -> u64 {
-        self.operators.values().map(|s| s.state_size()).sum()
+        self.operators.values().map(|s| s.state_size()).sum::<u64>() + self.in_flight_size()
+    }
+
+    /// Bytes of persisted in-flight data.
+    pub fn in_flight_size(&self) -> u64 {
+        self.in_flight.as_ref().map_or(0, |h| h.size())
     }
 }

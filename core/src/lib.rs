@@ -8,6 +8,7 @@
 //!   keys.
 //! - [`graph`]: StreamGraph → JobGraph (operator chains) → ExecutionGraph (subtasks, attempts).
 //! - [`partition`]: how a record picks its output channel.
+//! - [`channel_state`]: in-flight data of unaligned checkpoints and its file format.
 //! - [`handle`]: state handles, the facts a snapshot leaves behind and a checkpoint records.
 //! - [`codec`]: postcard encoding and the versioned, checksummed file envelope.
 //! - [`error`]: the errors of this crate.
@@ -15,6 +16,7 @@
 //! Architecture invariant: no tokio, no I/O, no threads. Everything here is data and arithmetic.
 #![warn(missing_docs)]
 
+pub mod channel_state;
 pub mod codec;
 pub mod config;
 pub mod element;

@@ -52,6 +52,10 @@ pub struct WordCountOptions {
     pub buffers_per_channel: usize,
     /// A pause per record before the sink, to create backpressure.
     pub sink_delay: Option<Duration>,
+    /// Unaligned checkpoints.
+    pub unaligned: bool,
+    /// With `unaligned`: align first, switch to unaligned after this long (0: start unaligned).
+    pub aligned_checkpoint_timeout: Duration,
 }
 
 impl Default for WordCountOptions {
@@ -75,6 +79,8 @@ impl Default for WordCountOptions {
             mode: CheckpointingMode::ExactlyOnce,
             buffers_per_channel: 4,
             sink_delay: None,
+            unaligned: false,
+            aligned_checkpoint_timeout: Duration::ZERO,
         }
     }
 }
@@ -163,6 +169,8 @@ pub fn build(
         config.allow_non_restored_state = opts.allow_non_restored_state;
         config.checkpoint.mode = opts.mode;
         config.buffers_per_channel = opts.buffers_per_channel;
+        config.checkpoint.unaligned = opts.unaligned;
+        config.checkpoint.aligned_checkpoint_timeout = opts.aligned_checkpoint_timeout;
     }
     let generator = RandomIntGenerator::new(opts.seed, 1, 9);
     let injector = Arc::new(FailureInjector::new(opts.fail_after.clone()));
@@ -188,7 +196,11 @@ pub fn build(
     let counts = match opts.sink_delay {
         Some(delay) if !delay.is_zero() => counts
             .map(move |t: (String, i64)| {
-                std::thread::sleep(delay);
+                // Busy-wait: a sleep this short would take the scheduler's granularity instead.
+                let until = std::time::Instant::now() + delay;
+                while std::time::Instant::now() < until {
+                    std::hint::spin_loop();
+                }
                 t
             })
             .uid("sink-delay"),

@@ -43,7 +43,9 @@ async fn at_least_once_under_failures_loses_nothing() {
     let (env, totals, injector) = build(&o);
     let r = env.execute().await.unwrap();
     assert_eq!(injector.injected(), 3);
-    assert_eq!(r.restarts, 3);
+    // An injected failure can land in a task of a generation that is already being torn down
+    // (the injector counts across restarts); the job master ignores such stale failures.
+    assert!((1..=3).contains(&r.restarts), "{r:?}");
     let got = totals.get();
     let expected = expected_totals(records, o.seed);
     assert_eq!(got.len(), expected.len());

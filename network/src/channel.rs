@@ -1,7 +1,7 @@
 //! Typed channel ends over the type-erased transport ends, and the codec a transport uses when
 //! elements must leave the process.
 
-use crate::{ChannelId, Data, NetworkError, RawReceiver, RawSender};
+use crate::{ChannelId, Data, Delivery, NetworkError, RawReceiver, RawSender};
 use std::any::Any;
 use std::future::poll_fn;
 use std::marker::PhantomData;
@@ -80,6 +80,13 @@ impl<T: Data> Sender<T> {
         self.raw.start_send(Box::new(element)).map_err(|(_, e)| e)
     }
 
+    /// Sends a priority element: no credit needed, ahead of everything queued.
+    pub fn send_priority(&mut self, element: StreamElement<T>) -> Result<(), NetworkError> {
+        self.raw
+            .send_priority(Box::new(element))
+            .map_err(|(_, e)| e)
+    }
+
     /// Waits for a credit, then sends.
     pub async fn send(&mut self, element: StreamElement<T>) -> Result<(), NetworkError> {
         poll_fn(|cx| self.raw.poll_ready(cx)).await?;
@@ -109,21 +116,41 @@ impl<T: Data> Receiver<T> {
         self.id
     }
 
+    /// The next element with its priority facts; `None` when the producer closed.
+    pub fn poll_delivery(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Delivery<StreamElement<T>>, NetworkError>>> {
+        match self.raw.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(Some(Ok(d))) => Poll::Ready(Some(
+                d.element
+                    .downcast::<StreamElement<T>>()
+                    .map(|b| Delivery {
+                        element: *b,
+                        overtook: d.overtook,
+                    })
+                    .map_err(|_| NetworkError::TypeMismatch(self.id)),
+            )),
+        }
+    }
+
     /// The next element; `None` when the producer closed.
     pub fn poll_recv(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<StreamElement<T>, NetworkError>>> {
-        match self.raw.poll_recv(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-            Poll::Ready(Some(Ok(any))) => Poll::Ready(Some(
-                any.downcast::<StreamElement<T>>()
-                    .map(|b| *b)
-                    .map_err(|_| NetworkError::TypeMismatch(self.id)),
-            )),
-        }
+        self.poll_delivery(cx)
+            .map(|o| o.map(|r| r.map(|d| d.element)))
+    }
+
+    /// Waits for the next element with its priority facts.
+    pub async fn recv_delivery(
+        &mut self,
+    ) -> Option<Result<Delivery<StreamElement<T>>, NetworkError>> {
+        poll_fn(|cx| self.poll_delivery(cx)).await
     }
 
     /// Waits for the next element.

@@ -5,11 +5,13 @@
 //! with a message naming the violated rule.
 
 use crate::channel::{open_input, open_output};
-use crate::{ChannelId, NetworkError, Transport};
+use crate::{ChannelId, Delivery, NetworkError, Transport};
 use std::future::poll_fn;
-use std::task::{Context, Poll};
-use weir_core::element::{Event, StreamElement};
-use weir_core::ids::EdgeId;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+use weir_core::element::{CheckpointBarrier, CheckpointOptions, Event, StreamElement};
+use weir_core::ids::{CheckpointId, EdgeId};
 
 fn id(generation: u64, producer: u32, consumer: u32) -> ChannelId {
     ChannelId {
@@ -29,6 +31,10 @@ pub async fn run_all<T: Transport>(make: impl Fn(usize) -> T) {
     consumer_drop_disconnects(&make(4)).await;
     generations_are_independent(&make(4)).await;
     many_channels_do_not_block_each_other(&make(1)).await;
+    priority_needs_no_credit_and_overtakes_the_queue(&make(2), 2).await;
+    priority_elements_keep_their_order(&make(4)).await;
+    priority_overtakes_exactly_the_unread_elements(&make(2)).await;
+    priority_to_a_dropped_consumer_disconnects(&make(4)).await;
 }
 
 /// Elements arrive in the order sent, each once, batches and events alike.
@@ -210,6 +216,214 @@ pub async fn many_channels_do_not_block_each_other(t: &dyn Transport) {
     assert_eq!(
         other_rx.recv().await.expect("element").expect("ok"),
         StreamElement::Batch(vec![2])
+    );
+}
+
+/// A waker that records that it was woken.
+struct Flag(AtomicBool);
+
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// An unaligned checkpoint's barrier: the element priority sends carry in practice.
+fn priority_barrier<T>(id: u64) -> StreamElement<T> {
+    StreamElement::Event(Event::Barrier(CheckpointBarrier {
+        id: CheckpointId(id),
+        timestamp_ms: 0,
+        options: CheckpointOptions::ALIGNED_CHECKPOINT.as_unaligned(),
+    }))
+}
+
+/// A priority element needs no credit: it is accepted while every credit is used, it does not
+/// take one (reading it returns none), and it is delivered before the `credits` elements queued,
+/// which follow it in their order. Then the stream ends as usual.
+pub async fn priority_needs_no_credit_and_overtakes_the_queue(t: &dyn Transport, credits: usize) {
+    let mut tx = open_output::<u8>(t, id(1, 9, 0)).expect("open output");
+    let mut rx = open_input::<u8>(t, id(1, 9, 0)).expect("open input");
+    for i in 0..credits {
+        tx.send(StreamElement::Batch(vec![i as u8]))
+            .await
+            .expect("send within credit");
+    }
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    assert!(
+        tx.poll_ready(&mut cx).is_pending(),
+        "a producer must wait once {credits} buffers are in flight"
+    );
+    tx.send_priority(priority_barrier(1))
+        .expect("a priority element must be accepted without credit");
+    assert_eq!(
+        rx.recv_delivery().await.expect("an element").expect("ok"),
+        Delivery {
+            element: priority_barrier(1),
+            overtook: Some(credits),
+        },
+        "the priority element must come first and count the {credits} elements it overtook"
+    );
+    assert!(
+        tx.poll_ready(&mut cx).is_pending(),
+        "reading a priority element must not return a credit: it took none"
+    );
+    for i in 0..credits {
+        assert_eq!(
+            rx.recv_delivery().await.expect("an element").expect("ok"),
+            Delivery::in_order(StreamElement::Batch(vec![i as u8])),
+            "the overtaken elements must follow the priority element, in order, as ordinary \
+             elements (overtook None)"
+        );
+    }
+    drop(tx);
+    assert!(
+        rx.recv_delivery().await.is_none(),
+        "a closed channel ends with None after the overtaken elements"
+    );
+}
+
+/// Priority elements keep their order among themselves; each counts the ordinary elements queued
+/// when it was sent (an earlier priority element is delivered before it, so it is not among
+/// them); one sent to an empty channel overtook nothing and wakes a waiting consumer.
+pub async fn priority_elements_keep_their_order(t: &dyn Transport) {
+    let mut tx = open_output::<u8>(t, id(1, 10, 0)).expect("open output");
+    let mut rx = open_input::<u8>(t, id(1, 10, 0)).expect("open input");
+    let batch = |i: u8| StreamElement::Batch(vec![i]);
+    let woken = Arc::new(Flag(AtomicBool::new(false)));
+    let waker = Waker::from(woken.clone());
+    assert!(
+        rx.poll_delivery(&mut Context::from_waker(&waker))
+            .is_pending(),
+        "nothing was sent yet"
+    );
+    tx.send_priority(priority_barrier(1)).expect("priority 1");
+    assert!(
+        woken.0.load(Ordering::SeqCst),
+        "a priority element must wake a consumer waiting on an empty channel"
+    );
+    tx.send(batch(0)).await.expect("send");
+    tx.send(batch(1)).await.expect("send");
+    tx.send_priority(priority_barrier(2)).expect("priority 2");
+    tx.send(batch(2)).await.expect("send");
+    tx.send_priority(priority_barrier(3)).expect("priority 3");
+    let expected = [
+        Delivery {
+            element: priority_barrier(1),
+            overtook: Some(0),
+        },
+        Delivery {
+            element: priority_barrier(2),
+            overtook: Some(2),
+        },
+        Delivery {
+            element: priority_barrier(3),
+            overtook: Some(3),
+        },
+        Delivery::in_order(batch(0)),
+        Delivery::in_order(batch(1)),
+        Delivery::in_order(batch(2)),
+    ];
+    for (n, want) in expected.into_iter().enumerate() {
+        let got = rx.recv_delivery().await.expect("an element").expect("ok");
+        assert_eq!(
+            got, want,
+            "delivery {n}: priority elements must come first in the order sent, each counting \
+             the ordinary elements queued when it was sent; then the ordinary elements in order"
+        );
+    }
+    // Once some elements were read, only the unread ones are overtaken.
+    tx.send(batch(3)).await.expect("send");
+    tx.send(batch(4)).await.expect("send");
+    assert_eq!(
+        rx.recv_delivery().await.expect("an element").expect("ok"),
+        Delivery::in_order(batch(3))
+    );
+    tx.send_priority(priority_barrier(4)).expect("priority 4");
+    assert_eq!(
+        rx.recv_delivery().await.expect("an element").expect("ok"),
+        Delivery {
+            element: priority_barrier(4),
+            overtook: Some(1),
+        },
+        "a priority element must count only the elements still unread when it was sent"
+    );
+    assert_eq!(
+        rx.recv_delivery().await.expect("an element").expect("ok"),
+        Delivery::in_order(batch(4)),
+        "the overtaken element must follow"
+    );
+}
+
+/// Under concurrent sending and reading, with the producer often out of credit: every priority
+/// element is followed by exactly the elements sent before it and not yet read, so the ordinary
+/// elements read before it plus the `k` it overtook are exactly those sent before it; ordinary
+/// elements arrive in order, each once, with `overtook == None`.
+pub async fn priority_overtakes_exactly_the_unread_elements(t: &dyn Transport) {
+    const BATCHES: u64 = 300;
+    let mut tx = open_output::<u64>(t, id(1, 11, 0)).expect("open output");
+    let mut rx = open_input::<u64>(t, id(1, 11, 0)).expect("open input");
+    let sender = async {
+        for i in 0..BATCHES {
+            if i % 7 == 3 || i % 11 == 0 {
+                // The barrier's id records how many batches were sent before it.
+                tx.send_priority(priority_barrier(i))
+                    .expect("send priority");
+            }
+            tx.send(StreamElement::Batch(vec![i])).await.expect("send");
+        }
+        tx.send_priority(priority_barrier(BATCHES))
+            .expect("send priority");
+        drop(tx);
+    };
+    let receiver = async {
+        let mut read = 0u64;
+        let mut priorities = Vec::new();
+        while let Some(d) = rx.recv_delivery().await {
+            let d = d.expect("receive");
+            match (d.element, d.overtook) {
+                (StreamElement::Batch(b), None) => {
+                    assert_eq!(b, vec![read], "ordinary elements out of order or lost");
+                    read += 1;
+                }
+                (StreamElement::Event(Event::Barrier(barrier)), Some(k)) => {
+                    let sent_before = barrier.id.0;
+                    assert_eq!(
+                        read + k as u64,
+                        sent_before,
+                        "priority element {sent_before}: {read} elements were read before it, \
+                         so it must have overtaken the {} sent before it and unread, not {k}",
+                        sent_before.saturating_sub(read)
+                    );
+                    priorities.push(sent_before);
+                }
+                (element, overtook) => panic!(
+                    "unexpected delivery {element:?} with overtook {overtook:?}: batches are \
+                     ordinary, barriers here are priority"
+                ),
+            }
+        }
+        assert_eq!(read, BATCHES, "elements lost");
+        assert!(
+            priorities.windows(2).all(|w| w[0] < w[1]),
+            "priority elements out of order: {priorities:?}"
+        );
+        let sent = (0..BATCHES).filter(|i| i % 7 == 3 || i % 11 == 0).count() + 1;
+        assert_eq!(priorities.len(), sent, "priority elements lost");
+    };
+    futures::join!(sender, receiver);
+}
+
+/// A priority element to a dropped consumer fails with `Disconnected`.
+pub async fn priority_to_a_dropped_consumer_disconnects(t: &dyn Transport) {
+    let mut tx = open_output::<u8>(t, id(1, 12, 0)).expect("open output");
+    let rx = open_input::<u8>(t, id(1, 12, 0)).expect("open input");
+    tx.send(StreamElement::Batch(vec![1])).await.expect("send");
+    drop(rx);
+    let sent = tx.send_priority(priority_barrier(1));
+    assert!(
+        matches!(sent, Err(NetworkError::Disconnected(_))),
+        "a priority send to a dropped consumer must fail with Disconnected, got {sent:?}"
     );
 }
 

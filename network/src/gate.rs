@@ -11,6 +11,8 @@ use weir_core::element::StreamElement;
 pub enum GateItem<T> {
     /// An element from channel `.0`.
     Element(usize, StreamElement<T>),
+    /// A priority element from channel `.0` that overtook `.2` queued elements, which follow it.
+    Priority(usize, StreamElement<T>, usize),
     /// Channel `.0` closed: its producer dropped its end. Normal after `EndOfInput`, a producer
     /// failure otherwise.
     Closed(usize),
@@ -83,11 +85,14 @@ impl<T: Data> InputGate<T> {
             if self.blocked[i] || self.closed[i] {
                 continue;
             }
-            match self.channels[i].poll_recv(cx) {
+            match self.channels[i].poll_delivery(cx) {
                 Poll::Pending => continue,
-                Poll::Ready(Some(Ok(e))) => {
+                Poll::Ready(Some(Ok(d))) => {
                     self.next = (i + 1) % n;
-                    return Poll::Ready(Some(Ok(GateItem::Element(i, e))));
+                    return Poll::Ready(Some(Ok(match d.overtook {
+                        None => GateItem::Element(i, d.element),
+                        Some(k) => GateItem::Priority(i, d.element, k),
+                    })));
                 }
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
                 Poll::Ready(None) => {
@@ -99,6 +104,31 @@ impl<T: Data> InputGate<T> {
             }
         }
         Poll::Pending
+    }
+
+    /// Reads up to `max` elements of channel `i` that are ready now, whether or not it is
+    /// blocked: the elements a priority element overtook, which its transport already holds.
+    /// Stops early at the channel's end or when nothing more is ready.
+    pub fn take_ready(&mut self, i: usize, max: usize) -> Result<Vec<GateItem<T>>, NetworkError> {
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut out = Vec::new();
+        while out.len() < max && !self.closed[i] {
+            match self.channels[i].poll_delivery(&mut cx) {
+                Poll::Ready(Some(Ok(d))) => out.push(match d.overtook {
+                    None => GateItem::Element(i, d.element),
+                    Some(k) => GateItem::Priority(i, d.element, k),
+                }),
+                Poll::Ready(Some(Err(e))) => return Err(e),
+                Poll::Ready(None) => {
+                    self.closed[i] = true;
+                    self.open -= 1;
+                    out.push(GateItem::Closed(i));
+                }
+                Poll::Pending => break,
+            }
+        }
+        Ok(out)
     }
 
     /// Waits for the next item.

@@ -9,6 +9,9 @@
 //! - [`gate`]: the [`gate::InputGate`]: a consumer's channels, read fairly, each blockable (for
 //!   barrier alignment).
 //!
+//! Priority elements (unaligned checkpoint barriers) skip the queue and need no credit; the
+//! consumer learns how many queued elements each one overtook, so it can persist exactly those.
+//!
 //! Flow control is credit-based: a channel has `buffers_per_channel` credits; the producer waits
 //! for one before each send ([`RawSender::poll_ready`]), so a slow consumer stalls its producers
 //! instead of growing memory. There is no unbounded queue.
@@ -25,6 +28,7 @@ pub mod local;
 
 pub use channel::{AnyElement, ElementCodec, Receiver, Sender};
 pub use error::NetworkError;
+pub use gate::GateItem;
 pub use gate::InputGate;
 pub use local::LocalTransport;
 
@@ -66,6 +70,28 @@ impl Default for ChannelConfig {
     }
 }
 
+/// An element as the consumer receives it. `overtook` is set for a priority element: the number
+/// of elements that were queued in the channel, unread, when it was sent. Those elements follow
+/// it, in their order, and were sent before it.
+#[derive(Debug, PartialEq)]
+pub struct Delivery<E> {
+    /// The element.
+    pub element: E,
+    /// For a priority element, how many queued elements it overtook; `None` for an element that
+    /// kept its place.
+    pub overtook: Option<usize>,
+}
+
+impl<E> Delivery<E> {
+    /// An element that kept its place.
+    pub fn in_order(element: E) -> Self {
+        Delivery {
+            element,
+            overtook: None,
+        }
+    }
+}
+
 /// The producer's end of a channel, with the element type erased.
 pub trait RawSender: Send {
     /// Ready when the channel has a credit. An error means the consumer is gone.
@@ -75,14 +101,21 @@ pub trait RawSender: Send {
     /// credit the element is handed back in [`NetworkError::NoCredit`]-style fashion:
     /// `Err((element, error))`.
     fn start_send(&mut self, element: AnyElement) -> Result<(), (AnyElement, NetworkError)>;
+
+    /// Sends a priority element (an unaligned checkpoint's barrier): it needs no credit, and it
+    /// is delivered before every element still queued in the channel, which it reports as
+    /// overtaken ([`Delivery::overtook`]). Priority elements keep their order among themselves.
+    fn send_priority(&mut self, element: AnyElement) -> Result<(), (AnyElement, NetworkError)>;
 }
 
 /// The consumer's end of a channel, with the element type erased.
 pub trait RawReceiver: Send {
     /// The next element in order; `Ready(None)` when the producer closed its end and everything
     /// it sent has been read.
-    fn poll_recv(&mut self, cx: &mut Context<'_>)
-    -> Poll<Option<Result<AnyElement, NetworkError>>>;
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Delivery<AnyElement>, NetworkError>>>;
 }
 
 /// Opens the ends of channels.
@@ -91,7 +124,9 @@ pub trait RawReceiver: Send {
 /// - Each end of a [`ChannelId`] is opened exactly once; the order in which producer and consumer
 ///   open does not matter. Opening an end twice is [`NetworkError::AlreadyOpen`].
 /// - Elements arrive in the order they were sent, each exactly once.
-/// - A channel holds at most `buffers_per_channel` elements in flight.
+/// - A channel holds at most `buffers_per_channel` elements in flight, besides priority elements.
+/// - A priority element ([`RawSender::send_priority`]) needs no credit and overtakes every
+///   element still queued; its [`Delivery::overtook`] counts them exactly.
 /// - When the producer's end is dropped, the consumer reads what was sent and then `None`;
 ///   when the consumer's end is dropped, the producer's `poll_ready` fails with
 ///   [`NetworkError::Disconnected`].

@@ -2,8 +2,8 @@
 //! ends. Nothing is serialized; a batch changes hands with one pointer move.
 
 use crate::{
-    AnyElement, ChannelConfig, ChannelId, ElementCodec, NetworkError, RawReceiver, RawSender,
-    Transport,
+    AnyElement, ChannelConfig, ChannelId, Delivery, ElementCodec, NetworkError, RawReceiver,
+    RawSender, Transport,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -41,6 +41,7 @@ impl LocalTransport {
         let entry = map.entry(id).or_insert_with(|| {
             let shared = Arc::new(Mutex::new(Queue {
                 items: VecDeque::with_capacity(capacity),
+                priority: VecDeque::new(),
                 capacity,
                 rx_waker: None,
                 tx_waker: None,
@@ -106,6 +107,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 struct Queue {
     items: VecDeque<AnyElement>,
+    /// Priority elements, each with the number of `items` queued when it was sent.
+    priority: VecDeque<(AnyElement, usize)>,
     capacity: usize,
     rx_waker: Option<Waker>,
     tx_waker: Option<Waker>,
@@ -156,6 +159,27 @@ impl RawSender for LocalSender {
         }
         Ok(())
     }
+
+    fn send_priority(&mut self, element: AnyElement) -> Result<(), (AnyElement, NetworkError)> {
+        self.priority(element)
+    }
+}
+
+impl LocalSender {
+    fn priority(&mut self, element: AnyElement) -> Result<(), (AnyElement, NetworkError)> {
+        let mut q = lock(&self.shared);
+        if q.rx_closed {
+            return Err((element, NetworkError::Disconnected(self.id)));
+        }
+        let overtook = q.items.len();
+        q.priority.push_back((element, overtook));
+        let waker = q.rx_waker.take();
+        drop(q);
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Ok(())
+    }
 }
 
 impl Drop for LocalSender {
@@ -174,15 +198,21 @@ impl RawReceiver for LocalReceiver {
     fn poll_recv(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<AnyElement, NetworkError>>> {
+    ) -> Poll<Option<Result<Delivery<AnyElement>, NetworkError>>> {
         let mut q = lock(&self.shared);
+        if let Some((element, overtook)) = q.priority.pop_front() {
+            return Poll::Ready(Some(Ok(Delivery {
+                element,
+                overtook: Some(overtook),
+            })));
+        }
         if let Some(item) = q.items.pop_front() {
             let waker = q.tx_waker.take();
             drop(q);
             if let Some(w) = waker {
                 w.wake();
             }
-            return Poll::Ready(Some(Ok(item)));
+            return Poll::Ready(Some(Ok(Delivery::in_order(item))));
         }
         if q.tx_closed {
             return Poll::Ready(None);
@@ -200,6 +230,7 @@ impl Drop for LocalReceiver {
         let mut q = lock(&self.shared);
         q.rx_closed = true;
         q.items.clear();
+        q.priority.clear();
         let waker = q.tx_waker.take();
         drop(q);
         if let Some(w) = waker {

@@ -11,6 +11,7 @@ use crate::writer::{ChannelSelector, KeyHashFn, RecordWriter};
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
+use weir_core::channel_state::ChannelInfo;
 use weir_core::graph::{JobEdge, JobGraph, JobVertex, StreamNode};
 use weir_core::ids::{NodeId, OperatorId};
 use weir_core::partition::{Partitioner, RoundRobin};
@@ -46,6 +47,16 @@ impl BuildContext<'_> {
                 self.attempt
             ),
             restored: self.restored,
+        }
+    }
+
+    /// How channel state names a channel of `edge`.
+    fn channel_info(&self, edge: &JobEdge, producer: u32, consumer: u32) -> ChannelInfo {
+        ChannelInfo {
+            from: self.job.stream_graph.node(edge.source_node).operator_id,
+            to: self.job.stream_graph.node(edge.target_node).operator_id,
+            producer,
+            consumer,
         }
     }
 
@@ -172,24 +183,25 @@ impl<I: Data, O: Data> NodeFactory for TypedNode<I, O> {
     ) -> Result<Box<dyn TaskInput>, TaskError> {
         let head = unerase::<I>(head, &node.name)?;
         let mut receivers = Vec::new();
+        let mut infos = Vec::new();
         for edge in edges {
             let producers = ctx.job.vertex(edge.source).parallelism;
-            if edge.partitioner == Partitioner::Forward {
+            let range = if edge.partitioner == Partitioner::Forward {
+                ctx.subtask..ctx.subtask + 1
+            } else {
+                0..producers
+            };
+            for p in range {
                 receivers.push(open_input::<I>(
                     ctx.transport,
-                    ctx.channel(edge, ctx.subtask, ctx.subtask),
+                    ctx.channel(edge, p, ctx.subtask),
                 )?);
-            } else {
-                for p in 0..producers {
-                    receivers.push(open_input::<I>(
-                        ctx.transport,
-                        ctx.channel(edge, p, ctx.subtask),
-                    )?);
-                }
+                infos.push(ctx.channel_info(edge, p, ctx.subtask));
             }
         }
         Ok(Box::new(NetworkInput::new(
             InputGate::new(receivers),
+            infos,
             head,
             ctx.mode,
         )))
@@ -202,18 +214,18 @@ impl<I: Data, O: Data> NodeFactory for TypedNode<I, O> {
     ) -> Result<Box<dyn Any>, TaskError> {
         let consumers = ctx.job.vertex(edge.target).parallelism;
         let mut senders = Vec::new();
-        if edge.partitioner == Partitioner::Forward {
+        let mut infos = Vec::new();
+        let range = if edge.partitioner == Partitioner::Forward {
+            ctx.subtask..ctx.subtask + 1
+        } else {
+            0..consumers
+        };
+        for c in range {
             senders.push(open_output::<O>(
                 ctx.transport,
-                ctx.channel(edge, ctx.subtask, ctx.subtask),
+                ctx.channel(edge, ctx.subtask, c),
             )?);
-        } else {
-            for c in 0..consumers {
-                senders.push(open_output::<O>(
-                    ctx.transport,
-                    ctx.channel(edge, ctx.subtask, c),
-                )?);
-            }
+            infos.push(ctx.channel_info(edge, ctx.subtask, c));
         }
         let selector = match edge.partitioner {
             Partitioner::Forward => ChannelSelector::Forward,
@@ -238,6 +250,7 @@ impl<I: Data, O: Data> NodeFactory for TypedNode<I, O> {
         };
         Ok(erase::<O>(Box::new(RecordWriter::new(
             senders,
+            infos,
             selector,
             ctx.batch_size,
         ))))

@@ -35,6 +35,9 @@ pub enum TaskError {
     /// Checkpoint storage failed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// In-flight data of an unaligned checkpoint did not encode or decode.
+    #[error("in-flight data: {0}")]
+    InFlight(#[from] weir_core::CoreError),
     /// An upstream task went away without ending its input.
     #[error("input channel {0} closed before its end of input: the upstream task failed")]
     UpstreamGone(usize),

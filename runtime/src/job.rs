@@ -26,6 +26,7 @@ use weir_checkpoint::coordinator::{
     CheckpointCoordinator, CheckpointStats, CheckpointStatus, CoordinatorAction, CoordinatorSetup,
     TaskKey,
 };
+use weir_checkpoint::metadata::SubtaskInFlight;
 use weir_checkpoint::storage::CheckpointLocation;
 use weir_checkpoint::store::{CompletedCheckpoint, CompletedCheckpointStore};
 use weir_checkpoint::{
@@ -373,6 +374,18 @@ fn build_metadata(
         completion_timestamp_ms: wall_ms(),
         weir_version: env!("CARGO_PKG_VERSION").to_string(),
         operators,
+        in_flight: acks
+            .iter()
+            .filter_map(|(k, s)| {
+                let handle = s.in_flight.clone()?;
+                let head = job.vertices.iter().find(|v| v.id == k.vertex)?.head();
+                Some(SubtaskInFlight {
+                    operator_id: job.stream_graph.node(head).operator_id,
+                    subtask: k.subtask,
+                    handle,
+                })
+            })
+            .collect(),
     }
 }
 

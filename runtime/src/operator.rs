@@ -9,6 +9,7 @@ use crate::error::TaskError;
 use std::any::Any;
 use std::collections::HashMap;
 use std::task::{Context, Poll};
+use weir_core::channel_state::{ChannelDirection, ChannelInfo, ChannelSection};
 use weir_core::element::{CheckpointBarrier, Watermark};
 use weir_core::handle::KeyedStateHandle;
 use weir_core::ids::{CheckpointId, OperatorId, SubtaskIndex};
@@ -72,6 +73,24 @@ pub struct RestoreContext {
     pub operators: HashMap<OperatorId, RestoredOperatorState>,
     /// The checkpoint restored from, if any.
     pub checkpoint: Option<CheckpointId>,
+    /// The subtask's in-flight data from an unaligned checkpoint: the input gate replays its
+    /// input sections and writers queue their output sections, before anything else.
+    pub in_flight: Vec<ChannelSection>,
+}
+
+impl RestoreContext {
+    /// Takes the in-flight sections of `direction` on `channel`, in the order they were written.
+    pub fn take_in_flight(
+        &mut self,
+        direction: ChannelDirection,
+        channel: &ChannelInfo,
+    ) -> Vec<ChannelSection> {
+        let (mine, rest) = std::mem::take(&mut self.in_flight)
+            .into_iter()
+            .partition(|s| s.direction == direction && s.channel == *channel);
+        self.in_flight = rest;
+        mine
+    }
 }
 
 impl RestoreContext {
@@ -159,6 +178,9 @@ pub enum Lifecycle<'a> {
     PrepareSnapshotPreBarrier(CheckpointId),
     /// Step 2: writers broadcast the barrier on every channel.
     EmitBarrier(CheckpointBarrier),
+    /// Step 2 of an unaligned checkpoint: writers send the barrier as a priority event ahead of
+    /// their queued buffers, and add those buffers to the list as output channel state.
+    EmitPriorityBarrier(CheckpointBarrier, &'a mut Vec<ChannelSection>),
     /// Writers broadcast a cancel marker for an aborted checkpoint.
     EmitCancelMarker(CheckpointId),
     /// Step 4, synchronous part: each stateful operator freezes its state into the list.

@@ -128,6 +128,7 @@ pub(crate) async fn assign(
                 RestoreContext {
                     operators: HashMap::new(),
                     checkpoint: Some(meta.checkpoint_id),
+                    in_flight: Vec::new(),
                 },
             );
         }
@@ -234,7 +235,84 @@ pub(crate) async fn assign(
             }
         }
     }
+    assign_in_flight(point, job, allow_non_restored_state, &mut contexts).await?;
     Ok(contexts)
+}
+
+/// Hands each subtask the in-flight data its previous incarnation persisted. In-flight data is
+/// per channel, so every operator must keep its parallelism; rescaling goes through a savepoint
+/// (always aligned) or an aligned checkpoint.
+async fn assign_in_flight(
+    point: &RestorePoint,
+    job: &JobGraph,
+    allow_non_restored_state: bool,
+    contexts: &mut HashMap<(VertexId, SubtaskIndex), RestoreContext>,
+) -> Result<(), JobError> {
+    let meta = &point.metadata;
+    if meta.in_flight.is_empty() {
+        return Ok(());
+    }
+    let restore_error = |reason: String| JobError::Restore {
+        path: point.describe(),
+        reason,
+    };
+    for op in &meta.operators {
+        if let Some(node) = job
+            .stream_graph
+            .nodes
+            .iter()
+            .find(|n| n.operator_id == op.operator_id)
+            && node.parallelism != op.parallelism
+        {
+            return Err(restore_error(format!(
+                "checkpoint {} is unaligned and holds in-flight data, which cannot be redistributed: operator '{}' would change parallelism from {} to {}; rescale from a savepoint or an aligned checkpoint instead",
+                meta.checkpoint_id, node.name, op.parallelism, node.parallelism
+            )));
+        }
+    }
+    for entry in &meta.in_flight {
+        let vertex = job
+            .vertices
+            .iter()
+            .find(|v| job.stream_graph.node(v.head()).operator_id == entry.operator_id);
+        let Some(vertex) = vertex else {
+            if allow_non_restored_state {
+                warn!(operator = %entry.operator_id, subtask = entry.subtask, "dropping in-flight data of a chain this job does not have (allow_non_restored_state)");
+                continue;
+            }
+            return Err(restore_error(format!(
+                "the checkpoint has in-flight data for a chain headed by operator {} that this job does not have; set allow_non_restored_state to drop it",
+                entry.operator_id
+            )));
+        };
+        let file = match &entry.handle.stream {
+            StreamStateHandle::File { path, .. } => format!("{}{path}", point.location.dir),
+            StreamStateHandle::Inline(_) => point.location.metadata_path(),
+        };
+        let bytes = point
+            .storage
+            .read_state(&point.location, &entry.handle.stream, None)
+            .await?;
+        let sections = weir_core::channel_state::decode_file(&file, &bytes).map_err(|e| {
+            JobError::Storage(CheckpointError::Corrupt {
+                path: file.clone(),
+                reason: e.to_string(),
+            })
+        })?;
+        // Decode every batch now: a corrupt checkpoint is skipped here, before deployment.
+        for section in &sections {
+            if let Err(e) = section.verify() {
+                return Err(JobError::Storage(CheckpointError::Corrupt {
+                    path: file.clone(),
+                    reason: e.to_string(),
+                }));
+            }
+        }
+        if let Some(ctx) = contexts.get_mut(&(vertex.id, entry.subtask)) {
+            ctx.in_flight.extend(sections);
+        }
+    }
+    Ok(())
 }
 
 /// Checks the header and every section a subtask will restore, before anything is deployed, so

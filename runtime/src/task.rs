@@ -11,7 +11,7 @@ use crate::error::TaskError;
 use crate::operator::{Lifecycle, OpResult, OperatorSnapshotParts, Output, RestoreContext};
 use crate::source::{SourceDriver, SourceStatus, SplitAssignment};
 use bytes::Bytes;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +23,7 @@ use weir_checkpoint::CheckpointStorage;
 use weir_checkpoint::barrier::{BarrierHandler, HandlerAction};
 use weir_checkpoint::coordinator::{CheckpointFailureReason, SubtaskCheckpointMetrics, TaskKey};
 use weir_checkpoint::storage::CheckpointLocation;
+use weir_core::channel_state::{ChannelDirection, ChannelInfo, ChannelSection};
 use weir_core::config::CheckpointingMode;
 use weir_core::element::{CheckpointBarrier, Event, SnapshotKind, StreamElement, Watermark};
 use weir_core::handle::{OperatorStateHandle, OperatorSubtaskState, TaskStateSnapshot};
@@ -151,6 +152,17 @@ pub(crate) trait TaskInput: Send {
     fn assigned(&mut self, _assignment: SplitAssignment) -> OpResult {
         Ok(())
     }
+    /// When [`on_timer`](Self::on_timer) must run: an aligned checkpoint timeout.
+    fn next_deadline(&self) -> Option<Duration> {
+        None
+    }
+    /// Time passed.
+    fn on_timer(&mut self, _now: Duration, _actions: &mut Vec<HandlerAction>) {}
+    /// The in-flight data of an unaligned checkpoint, once every channel's barrier and what it
+    /// overtook have been read.
+    fn take_in_flight(&mut self) -> Option<(CheckpointId, Vec<ChannelSection>)> {
+        None
+    }
 }
 
 /// A source at the head of the chain.
@@ -199,7 +211,27 @@ impl<T: Send + 'static> TaskInput for SourceInput<T> {
     }
 }
 
-/// An input gate, its aligner and the chain it feeds.
+/// How much of one input channel an unaligned checkpoint still persists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Persist {
+    /// Nothing.
+    Off,
+    /// Everything, until the channel's barrier arrives.
+    UntilBarrier,
+    /// The next `n` elements: those the channel's priority barrier overtook.
+    Remaining(usize),
+}
+
+/// The input channel state of the unaligned checkpoint in progress.
+struct InFlightRecorder {
+    id: CheckpointId,
+    sections: Vec<ChannelSection>,
+    persist: Vec<Persist>,
+    /// Every channel's barrier arrived.
+    all_reached: bool,
+}
+
+/// An input gate, its barrier handler and the chain it feeds.
 pub(crate) struct NetworkInput<T> {
     pub gate: InputGate<T>,
     pub head: Box<dyn Output<T>>,
@@ -207,11 +239,28 @@ pub(crate) struct NetworkInput<T> {
     pub ended: Vec<bool>,
     pub watermarks: Vec<i64>,
     pub current_watermark: i64,
+    /// Channel-state names of the gate's channels.
+    infos: Vec<ChannelInfo>,
+    /// Input channel state of a restored unaligned checkpoint, replayed before any new input.
+    recovered: VecDeque<Vec<T>>,
+    recorder: Option<InFlightRecorder>,
+    completed: Option<(CheckpointId, Vec<ChannelSection>)>,
+    /// How many queued elements the element being handled overtook (0 when in order).
+    overtook: usize,
+    /// Elements read ahead from a channel (those a priority barrier overtook, persisted the
+    /// moment the barrier arrived), handled before anything else.
+    stash: VecDeque<GateItem<T>>,
 }
 
 impl<T: Data> NetworkInput<T> {
-    pub fn new(gate: InputGate<T>, head: Box<dyn Output<T>>, mode: CheckpointingMode) -> Self {
+    pub fn new(
+        gate: InputGate<T>,
+        infos: Vec<ChannelInfo>,
+        head: Box<dyn Output<T>>,
+        mode: CheckpointingMode,
+    ) -> Self {
         let n = gate.num_channels();
+        debug_assert_eq!(infos.len(), n);
         NetworkInput {
             gate,
             head,
@@ -219,26 +268,137 @@ impl<T: Data> NetworkInput<T> {
             ended: vec![false; n],
             watermarks: vec![i64::MIN; n],
             current_watermark: i64::MIN,
+            infos,
+            recovered: VecDeque::new(),
+            recorder: None,
+            completed: None,
+            overtook: 0,
+            stash: VecDeque::new(),
         }
     }
 
-    fn apply_blocking(&mut self, actions: &mut Vec<HandlerAction>) {
-        actions.retain(|a| match a {
-            HandlerAction::Block(c) => {
-                self.gate.block(*c);
-                false
+    /// Reads ahead the elements still owed to the recorder on channel `c` (the ones its priority
+    /// barrier overtook), so the in-flight data completes now rather than after processing them.
+    fn read_ahead(&mut self, c: usize) -> OpResult {
+        let Some(Persist::Remaining(n)) = self.recorder.as_ref().map(|r| r.persist[c]) else {
+            return Ok(());
+        };
+        for item in self.gate.take_ready(c, n)? {
+            if let GateItem::Element(i, e) = &item {
+                self.record(*i, e)?;
             }
-            HandlerAction::UnblockAll => {
-                self.gate.unblock_all();
-                false
+            self.stash.push_back(item);
+        }
+        Ok(())
+    }
+
+    /// Persists an in-order element of channel `i` if the unaligned checkpoint in progress
+    /// needs it.
+    fn record(&mut self, i: usize, element: &StreamElement<T>) -> OpResult {
+        let Some(r) = self.recorder.as_mut() else {
+            return Ok(());
+        };
+        match r.persist[i] {
+            Persist::Off => return Ok(()),
+            Persist::UntilBarrier => {}
+            Persist::Remaining(n) => {
+                r.persist[i] = if n <= 1 {
+                    Persist::Off
+                } else {
+                    Persist::Remaining(n - 1)
+                };
             }
-            _ => true,
-        });
+        }
+        if let StreamElement::Batch(batch) = element {
+            r.sections[i].append_batch(batch)?;
+        }
+        self.maybe_complete();
+        Ok(())
+    }
+
+    fn maybe_complete(&mut self) {
+        let done = self
+            .recorder
+            .as_ref()
+            .is_some_and(|r| r.all_reached && r.persist.iter().all(|p| *p == Persist::Off));
+        if done && let Some(r) = self.recorder.take() {
+            let sections = r.sections.into_iter().filter(|s| s.records > 0).collect();
+            self.completed = Some((r.id, sections));
+        }
+    }
+
+    /// Carries out the handler actions that concern the gate and the in-flight data; the rest
+    /// stay for the task.
+    fn apply_local(&mut self, actions: &mut Vec<HandlerAction>) {
+        let mut keep = Vec::with_capacity(actions.len());
+        for action in actions.drain(..) {
+            match action {
+                HandlerAction::Block(c) => self.gate.block(c),
+                HandlerAction::UnblockAll => self.gate.unblock_all(),
+                HandlerAction::PersistInFlight(c) => {
+                    if let Some(r) = self.recorder.as_mut() {
+                        r.persist[c] = Persist::UntilBarrier;
+                    }
+                }
+                HandlerAction::BarrierReached(c) => {
+                    if let Some(r) = self.recorder.as_mut() {
+                        r.persist[c] = match self.overtook {
+                            0 => Persist::Off,
+                            n => Persist::Remaining(n),
+                        };
+                    }
+                }
+                HandlerAction::InFlightComplete(id) => {
+                    if let Some(r) = self.recorder.as_mut()
+                        && r.id == id
+                    {
+                        r.all_reached = true;
+                    }
+                }
+                HandlerAction::Trigger { barrier, alignment } => {
+                    if barrier.options.is_unaligned() {
+                        self.recorder = Some(InFlightRecorder {
+                            id: barrier.id,
+                            sections: self
+                                .infos
+                                .iter()
+                                .map(|i| ChannelSection::new(ChannelDirection::Input, *i))
+                                .collect(),
+                            persist: vec![Persist::Off; self.infos.len()],
+                            all_reached: false,
+                        });
+                    }
+                    keep.push(HandlerAction::Trigger { barrier, alignment });
+                }
+                HandlerAction::Abort { id, reason } => {
+                    self.drop_in_flight(id);
+                    keep.push(HandlerAction::Abort { id, reason });
+                }
+            }
+        }
+        *actions = keep;
+        self.maybe_complete();
+    }
+
+    fn drop_in_flight(&mut self, id: CheckpointId) {
+        if self.recorder.as_ref().is_some_and(|r| r.id == id) {
+            self.recorder = None;
+        }
+        if self.completed.as_ref().is_some_and(|(c, _)| *c == id) {
+            self.completed = None;
+        }
     }
 }
 
 impl<T: Data> TaskInput for NetworkInput<T> {
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult {
+        if let Lifecycle::Open(ctx) = event {
+            for info in &self.infos {
+                for section in ctx.take_in_flight(ChannelDirection::Input, info) {
+                    self.recovered.extend(section.batches::<T>()?);
+                }
+            }
+        }
         self.head.lifecycle(event)
     }
 
@@ -252,18 +412,49 @@ impl<T: Data> TaskInput for NetworkInput<T> {
         now: Duration,
         actions: &mut Vec<HandlerAction>,
     ) -> Poll<Result<Step, TaskError>> {
-        let item = match self.gate.poll_next(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(None) => return Poll::Ready(Ok(Step::End)),
-            Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e.into())),
-            Poll::Ready(Some(Ok(item))) => item,
+        if let Some(batch) = self.recovered.pop_front() {
+            let n = batch.len();
+            return Poll::Ready(self.head.push_batch(batch).map(|_| Step::Records(n)));
+        }
+        let item = match self.stash.pop_front() {
+            Some(item) => item,
+            None => match self.gate.poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(Ok(Step::End)),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e.into())),
+                Poll::Ready(Some(Ok(item))) => {
+                    if let GateItem::Element(i, e) = &item
+                        && let Err(e) = self.record(*i, e)
+                    {
+                        return Poll::Ready(Err(e));
+                    }
+                    item
+                }
+            },
         };
-        let step = match item {
-            GateItem::Element(_, StreamElement::Batch(batch)) => {
+        let (i, element) = match item {
+            GateItem::Element(i, e) => {
+                self.overtook = 0;
+                (i, e)
+            }
+            GateItem::Priority(i, e, overtook) => {
+                self.overtook = overtook;
+                (i, e)
+            }
+            GateItem::Closed(i) => {
+                return Poll::Ready(if self.ended[i] {
+                    Ok(Step::Events)
+                } else {
+                    Err(TaskError::UpstreamGone(i))
+                });
+            }
+        };
+        let step = match element {
+            StreamElement::Batch(batch) => {
                 let n = batch.len();
                 self.head.push_batch(batch).map(|_| Step::Records(n))
             }
-            GateItem::Element(i, StreamElement::Event(event)) => match event {
+            StreamElement::Event(event) => match event {
                 Event::Watermark(Watermark(w)) => {
                     self.watermarks[i] = self.watermarks[i].max(w);
                     let min = self.watermarks.iter().copied().min().unwrap_or(i64::MIN);
@@ -293,21 +484,33 @@ impl<T: Data> TaskInput for NetworkInput<T> {
                     }
                 }
             },
-            GateItem::Closed(i) => {
-                if self.ended[i] {
-                    Ok(Step::Events)
-                } else {
-                    Err(TaskError::UpstreamGone(i))
-                }
-            }
         };
-        self.apply_blocking(actions);
+        self.apply_local(actions);
+        if self.overtook > 0
+            && let Err(e) = self.read_ahead(i)
+        {
+            return Poll::Ready(Err(e));
+        }
         Poll::Ready(step)
     }
 
     fn on_abort_notified(&mut self, id: CheckpointId, actions: &mut Vec<HandlerAction>) {
         self.handler.on_abort_notified(id, actions);
-        self.apply_blocking(actions);
+        self.drop_in_flight(id);
+        self.apply_local(actions);
+    }
+
+    fn next_deadline(&self) -> Option<Duration> {
+        self.handler.next_deadline()
+    }
+
+    fn on_timer(&mut self, now: Duration, actions: &mut Vec<HandlerAction>) {
+        self.handler.on_timer(now, actions);
+        self.apply_local(actions);
+    }
+
+    fn take_in_flight(&mut self) -> Option<(CheckpointId, Vec<ChannelSection>)> {
+        self.completed.take()
     }
 }
 
@@ -370,6 +573,18 @@ impl TaskInput for Guarded<'_> {
     fn assigned(&mut self, assignment: SplitAssignment) -> OpResult {
         guarded(self.name, || self.input.assigned(assignment))?
     }
+
+    fn next_deadline(&self) -> Option<Duration> {
+        self.input.next_deadline()
+    }
+
+    fn on_timer(&mut self, now: Duration, actions: &mut Vec<HandlerAction>) {
+        self.input.on_timer(now, actions)
+    }
+
+    fn take_in_flight(&mut self) -> Option<(CheckpointId, Vec<ChannelSection>)> {
+        self.input.take_in_flight()
+    }
 }
 
 /// The subtask checkpoint coordinator's memory (reference step 0).
@@ -384,10 +599,21 @@ struct SubtaskCheckpoints {
     end_now: bool,
     /// A split request is out: read nothing until the enumerator answers.
     awaiting_splits: bool,
+    /// An unaligned checkpoint whose snapshot is taken, waiting for its input channel state.
+    pending_unaligned: Option<PendingSnapshot>,
+}
+
+/// A snapshot taken (synchronous part done) but not yet uploaded.
+struct PendingSnapshot {
+    id: CheckpointId,
+    parts: Vec<OperatorSnapshotParts>,
+    output: Vec<ChannelSection>,
+    metrics: SubtaskCheckpointMetrics,
 }
 
 enum Wake {
     Message(Option<TaskMessage>),
+    Timer,
     Flushed(OpResult),
     Step(Result<Step, TaskError>),
 }
@@ -430,24 +656,35 @@ async fn run(
         suspended: None,
         end_now: false,
         awaiting_splits: false,
+        pending_unaligned: None,
     };
     input.lifecycle(&mut Lifecycle::Open(&mut restore))?;
     drop(restore);
     env.report(TaskEvent::Running).await?;
     let mut actions: Vec<HandlerAction> = Vec::new();
-    let mut output_pending = false;
+    // A restored writer may hold in-flight data to send first.
+    let mut output_pending = true;
     let mut first_record = true;
     let mut steps_since_yield = 0u32;
+    let mut last_yield = Instant::now();
     loop {
         let now = env.started.elapsed();
         let suspended = cps.suspended.is_some() || cps.awaiting_splits;
         let end_now = std::mem::take(&mut cps.end_now);
+        let mut timer = input
+            .next_deadline()
+            .map(|d| Box::pin(tokio::time::sleep_until((env.started + d).into())));
         let wake = if end_now {
             Wake::Step(Ok(Step::End))
         } else {
             poll_fn(|cx| {
                 if let Poll::Ready(m) = env.mailbox.poll_recv(cx) {
                     return Poll::Ready(Wake::Message(m));
+                }
+                if let Some(t) = timer.as_mut()
+                    && t.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Wake::Timer);
                 }
                 if output_pending {
                     input.poll_flush(cx).map(Wake::Flushed)
@@ -465,6 +702,11 @@ async fn run(
                 handle_message(msg, input, env, &mut cps, &mut actions).await?;
                 output_pending = true;
             }
+            Wake::Timer => {
+                input.on_timer(env.started.elapsed(), &mut actions);
+                run_actions(input, env, &mut cps, &mut actions).await?;
+                output_pending = true;
+            }
             Wake::Flushed(r) => {
                 r?;
                 output_pending = false;
@@ -479,11 +721,18 @@ async fn run(
                         }
                     }
                     count_records(env, n);
+                    if cps.pending_unaligned.is_some() {
+                        finish_unaligned(input, env, &mut cps);
+                    }
                     input.lifecycle(&mut Lifecycle::FlushPartial)?;
                     output_pending = true;
+                    // Tasks share the runtime's worker threads: a task that processes slowly
+                    // (a busy sink) yields by time too, so sources, uploads and the job master
+                    // are not starved.
                     steps_since_yield += 1;
-                    if steps_since_yield >= 32 {
+                    if steps_since_yield >= 32 || last_yield.elapsed() >= YIELD_AFTER {
                         steps_since_yield = 0;
+                        last_yield = Instant::now();
                         tokio::task::yield_now().await;
                     }
                 }
@@ -521,6 +770,9 @@ async fn run(
         }
     }
 }
+
+/// The longest a task runs records before it yields its worker thread.
+const YIELD_AFTER: Duration = Duration::from_micros(500);
 
 /// One relaxed add per batch (not per record) to the job's shared counters.
 /// After its input ended, a task stays until the whole job has finished: notifications still
@@ -615,6 +867,9 @@ async fn handle_message(
                 cps.suspended = None;
             }
             input.on_abort_notified(id, actions);
+            if cps.pending_unaligned.as_ref().is_some_and(|p| p.id == id) {
+                cps.pending_unaligned = None;
+            }
             if cps.last.is_none_or(|l| l < id) {
                 cps.aborted.insert(id);
             }
@@ -635,7 +890,14 @@ async fn run_actions(
                 checkpoint_state(input, env, cps, barrier, alignment).await?
             }
             HandlerAction::Abort { id, reason } => {
-                if cps.last.is_none_or(|l| l < id) {
+                if cps.pending_unaligned.as_ref().is_some_and(|p| p.id == id) {
+                    cps.pending_unaligned = None;
+                    env.report(TaskEvent::Decline {
+                        id,
+                        reason: CheckpointFailureReason::AbortedInAlignment(reason.to_string()),
+                    })
+                    .await?;
+                } else if cps.last.is_none_or(|l| l < id) {
                     cps.last = Some(id);
                     input.lifecycle(&mut Lifecycle::EmitCancelMarker(id))?;
                     env.report(TaskEvent::Decline {
@@ -645,10 +907,32 @@ async fn run_actions(
                     .await?;
                 }
             }
-            HandlerAction::Block(_) | HandlerAction::UnblockAll => {}
+            HandlerAction::Block(_)
+            | HandlerAction::UnblockAll
+            | HandlerAction::PersistInFlight(_)
+            | HandlerAction::BarrierReached(_)
+            | HandlerAction::InFlightComplete(_) => {}
         }
     }
+    if cps.pending_unaligned.is_some() {
+        finish_unaligned(input, env, cps);
+    }
     Ok(())
+}
+
+/// Uploads the pending unaligned snapshot once its input channel state is complete.
+fn finish_unaligned(input: &mut dyn TaskInput, env: &TaskEnv, cps: &mut SubtaskCheckpoints) {
+    let Some((id, mut sections)) = input.take_in_flight() else {
+        return;
+    };
+    match cps.pending_unaligned.take() {
+        Some(p) if p.id == id => {
+            let mut all = p.output;
+            all.append(&mut sections);
+            spawn_upload(env, id, p.parts, all, p.metrics);
+        }
+        other => cps.pending_unaligned = other,
+    }
 }
 
 /// Steps 0–4 of the reference's `checkpointState`.
@@ -675,15 +959,51 @@ async fn checkpoint_state(
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
     let start_delay = Duration::from_millis(wall_ms.saturating_sub(barrier.timestamp_ms));
-    // Step 1: prepare; step 2: the barrier goes out ahead of anything emitted after it.
+    // Step 1: prepare; step 2: the barrier goes out ahead of anything emitted after it. An
+    // unaligned barrier overtakes what is queued (step 3: that becomes output channel state).
     input.lifecycle(&mut Lifecycle::PrepareSnapshotPreBarrier(id))?;
-    input.lifecycle(&mut Lifecycle::EmitBarrier(barrier))?;
+    let mut output = Vec::new();
+    if barrier.options.is_unaligned() {
+        input.lifecycle(&mut Lifecycle::EmitPriorityBarrier(barrier, &mut output))?;
+    } else {
+        input.lifecycle(&mut Lifecycle::EmitBarrier(barrier))?;
+    }
     // Step 4, synchronous part: freeze every operator's state.
     let sync_start = Instant::now();
     let mut parts = Vec::new();
     input.lifecycle(&mut Lifecycle::Snapshot(id, &mut parts))?;
-    let sync_duration = sync_start.elapsed();
-    // Step 4, asynchronous part: serialize and upload off the processing path, then acknowledge.
+    let metrics = SubtaskCheckpointMetrics {
+        start_delay,
+        alignment,
+        sync_duration: sync_start.elapsed(),
+        async_duration: Duration::ZERO,
+        state_size: 0,
+    };
+    if barrier.options.is_unaligned() && !env.is_source {
+        // The input channel state is complete once every channel's barrier has been read.
+        cps.pending_unaligned = Some(PendingSnapshot {
+            id,
+            parts,
+            output,
+            metrics,
+        });
+        return Ok(());
+    }
+    spawn_upload(env, id, parts, output, metrics);
+    // A task spawned from a busy task sits in this worker's LIFO slot, which other workers cannot
+    // steal: yield once so the upload starts now, not after the next stretch of records.
+    tokio::task::yield_now().await;
+    Ok(())
+}
+
+/// Step 4, asynchronous part: serialize and upload off the processing path, then acknowledge.
+fn spawn_upload(
+    env: &TaskEnv,
+    id: CheckpointId,
+    parts: Vec<OperatorSnapshotParts>,
+    in_flight: Vec<ChannelSection>,
+    metrics: SubtaskCheckpointMetrics,
+) {
     let (storage, location) = env
         .targets
         .lock()
@@ -699,16 +1019,14 @@ async fn checkpoint_state(
     let (generation, task) = (env.generation, env.task);
     tokio::spawn(async move {
         let async_start = Instant::now();
-        let result = upload(storage, location, task, generation, parts).await;
+        let result = upload(storage, location, task, generation, parts, in_flight).await;
         let event = match result {
             Ok(state) => TaskEvent::Acknowledge {
                 id,
                 metrics: SubtaskCheckpointMetrics {
-                    start_delay,
-                    alignment,
-                    sync_duration,
                     async_duration: async_start.elapsed(),
                     state_size: state.state_size(),
+                    ..metrics
                 },
                 state,
             },
@@ -730,10 +1048,6 @@ async fn checkpoint_state(
             })
             .await;
     });
-    // A task spawned from a busy task sits in this worker's LIFO slot, which other workers cannot
-    // steal: yield once so the upload starts now, not after the next stretch of records.
-    tokio::task::yield_now().await;
-    Ok(())
 }
 
 /// The names and redistribution modes of an operator snapshot's states.
@@ -746,6 +1060,7 @@ async fn upload(
     task: TaskKey,
     generation: u64,
     parts: Vec<OperatorSnapshotParts>,
+    in_flight: Vec<ChannelSection>,
 ) -> Result<TaskStateSnapshot, String> {
     struct Serialized {
         operator_id: weir_core::ids::OperatorId,
@@ -790,6 +1105,17 @@ async fn upload(
     })??;
 
     let mut snapshot = TaskStateSnapshot::default();
+    if !in_flight.is_empty() {
+        let sections = in_flight.iter().map(|s| s.summary()).collect();
+        let bytes = weir_core::channel_state::encode_file(&in_flight).map_err(|e| e.to_string())?;
+        let name = format!("v{}-{}-g{generation}-channels", task.vertex.0, task.subtask);
+        let stream = storage
+            .write_state(&location, &name, Bytes::from(bytes))
+            .await
+            .map_err(|e| e.to_string())?;
+        snapshot.in_flight =
+            Some(weir_core::channel_state::ChannelStateHandle { stream, sections });
+    }
     for s in serialized {
         let short = format!("{}", s.operator_id);
         let short = &short[..8];

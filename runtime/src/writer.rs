@@ -3,11 +3,12 @@
 //! allow (Flink's `RecordWriter` + `ResultPartition`).
 
 use crate::error::TaskError;
-use crate::operator::{Lifecycle, OpResult, Output};
+use crate::operator::{Lifecycle, OpResult, Output, RestoreContext};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use weir_core::element::{Event, StreamElement, Watermark};
+use weir_core::channel_state::{ChannelDirection, ChannelInfo, ChannelSection};
+use weir_core::element::{CheckpointBarrier, Event, StreamElement, Watermark};
 use weir_core::keygroup::compute_key_group_for_key_hash;
 use weir_core::partition::{RoundRobin, channel_for_key_group};
 use weir_network::{Data, Sender};
@@ -35,6 +36,8 @@ pub enum ChannelSelector<T> {
 /// Writes records and events to the channels of one exchange.
 pub struct RecordWriter<T> {
     channels: Vec<Sender<T>>,
+    /// What each channel is called in channel state.
+    infos: Vec<ChannelInfo>,
     selector: ChannelSelector<T>,
     buffers: Vec<Vec<T>>,
     queued: Vec<VecDeque<StreamElement<T>>>,
@@ -45,10 +48,17 @@ pub struct RecordWriter<T> {
 impl<T: Data> RecordWriter<T> {
     /// A writer over `channels` (channel `i` goes to consumer subtask `i`; for forward edges,
     /// the single channel to the same-index consumer).
-    pub fn new(channels: Vec<Sender<T>>, selector: ChannelSelector<T>, batch_size: usize) -> Self {
+    pub fn new(
+        channels: Vec<Sender<T>>,
+        infos: Vec<ChannelInfo>,
+        selector: ChannelSelector<T>,
+        batch_size: usize,
+    ) -> Self {
         let n = channels.len();
+        debug_assert_eq!(infos.len(), n);
         RecordWriter {
             channels,
+            infos,
             selector,
             buffers: (0..n).map(|_| Vec::with_capacity(batch_size)).collect(),
             queued: (0..n).map(|_| VecDeque::new()).collect(),
@@ -79,6 +89,42 @@ impl<T: Data> RecordWriter<T> {
                 self.any_queued = true;
             }
         }
+    }
+
+    /// Unaligned step 2: the barrier overtakes everything queued (including partly filled
+    /// batches), which becomes this writer's output channel state.
+    fn emit_priority_barrier(
+        &mut self,
+        barrier: CheckpointBarrier,
+        sections: &mut Vec<ChannelSection>,
+    ) -> OpResult {
+        self.flush_partial();
+        for ((ch, q), info) in self.channels.iter_mut().zip(&self.queued).zip(&self.infos) {
+            let mut section = ChannelSection::new(ChannelDirection::Output, *info);
+            for e in q {
+                if let StreamElement::Batch(batch) = e {
+                    section.append_batch(batch)?;
+                }
+            }
+            if section.records > 0 {
+                sections.push(section);
+            }
+            ch.send_priority(StreamElement::Event(Event::Barrier(barrier)))?;
+        }
+        Ok(())
+    }
+
+    /// Queues the output channel state of a restored unaligned checkpoint ahead of anything new.
+    fn restore_in_flight(&mut self, ctx: &mut RestoreContext) -> OpResult {
+        for (c, info) in self.infos.iter().enumerate() {
+            for section in ctx.take_in_flight(ChannelDirection::Output, info) {
+                for batch in section.batches::<T>()? {
+                    self.queued[c].push_back(StreamElement::Batch(batch));
+                    self.any_queued = true;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn broadcast_event(&mut self, event: Event) {
@@ -123,7 +169,11 @@ impl<T: Data> Output<T> for RecordWriter<T> {
 
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult {
         match event {
+            Lifecycle::Open(ctx) => self.restore_in_flight(ctx)?,
             Lifecycle::EmitBarrier(b) => self.broadcast_event(Event::Barrier(*b)),
+            Lifecycle::EmitPriorityBarrier(b, sections) => {
+                self.emit_priority_barrier(*b, sections)?
+            }
             Lifecycle::EmitCancelMarker(id) => self.broadcast_event(Event::CancelCheckpoint(*id)),
             Lifecycle::EndInput => self.broadcast_event(Event::EndOfInput),
             Lifecycle::FlushPartial => self.flush_partial(),

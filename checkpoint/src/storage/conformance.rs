@@ -279,6 +279,7 @@ fn sample_metadata(
                 coordinator_state: None,
             },
         ],
+        in_flight: Vec::new(),
     }
 }
 

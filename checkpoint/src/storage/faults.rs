@@ -535,6 +535,7 @@ mod tests {
             completion_timestamp_ms: 2,
             weir_version: "test".to_string(),
             operators: Vec::new(),
+            in_flight: Vec::new(),
         }
     }
 

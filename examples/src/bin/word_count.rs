@@ -79,6 +79,14 @@ struct Args {
     /// A pause per record before the sink, e.g. 10us, to create backpressure.
     #[arg(long, value_parser = humantime::parse_duration)]
     sink_delay: Option<Duration>,
+    /// Unaligned checkpoints: barriers overtake in-flight data, which is persisted with the
+    /// checkpoint (exactly-once mode only).
+    #[arg(long)]
+    unaligned: bool,
+    /// With --unaligned: checkpoints start aligned and switch to unaligned once a task has been
+    /// aligning for this long, e.g. 50ms (default 0s: start unaligned).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    aligned_checkpoint_timeout: Option<Duration>,
 }
 
 /// `--mode`.
@@ -149,6 +157,8 @@ async fn main() -> Result<()> {
         },
         buffers_per_channel: args.buffers_per_channel,
         sink_delay: args.sink_delay,
+        unaligned: args.unaligned || args.aligned_checkpoint_timeout.is_some(),
+        aligned_checkpoint_timeout: args.aligned_checkpoint_timeout.unwrap_or_default(),
     };
     let (env, totals, _injector) = build(&opts);
     let client = JobClient::default();
