@@ -285,6 +285,8 @@ struct Pending {
     not_yet_acked: BTreeSet<TaskKey>,
     acks: BTreeMap<TaskKey, TaskStateSnapshot>,
     metrics: BTreeMap<TaskKey, SubtaskCheckpointMetrics>,
+    /// Persisted in-flight bytes acknowledged so far.
+    in_flight_size: u64,
     finalizing: bool,
 }
 
@@ -321,7 +323,8 @@ pub struct CheckpointCoordinator {
     last_completion: Option<Duration>,
     consecutive_failures: u32,
     history: VecDeque<CheckpointStats>,
-    durations: VecDeque<Duration>,
+    /// End-to-end duration and persisted in-flight bytes of completed checkpoints.
+    durations: VecDeque<(Duration, u64)>,
     completed: u64,
     failed: u64,
     latest_completed: Option<CheckpointId>,
@@ -555,6 +558,7 @@ impl CheckpointCoordinator {
                 not_yet_acked: wait,
                 acks: BTreeMap::new(),
                 metrics: BTreeMap::new(),
+                in_flight_size: 0,
                 finalizing: false,
             },
         );
@@ -616,6 +620,7 @@ impl CheckpointCoordinator {
         let num_acked = p.acks.len();
         let state_size = p.acks.values().map(|s| s.state_size()).sum();
         let in_flight_size = p.acks.values().map(|s| s.in_flight_size()).sum();
+        p.in_flight_size = in_flight_size;
         let done = p.not_yet_acked.is_empty();
         if let Some(s) = self.history.iter_mut().find(|s| s.id == id) {
             s.num_acknowledged = num_acked;
@@ -677,7 +682,7 @@ impl CheckpointCoordinator {
             if self.durations.len() == DURATION_HISTORY {
                 self.durations.pop_front();
             }
-            self.durations.push_back(duration);
+            self.durations.push_back((duration, p.in_flight_size));
         }
         if let Some(s) = self.history.iter_mut().find(|s| s.id == id) {
             s.status = CheckpointStatus::Completed;
@@ -760,7 +765,12 @@ impl CheckpointCoordinator {
 
     /// End-to-end durations of recent completed checkpoints, oldest first.
     pub fn completed_durations(&self) -> impl Iterator<Item = Duration> + '_ {
-        self.durations.iter().copied()
+        self.durations.iter().map(|(d, _)| *d)
+    }
+
+    /// The persisted in-flight bytes of the same checkpoints, in the same order.
+    pub fn completed_in_flight(&self) -> impl Iterator<Item = u64> + '_ {
+        self.durations.iter().map(|(_, b)| *b)
     }
 
     /// The newest completed checkpoint.
@@ -855,6 +865,74 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn unaligned_checkpoints_and_their_in_flight_bytes_are_recorded() {
+        let mut c = coordinator(CheckpointConfig {
+            unaligned: true,
+            ..periodic(100)
+        });
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.tick(ms(100), &mut out);
+        match &out[..] {
+            [CoordinatorAction::Trigger { options, .. }] => {
+                assert_eq!(options.alignment, AlignmentType::Unaligned)
+            }
+            other => panic!("{other:?}"),
+        }
+        out.clear();
+        for (i, t) in [key(0, 0), key(1, 0), key(1, 1)].into_iter().enumerate() {
+            let state = TaskStateSnapshot {
+                in_flight: Some(weir_core::channel_state::ChannelStateHandle {
+                    stream: weir_core::handle::StreamStateHandle::Inline(vec![0; 10 * i]),
+                    sections: vec![],
+                }),
+                ..TaskStateSnapshot::default()
+            };
+            c.acknowledge(
+                t,
+                CheckpointId(1),
+                state,
+                SubtaskCheckpointMetrics::default(),
+                ms(110),
+                &mut out,
+            );
+        }
+        assert_eq!(c.history().last().unwrap().in_flight_size, 30);
+        c.finalized(CheckpointId(1), Ok(()), ms(120), &mut out);
+        assert_eq!(c.completed_in_flight().collect::<Vec<_>>(), vec![30]);
+        assert_eq!(c.completed_durations().collect::<Vec<_>>(), vec![ms(20)]);
+        // A savepoint is aligned even so.
+        let mut sp = vec![];
+        let mut c2 = coordinator(CheckpointConfig {
+            unaligned: true,
+            aligned_checkpoint_timeout: ms(7),
+            ..periodic(100)
+        });
+        c2.job_status_changed(true, ms(0), &mut sp);
+        let id = c2.trigger(SnapshotKind::Savepoint, ms(5), &mut sp).unwrap();
+        assert_eq!(id, CheckpointId(1));
+        match sp.last() {
+            Some(CoordinatorAction::Trigger { options, .. }) => {
+                assert_eq!(
+                    options.alignment,
+                    AlignmentType::Aligned,
+                    "savepoints stay aligned"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            CheckpointConfig {
+                unaligned: true,
+                aligned_checkpoint_timeout: ms(7),
+                ..periodic(100)
+            }
+            .checkpoint_alignment(),
+            AlignmentType::AlignedWithTimeout { timeout: ms(7) }
+        );
     }
 
     #[test]

@@ -133,3 +133,47 @@ impl CheckpointConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unaligned_conflicts_are_named() {
+        let unaligned = CheckpointConfig {
+            unaligned: true,
+            ..CheckpointConfig::default()
+        };
+        assert_eq!(unaligned.validate(), Ok(()));
+        let e = CheckpointConfig {
+            mode: CheckpointingMode::AtLeastOnce,
+            ..unaligned.clone()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("unaligned") && e.contains("at-least-once"),
+            "{e}"
+        );
+        let e = CheckpointConfig {
+            max_concurrent: 2,
+            ..unaligned.clone()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("unaligned") && e.contains("max concurrent checkpoints = 2"),
+            "{e}"
+        );
+        let e = CheckpointConfig {
+            aligned_checkpoint_timeout: Duration::from_millis(5),
+            ..CheckpointConfig::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("aligned checkpoint timeout"), "{e}");
+    }
+}

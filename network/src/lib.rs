@@ -71,8 +71,9 @@ impl Default for ChannelConfig {
 }
 
 /// An element as the consumer receives it. `overtook` is set for a priority element: the number
-/// of elements that were queued in the channel, unread, when it was sent. Those elements follow
-/// it, in their order, and were sent before it.
+/// of ordinary (non-priority) elements that were queued in the channel, unread, when it was
+/// sent. Those elements follow it, in their order, were sent before it, and are ready to be
+/// read the moment it is (the transport already holds them).
 #[derive(Debug, PartialEq)]
 pub struct Delivery<E> {
     /// The element.

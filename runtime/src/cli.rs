@@ -5,7 +5,8 @@
 //!   or one `chk-<n>` directory, with its status: `COMPLETED`, `INCOMPLETE` (no `_metadata`),
 //!   `CORRUPT` (`_metadata` fails its checks, with the reason) or `UNREADABLE` (storage error).
 //! - `inspect <path> [--json]`: what one checkpoint holds (job, times, versions, every operator
-//!   and subtask with its keyed and operator state) and the verification of every file.
+//!   and subtask with its keyed and operator state, the in-flight data an unaligned checkpoint
+//!   persisted per subtask and channel) and the verification of every file.
 //! - `verify <path>`: the checks of `inspect`, summarized; exit code 0 when everything is
 //!   intact, 1 when something is corrupt, 2 for a usage error.
 //!
@@ -14,9 +15,11 @@
 //! `find_checkpoints` order (the highest id), and says which.
 //!
 //! Every check a restore makes is made here too, on every key group rather than only the ones a
-//! subtask owns: `_metadata`'s envelope and checksum; each state file's size and CRC-32; each
-//! keyed snapshot's header and every key-group section with its own CRC-32; each operator-state
-//! blob's envelope and content; and the consistency of the handles with the headers.
+//! subtask owns: `_metadata`'s envelope and checksum (every format version this build reads);
+//! each state file's size and CRC-32; each keyed snapshot's header and every key-group section
+//! with its own CRC-32; each operator-state blob's envelope and content; each channel-state
+//! file's envelope, batch framing and record counts; and the consistency of the handles with the
+//! headers and of the channel-state handles with their files' sections.
 
 use clap::{Parser, Subcommand};
 use futures::FutureExt;
@@ -28,18 +31,19 @@ use std::io::Write;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
-use weir_checkpoint::metadata::{METADATA_MAGIC, METADATA_VERSION};
+use weir_checkpoint::metadata::{METADATA_MAGIC, METADATA_READ_VERSIONS, SubtaskInFlight};
 use weir_checkpoint::storage::CheckpointLocation;
 use weir_checkpoint::{
     CheckpointError, CheckpointMetadata, CheckpointStorage, OpendalCheckpointStorage, OperatorState,
 };
 use weir_core::CoreError;
+use weir_core::channel_state::{ChannelDirection, ChannelSectionSummary};
 use weir_core::codec;
 use weir_core::element::SnapshotKind;
 use weir_core::handle::{
     KeyedStateHandle, OperatorStateHandle, OperatorStateMode, StreamStateHandle,
 };
-use weir_core::ids::JobId;
+use weir_core::ids::{JobId, OperatorId};
 use weir_core::keygroup::KeyGroupRange;
 use weir_state::OperatorStateBackend;
 use weir_state::format::{SnapshotHeader, parse_section, part_sections, whole_stream_part};
@@ -76,8 +80,9 @@ pub enum CheckpointsCommand {
     ///
     /// One line each: status (COMPLETED; INCOMPLETE without _metadata; CORRUPT when _metadata
     /// fails its checks, with the reason; UNREADABLE), id, job, completion time (UTC), kind and
-    /// state size; sorted by job, then id. Exits 0 even when some are corrupt; 2 when the path
-    /// does not exist or holds no checkpoint.
+    /// state size (in-flight data included), then the path, marked when the checkpoint is
+    /// unaligned (holds in-flight data); sorted by job, then id. Exits 0 even when some are
+    /// corrupt; 2 when the path does not exist or holds no checkpoint.
     List {
         /// A storage root (holding JOB_ID/chk-N), a job directory or a chk-N directory.
         root: PathBuf,
@@ -89,10 +94,11 @@ pub enum CheckpointsCommand {
     ///
     /// The job, times and versions; then each operator (by uid), each subtask's keyed state (key
     /// groups, states from the snapshot header) and operator state (states and redistribution
-    /// modes), with sizes, files and the verification of each. Given a root or job directory,
-    /// inspects the latest complete checkpoint there and says so. Exits 0 when the report could
-    /// be made (even with failed checks, which it shows), 1 when _metadata is corrupt or
-    /// unreadable, 2 for a usage error.
+    /// modes), with sizes, files and the verification of each; then the in-flight data of an
+    /// unaligned checkpoint, per subtask: its channel-state file and its sections (direction,
+    /// channel, records, bytes). Given a root or job directory, inspects the latest complete
+    /// checkpoint there and says so. Exits 0 when the report could be made (even with failed
+    /// checks, which it shows), 1 when _metadata is corrupt or unreadable, 2 for a usage error.
     Inspect {
         /// A chk-N directory, or a root or job directory (the latest complete checkpoint).
         path: PathBuf,
@@ -103,7 +109,9 @@ pub enum CheckpointsCommand {
     /// Verify _metadata and every file a checkpoint references.
     ///
     /// Checks _metadata's envelope and checksum, each state file's size and CRC-32, each keyed
-    /// snapshot's header and every key-group section's checksum, and each operator-state blob.
+    /// snapshot's header and every key-group section's checksum, each operator-state blob, and
+    /// each channel-state file (in-flight data of an unaligned checkpoint): its envelope, every
+    /// section's batches and record count, and the sections _metadata records for it.
     /// Prints `OK: checkpoint <id> of job <name>: <n> files, <bytes> bytes verified` and exits
     /// 0, or one `CORRUPT: <file>: <reason>` line per problem and exits 1; exits 2 for a usage
     /// error (a path that does not exist or holds no complete checkpoint).
@@ -225,8 +233,12 @@ pub struct ListEntry {
     pub completion_timestamp_ms: Option<u64>,
     /// `checkpoint`, `savepoint` or `synchronous savepoint`.
     pub kind: Option<String>,
-    /// Total bytes of state it references.
+    /// Total bytes of state it references, in-flight data included.
     pub state_size: Option<u64>,
+    /// Bytes of in-flight data (channel state) it references.
+    pub in_flight_size: Option<u64>,
+    /// Whether it is an unaligned checkpoint that persisted in-flight data.
+    pub unaligned: Option<bool>,
     /// Why it is corrupt or unreadable.
     pub reason: Option<String>,
 }
@@ -367,6 +379,54 @@ pub struct OperatorReport {
     pub subtasks: Vec<SubtaskReport>,
 }
 
+/// One section of a channel-state file: one channel's in-flight data, as `_metadata` records it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ChannelSectionReport {
+    /// `input` (persisted by the consumer) or `output` (by the producer).
+    pub direction: String,
+    /// The channel: `<from>[<producer>] -> <to>[<consumer>]`, operator ids shortened.
+    pub channel: String,
+    /// The producing operator's id.
+    pub from_operator_id: String,
+    /// The producing operator's name, when it is in the checkpoint.
+    pub from_operator: Option<String>,
+    /// The producing subtask.
+    pub producer: u32,
+    /// The consuming operator's id.
+    pub to_operator_id: String,
+    /// The consuming operator's name, when it is in the checkpoint.
+    pub to_operator: Option<String>,
+    /// The consuming subtask.
+    pub consumer: u32,
+    /// Records.
+    pub records: u64,
+    /// Bytes of batch data.
+    pub bytes: u64,
+}
+
+/// The in-flight data an unaligned checkpoint persisted for one subtask.
+#[derive(Clone, Debug, Serialize)]
+pub struct InFlightReport {
+    /// The id of the first operator of the subtask's chain.
+    pub operator_id: String,
+    /// Its name, when it is in the checkpoint.
+    pub operator: Option<String>,
+    /// Its uid, when it has one.
+    pub uid: Option<String>,
+    /// The subtask index.
+    pub subtask: u32,
+    /// The channel-state file's size in bytes.
+    pub size: u64,
+    /// Records over all sections.
+    pub records: u64,
+    /// Where it is.
+    pub stream: StreamReport,
+    /// Its sections.
+    pub sections: Vec<ChannelSectionReport>,
+    /// The verification of its bytes, sections and their agreement with `_metadata`.
+    pub verification: Verification,
+}
+
 /// What `inspect` reports about one checkpoint.
 #[derive(Clone, Debug, Serialize)]
 pub struct InspectReport {
@@ -399,10 +459,16 @@ pub struct InspectReport {
     pub completion_timestamp_ms: u64,
     /// The Weir version that wrote it.
     pub weir_version: String,
-    /// Total bytes of state it references.
+    /// Total bytes of state it references, in-flight data included.
     pub state_size: u64,
+    /// Bytes of in-flight data (channel state) it references.
+    pub in_flight_size: u64,
+    /// Whether it is an unaligned checkpoint that persisted in-flight data.
+    pub unaligned: bool,
     /// Every operator, in `_metadata` order.
     pub operators: Vec<OperatorReport>,
+    /// The in-flight data of each subtask that persisted any, in `_metadata` order.
+    pub in_flight: Vec<InFlightReport>,
     /// Files verified: `_metadata` and every distinct state file.
     pub files_verified: u64,
     /// Their total size in bytes.
@@ -602,12 +668,16 @@ async fn read_metadata(opened: &Opened, found: &Found) -> MetadataRead {
     };
     // The envelope first, for its version and a reason without the path (the caller names the
     // file); then the payload, as `read_metadata` decodes it.
-    let format_version =
-        match codec::open(METADATA_FILE, METADATA_MAGIC, &[METADATA_VERSION], &bytes) {
-            Ok((version, _)) => version,
-            Err(CoreError::Corrupt { reason, .. }) => return MetadataRead::Corrupt(reason),
-            Err(e) => return MetadataRead::Corrupt(e.to_string()),
-        };
+    let format_version = match codec::open(
+        METADATA_FILE,
+        METADATA_MAGIC,
+        &METADATA_READ_VERSIONS,
+        &bytes,
+    ) {
+        Ok((version, _)) => version,
+        Err(CoreError::Corrupt { reason, .. }) => return MetadataRead::Corrupt(reason),
+        Err(e) => return MetadataRead::Corrupt(e.to_string()),
+    };
     let metadata = match CheckpointMetadata::from_bytes(METADATA_FILE, &bytes) {
         Ok(m) => m,
         Err(CheckpointError::Corrupt { reason, .. }) => return MetadataRead::Corrupt(reason),
@@ -660,6 +730,8 @@ pub async fn list(root: &Path) -> Result<Vec<ListEntry>, CliError> {
             completion_timestamp_ms: None,
             kind: None,
             state_size: None,
+            in_flight_size: None,
+            unaligned: None,
             reason: None,
         };
         if f.complete {
@@ -674,6 +746,8 @@ pub async fn list(root: &Path) -> Result<Vec<ListEntry>, CliError> {
                     entry.completion_timestamp_ms = Some(m.completion_timestamp_ms);
                     entry.kind = Some(kind_name(m.kind).to_string());
                     entry.state_size = Some(m.state_size());
+                    entry.in_flight_size = Some(m.in_flight_size());
+                    entry.unaligned = Some(!m.in_flight.is_empty());
                 }
                 MetadataRead::Corrupt(reason) => {
                     entry.status = ListStatus::Corrupt;
@@ -753,9 +827,12 @@ pub fn render_list(entries: &[ListEntry]) -> String {
     line(&mut s, &header, "PATH");
     for (row, e) in rows.iter().zip(entries) {
         let cells: Vec<&str> = row.iter().map(String::as_str).collect();
-        let last = match &e.reason {
-            Some(reason) => format!("{}  ({reason})", e.path),
-            None => e.path.clone(),
+        let last = match (&e.reason, e.unaligned, e.in_flight_size) {
+            (Some(reason), _, _) => format!("{}  ({reason})", e.path),
+            (None, Some(true), Some(size)) => {
+                format!("{}  (unaligned: {} in flight)", e.path, size_text(size))
+            }
+            _ => e.path.clone(),
         };
         line(&mut s, &cells, &last);
     }
@@ -912,6 +989,24 @@ async fn check(path: &Path) -> Result<Checked, CliError> {
     for op in &m.operators {
         operators.push(checker.operator(op).await);
     }
+    let mut in_flight = Vec::with_capacity(m.in_flight.len());
+    let mut seen = BTreeMap::new();
+    for entry in &m.in_flight {
+        if let Some(first) = seen.insert((entry.operator_id, entry.subtask), in_flight.len()) {
+            checker.problems.push(Problem {
+                file: checker.metadata_file.clone(),
+                reason: format!(
+                    "in-flight data of subtask {} of operator {} is recorded twice (entries {} \
+                     and {})",
+                    entry.subtask,
+                    entry.operator_id,
+                    first + 1,
+                    in_flight.len() + 1
+                ),
+            });
+        }
+        in_flight.push(checker.in_flight(m, entry).await);
+    }
     let files_verified = 1 + checker.files.len() as u64;
     let bytes_verified = loaded.size + checker.files.values().sum::<u64>();
     Ok(Checked::Report(Box::new(InspectReport {
@@ -930,7 +1025,10 @@ async fn check(path: &Path) -> Result<Checked, CliError> {
         completion_timestamp_ms: m.completion_timestamp_ms,
         weir_version: m.weir_version.clone(),
         state_size: m.state_size(),
+        in_flight_size: m.in_flight_size(),
+        unaligned: !m.in_flight.is_empty(),
         operators,
+        in_flight,
         files_verified,
         bytes_verified,
         problems: checker.problems,
@@ -1275,6 +1373,165 @@ impl Checker<'_> {
         }
     }
 
+    /// Verifies the channel-state file of one subtask's in-flight data: its size and CRC-32, its
+    /// envelope, every section's batch framing and record count, and the sections against the
+    /// summaries `_metadata` records for them.
+    async fn in_flight(
+        &mut self,
+        m: &CheckpointMetadata,
+        entry: &SubtaskInFlight,
+    ) -> InFlightReport {
+        let h = &entry.handle;
+        let op = operator_by_id(m, entry.operator_id);
+        let who = match op {
+            Some(op) => match &op.uid {
+                Some(uid) => format!(
+                    "operator '{}' (uid {uid}), subtask {}",
+                    op.name, entry.subtask
+                ),
+                None => format!(
+                    "operator '{}' (id {}), subtask {}",
+                    op.name, op.operator_id, entry.subtask
+                ),
+            },
+            None => format!("operator {}, subtask {}", entry.operator_id, entry.subtask),
+        };
+
+        // What `_metadata` says of the subtask, checked against itself.
+        let mut metadata_errors = Vec::new();
+        match op {
+            None => metadata_errors
+                .push("the operator is not one of the checkpoint's operators".to_string()),
+            Some(op) if entry.subtask >= op.parallelism => metadata_errors.push(format!(
+                "the subtask index is not below the operator's parallelism {}",
+                op.parallelism
+            )),
+            Some(_) => {}
+        }
+        for (i, s) in h.sections.iter().enumerate() {
+            let (end, index) = match s.direction {
+                ChannelDirection::Input => ("consumer", s.channel.consumer),
+                ChannelDirection::Output => ("producer", s.channel.producer),
+            };
+            if index != entry.subtask {
+                metadata_errors.push(format!(
+                    "section {} ({}) is filed under subtask {}, but the channel's {end} is \
+                     subtask {index}",
+                    i + 1,
+                    section_label(s),
+                    entry.subtask
+                ));
+            }
+        }
+        for e in metadata_errors {
+            self.problems.push(Problem {
+                file: self.metadata_file.clone(),
+                reason: format!("in-flight data of {who}: {e}"),
+            });
+        }
+
+        // The file: size and CRC-32, envelope, sections, agreement with `_metadata`.
+        self.note_file(&h.stream);
+        let subject = self.subject(&h.stream, &format!("in-flight data of {who}"));
+        let mut errors = Vec::new();
+        let mut checked = None;
+        match self.read_whole(&h.stream).await {
+            Ok(bytes) => {
+                match weir_core::channel_state::decode_file("channel-state file", &bytes) {
+                    Ok(sections) => {
+                        let mut failed = 0usize;
+                        let mut note = |errors: &mut Vec<String>, e: String| {
+                            failed += 1;
+                            if errors.len() < MAX_SECTION_PROBLEMS {
+                                errors.push(e);
+                            }
+                        };
+                        // The error names the section's channel.
+                        for section in &sections {
+                            if let Err(e) = section.verify() {
+                                note(&mut errors, e.to_string());
+                            }
+                        }
+                        if sections.len() != h.sections.len() {
+                            note(
+                                &mut errors,
+                                format!(
+                                    "the file holds {} sections, _metadata records {}",
+                                    sections.len(),
+                                    h.sections.len()
+                                ),
+                            );
+                        }
+                        for (i, (found, recorded)) in sections.iter().zip(&h.sections).enumerate() {
+                            let found = found.summary();
+                            for e in section_mismatches(i, &found, recorded) {
+                                note(&mut errors, e);
+                            }
+                        }
+                        if failed > errors.len() {
+                            errors.push(format!(
+                                "and {} more section checks fail",
+                                failed - errors.len()
+                            ));
+                        }
+                        if errors.is_empty() {
+                            checked = Some(sections.len());
+                        }
+                    }
+                    Err(CoreError::Corrupt { reason, .. }) => errors.push(reason),
+                    Err(CoreError::Decode { reason, .. }) => {
+                        errors.push(format!("cannot decode the sections: {reason}"));
+                    }
+                    Err(e) => errors.push(e.to_string()),
+                }
+            }
+            Err(reason) => errors.push(reason),
+        }
+        let verification = self.conclude(
+            &subject,
+            errors,
+            match (&h.stream, checked) {
+                (StreamStateHandle::File { .. }, Some(n)) => format!(
+                    "size and CRC-32 match; {n} section{} decoded and checked against _metadata",
+                    if n == 1 { "" } else { "s" }
+                ),
+                (_, Some(n)) => format!(
+                    "inline (covered by _metadata's checksum); {n} section{} decoded and checked \
+                     against _metadata",
+                    if n == 1 { "" } else { "s" }
+                ),
+                (_, None) => String::new(),
+            },
+        );
+        let name_of = |id: OperatorId| operator_by_id(m, id).map(|o| o.name.clone());
+        InFlightReport {
+            operator_id: entry.operator_id.to_string(),
+            operator: op.map(|o| o.name.clone()),
+            uid: op.and_then(|o| o.uid.clone()),
+            subtask: entry.subtask,
+            size: h.size(),
+            records: h.sections.iter().map(|s| s.records).sum(),
+            stream: self.stream_report(&h.stream),
+            sections: h
+                .sections
+                .iter()
+                .map(|s| ChannelSectionReport {
+                    direction: direction_name(s.direction).to_string(),
+                    channel: s.channel.to_string(),
+                    from_operator_id: s.channel.from.to_string(),
+                    from_operator: name_of(s.channel.from),
+                    producer: s.channel.producer,
+                    to_operator_id: s.channel.to.to_string(),
+                    to_operator: name_of(s.channel.to),
+                    consumer: s.channel.consumer,
+                    records: s.records,
+                    bytes: s.bytes,
+                })
+                .collect(),
+            verification,
+        }
+    }
+
     /// Records a stream's errors as problems and returns its verification.
     fn conclude(&mut self, subject: &Subject, errors: Vec<String>, ok: String) -> Verification {
         if errors.is_empty() {
@@ -1320,6 +1577,57 @@ fn check_sections(h: &KeyedStateHandle, stream: &[u8]) -> Result<usize, Vec<Stri
     } else {
         Err(errors)
     }
+}
+
+fn operator_by_id(m: &CheckpointMetadata, id: OperatorId) -> Option<&OperatorState> {
+    m.operators.iter().find(|o| o.operator_id == id)
+}
+
+fn direction_name(direction: ChannelDirection) -> &'static str {
+    match direction {
+        ChannelDirection::Input => "input",
+        ChannelDirection::Output => "output",
+    }
+}
+
+/// `input channel 1a2b3c4d[0] -> 5e6f7a8b[1]`.
+fn section_label(s: &ChannelSectionSummary) -> String {
+    format!("{} channel {}", direction_name(s.direction), s.channel)
+}
+
+/// How section `i` of a channel-state file differs from what `_metadata` records of it.
+fn section_mismatches(
+    i: usize,
+    found: &ChannelSectionSummary,
+    recorded: &ChannelSectionSummary,
+) -> Vec<String> {
+    let n = i + 1;
+    let mut out = Vec::new();
+    if found.direction != recorded.direction || found.channel != recorded.channel {
+        out.push(format!(
+            "section {n} holds the {}, _metadata records the {}",
+            section_label(found),
+            section_label(recorded)
+        ));
+        return out;
+    }
+    if found.records != recorded.records {
+        out.push(format!(
+            "section {n} ({}) holds {} records, _metadata records {}",
+            section_label(found),
+            found.records,
+            recorded.records
+        ));
+    }
+    if found.bytes != recorded.bytes {
+        out.push(format!(
+            "section {n} ({}) holds {} bytes, _metadata records {}",
+            section_label(found),
+            found.bytes,
+            recorded.bytes
+        ));
+    }
+    out
 }
 
 /// The reason of a storage error, without the path (the caller names the file).
@@ -1382,6 +1690,17 @@ pub fn render_inspect(r: &InspectReport) -> String {
         r.metadata_file, r.metadata_size
     );
     let _ = writeln!(s, "  state size:     {}", size_text(r.state_size));
+    if r.in_flight.is_empty() {
+        let _ = writeln!(s, "  in-flight data: none");
+    } else {
+        let _ = writeln!(
+            s,
+            "  in-flight data: {} in {} subtask{} (unaligned checkpoint)",
+            size_text(r.in_flight_size),
+            r.in_flight.len(),
+            if r.in_flight.len() == 1 { "" } else { "s" }
+        );
+    }
     let _ = writeln!(s, "  operators:      {}", r.operators.len());
     for op in &r.operators {
         s.push('\n');
@@ -1443,6 +1762,39 @@ pub fn render_inspect(r: &InspectReport) -> String {
                 let _ = writeln!(s, "      verification: {}", verdict(&o.verification));
             }
         }
+    }
+    for f in &r.in_flight {
+        s.push('\n');
+        let operator = match (&f.operator, &f.uid) {
+            (Some(name), Some(uid)) => format!("operator {name:?} (uid {uid:?})"),
+            (Some(name), None) => format!("operator {name:?} (id {})", f.operator_id),
+            _ => format!("operator {} (not in the checkpoint)", f.operator_id),
+        };
+        let _ = writeln!(
+            s,
+            "In-flight data of {operator}, subtask {}: {} section{}, {} records, {}, {}",
+            f.subtask,
+            f.sections.len(),
+            if f.sections.len() == 1 { "" } else { "s" },
+            f.records,
+            size_text(f.size),
+            where_(&f.stream)
+        );
+        for c in &f.sections {
+            let names = match (&c.from_operator, &c.to_operator) {
+                (Some(from), Some(to)) => format!(" ({from:?} -> {to:?})"),
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                s,
+                "  {:<6} channel {}{names}: {} records, {}",
+                c.direction,
+                c.channel,
+                c.records,
+                size_text(c.bytes)
+            );
+        }
+        let _ = writeln!(s, "  verification: {}", verdict(&f.verification));
     }
     s.push('\n');
     if r.problems.is_empty() {

@@ -67,6 +67,8 @@ pub struct JobResult {
     pub restarts: u32,
     /// End-to-end durations of completed checkpoints, in completion order.
     pub checkpoint_durations: Vec<Duration>,
+    /// Persisted in-flight bytes of the same checkpoints (non-zero only for unaligned ones).
+    pub checkpoint_in_flight: Vec<u64>,
     /// Statistics of the last checkpoints.
     pub checkpoint_history: Vec<CheckpointStats>,
     /// For each restart: time from detecting the failure to the first record processed after the
@@ -465,6 +467,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         let mut completed = 0u64;
         let mut failed = 0u64;
         let mut durations = Vec::new();
+        let mut in_flight = Vec::new();
         let mut history: Vec<CheckpointStats> = Vec::new();
         let mut failures: Vec<(u64, Duration)> = Vec::new();
         let sources: Vec<TaskKey> = job
@@ -972,6 +975,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             completed += c;
             failed += f;
             durations.extend(coordinator.completed_durations());
+            in_flight.extend(coordinator.completed_in_flight());
             history.extend(coordinator.history().cloned());
             next_checkpoint_id = coordinator.next_checkpoint_id();
             refused += coordinator.refused_count();
@@ -1035,6 +1039,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         checkpoints_failed: failed,
                         restarts: restart.restarts(),
                         checkpoint_durations: durations,
+                        checkpoint_in_flight: in_flight,
                         checkpoint_history: history
                             .into_iter()
                             .filter(|s| s.status != CheckpointStatus::InProgress)

@@ -1,14 +1,21 @@
 //! The `weir checkpoints` command-line tool against real checkpoints: a small keyed job runs
 //! in-process once, then the built binary lists, inspects and verifies its checkpoints, intact
 //! and after damage (a flipped byte in a state file or in `_metadata`, a deleted `_metadata`).
+//! A second job takes unaligned checkpoints under backpressure, so that they hold in-flight
+//! data (channel-state files); a version-1 `_metadata` is made by re-sealing a real one.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use weir_runtime::StreamEnvironment;
+use weir_checkpoint::metadata::{METADATA_MAGIC, METADATA_VERSION};
+use weir_checkpoint::{CheckpointMetadata, OpendalCheckpointStorage, OperatorState};
+use weir_core::element::SnapshotKind;
+use weir_core::ids::{CheckpointId, JobId};
+use weir_runtime::{StorageConfig, StreamEnvironment};
 
 /// Distinct keys: enough that each subtask's keyed state is far above the 20 KiB inline threshold.
 const KEYS: u64 = 50_000;
@@ -95,27 +102,8 @@ async fn run_job(root: &Path) {
 fn fixture() -> &'static Path {
     static ROOT: OnceLock<PathBuf> = OnceLock::new();
     ROOT.get_or_init(|| {
-        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        // A static is never dropped, so the fixture outlives the process; remove those of
-        // earlier runs (older than ten minutes: a test process uses its fixture for seconds).
-        for entry in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
-            let old = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > Duration::from_secs(600)));
-            if old && name.starts_with("weir-cli-fixture-") {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
-        let root = tmp.join(format!("weir-cli-fixture-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(4)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(run_job(&root));
+        let root = fresh_fixture_dir("weir-cli-fixture-");
+        runtime().block_on(run_job(&root));
         let ids = complete_ids(&root);
         assert!(
             ids.len() >= 2,
@@ -125,8 +113,185 @@ fn fixture() -> &'static Path {
     })
 }
 
+/// An empty directory `<prefix><pid>` for a fixture of this test process.
+fn fresh_fixture_dir(prefix: &str) -> PathBuf {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    // A static is never dropped, so the fixture outlives the process; remove those of earlier
+    // runs (older than ten minutes: a test process uses its fixture for seconds).
+    for entry in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > Duration::from_secs(600)));
+        if old && name.starts_with(prefix) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    let root = tmp.join(format!("{prefix}{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    root
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// An unaligned checkpoint with in-flight data.
+
+const UNALIGNED_JOB: &str = "cli-unaligned-test";
+/// Distinct keys of the unaligned job.
+const UNALIGNED_KEYS: u64 = 1_000;
+/// Records the unaligned job reads.
+const UNALIGNED_RECORDS: u64 = 200_000;
+
+/// The complete checkpoints (with `_metadata`) under `root` that hold a channel-state file.
+fn with_channel_state(root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for job in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for chk in std::fs::read_dir(job.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let dir = chk.path();
+            if dir.join("_metadata").is_file() && !channel_files(&dir).is_empty() {
+                found.push(dir);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The channel-state files of a checkpoint directory.
+fn channel_files(chk: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(chk)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with("-channels"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Runs generator → map → key_by → sum → slow map → latest_per_key with parallelism 2, one
+/// buffer per channel and unaligned checkpoints every 10 ms into `root`. The slow map (a busy
+/// wait per record, chained to the sum) backs the keyed exchange up, so barriers overtake
+/// queued buffers and the checkpoints persist them; it stops slowing down once a complete
+/// checkpoint holds a channel-state file (or after a bound, so a stall fails the assertions).
+/// The storage inlines nothing, so that the few hundred bytes in flight get a file.
+async fn run_unaligned_job(root: &Path) {
+    let storage = OpendalCheckpointStorage::fs(root)
+        .unwrap()
+        .with_inline_threshold(0);
+    let env = StreamEnvironment::new();
+    env.set_job_name(UNALIGNED_JOB)
+        .set_parallelism(2)
+        .enable_checkpointing(Duration::from_millis(10))
+        .set_checkpoint_storage(StorageConfig::Custom(Arc::new(storage)));
+    {
+        let mut config = env.config_mut();
+        config.checkpoint.unaligned = true;
+        // Keep every checkpoint: the tests look for one with in-flight data, not the latest.
+        config.checkpoint.num_retained = 10_000;
+        config.buffers_per_channel = 1;
+        config.batch_size = 64;
+    }
+
+    let done = AtomicBool::new(false);
+    let seen = AtomicU64::new(0);
+    let started = OnceLock::<Instant>::new();
+    let dir = root.to_path_buf();
+    let totals = env
+        .from_generator(Some(UNALIGNED_RECORDS), |i| i)
+        .uid("source")
+        .map(|i: u64| (i % UNALIGNED_KEYS, 1i64))
+        .uid("to-pairs")
+        .key_by(|t: &(u64, i64)| &t.0)
+        .sum()
+        .uid("sum")
+        .map(move |t: (u64, i64)| {
+            if !done.load(Ordering::Relaxed) {
+                let since = *started.get_or_init(Instant::now);
+                let n = seen.fetch_add(1, Ordering::Relaxed);
+                if n.is_multiple_of(256)
+                    && (!with_channel_state(&dir).is_empty()
+                        || since.elapsed() > Duration::from_secs(10))
+                {
+                    done.store(true, Ordering::Relaxed);
+                }
+                let t0 = Instant::now();
+                while t0.elapsed() < Duration::from_micros(5) {
+                    std::hint::spin_loop();
+                }
+            }
+            t
+        })
+        .uid("slow")
+        .latest_per_key();
+    env.execute().await.expect("the unaligned job failed");
+    // Exactly once despite the overtaken data.
+    let totals = totals.get();
+    assert_eq!(totals.len() as u64, UNALIGNED_KEYS);
+    let per_key = (UNALIGNED_RECORDS / UNALIGNED_KEYS) as i64;
+    assert!(totals.values().all(|&n| n == per_key), "{totals:?}");
+}
+
+/// A checkpoint root made by running the unaligned job once per test process, and a complete
+/// checkpoint in it that holds in-flight data.
+fn unaligned_fixture() -> &'static (PathBuf, PathBuf) {
+    static FIXTURE: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let root = fresh_fixture_dir("weir-cli-unaligned-");
+        let t0 = Instant::now();
+        runtime().block_on(run_unaligned_job(&root));
+        eprintln!("the unaligned job ran for {:?}", t0.elapsed());
+        let found = with_channel_state(&root);
+        let chk = found.first().cloned().unwrap_or_else(|| {
+            panic!(
+                "no complete checkpoint holds in-flight data; checkpoints: {:?}",
+                complete_ids(&root)
+            )
+        });
+        (root, chk)
+    })
+}
+
+/// The checkpoint id of a `chk-<n>` directory.
+fn chk_id(chk: &Path) -> u64 {
+    chk.file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .strip_prefix("chk-")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A private copy of the unaligned fixture, and the checkpoint with in-flight data in it.
+fn copy_of_unaligned() -> (tempfile::TempDir, PathBuf) {
+    let (root, chk) = unaligned_fixture();
+    let tmp = copy_of(root);
+    let chk = tmp.path().join(chk.strip_prefix(root).unwrap());
+    (tmp, chk)
+}
+
 /// A private copy of the fixture, for a test to damage.
 fn copy_of_fixture() -> tempfile::TempDir {
+    copy_of(fixture())
+}
+
+/// A private copy of a checkpoint root.
+fn copy_of(root: &Path) -> tempfile::TempDir {
     fn copy(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).unwrap();
         for entry in std::fs::read_dir(from).unwrap() {
@@ -140,7 +305,7 @@ fn copy_of_fixture() -> tempfile::TempDir {
         }
     }
     let tmp = tempfile::tempdir().unwrap();
-    copy(fixture(), tmp.path());
+    copy(root, tmp.path());
     tmp
 }
 
@@ -300,7 +465,10 @@ fn inspect_describes_operators_state_and_files() {
     assert_eq!(v["checkpoint_id"], id);
     assert_eq!(v["job_name"], JOB_NAME);
     assert_eq!(v["kind"], "checkpoint");
-    assert_eq!(v["format_version"], 1);
+    assert_eq!(v["format_version"], METADATA_VERSION);
+    assert_eq!(v["unaligned"], false);
+    assert_eq!(v["in_flight_size"], 0);
+    assert_eq!(v["in_flight"].as_array().unwrap().len(), 0);
     assert_eq!(v["weir_version"], env!("CARGO_PKG_VERSION"));
     assert!(v["selected_from"].is_null());
     assert_eq!(v["problems"].as_array().unwrap().len(), 0, "{v:#}");
@@ -385,7 +553,12 @@ fn inspect_describes_operators_state_and_files() {
         text.contains(&format!("job:            {JOB_NAME} (")),
         "{text}"
     );
-    assert!(text.contains("format version: 1"), "{text}");
+    assert!(
+        text.contains(&format!("format version: {METADATA_VERSION}\n")),
+        "{text}"
+    );
+    assert!(text.contains("in-flight data: none\n"), "{text}");
+    assert!(!text.contains("In-flight data of"), "{text}");
     for uid in ["source", "to-pairs", "sum"] {
         assert!(text.contains(&format!("Operator uid \"{uid}\"")), "{text}");
     }
@@ -640,4 +813,331 @@ fn bad_paths_are_usage_errors() {
     // Clap's own usage errors exit 2 as well.
     let o = weir(&["checkpoints", "verify"]);
     assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+}
+
+/// Inspect shows an unaligned checkpoint's in-flight data: its total, and per subtask the
+/// channel-state file and its sections; list marks the checkpoint as unaligned.
+#[test]
+fn inspect_shows_the_in_flight_data_of_an_unaligned_checkpoint() {
+    let (root, chk) = unaligned_fixture();
+    let id = chk_id(chk);
+
+    let o = weir_at(&["checkpoints", "inspect", "--json"], chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["checkpoint_id"], id);
+    assert_eq!(v["job_name"], UNALIGNED_JOB);
+    assert_eq!(v["format_version"], METADATA_VERSION);
+    assert_eq!(v["unaligned"], true, "{v:#}");
+    assert_eq!(v["problems"].as_array().unwrap().len(), 0, "{v:#}");
+    // Every file, channel-state files included, is verified.
+    let files = state_files(chk);
+    assert_eq!(v["files_verified"], 1 + files.len() as u64, "{v:#}");
+
+    let in_flight = v["in_flight"].as_array().unwrap();
+    assert!(!in_flight.is_empty(), "{v:#}");
+    let total: u64 = in_flight.iter().map(|f| f["size"].as_u64().unwrap()).sum();
+    assert!(total > 0);
+    assert_eq!(v["in_flight_size"], total, "{v:#}");
+    let operator_state: u64 = v["operators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["state_size"].as_u64().unwrap())
+        .sum();
+    assert_eq!(v["state_size"], operator_state + total, "{v:#}");
+    let channels = channel_files(chk);
+    let mut shown_files = Vec::new();
+    let mut records = 0;
+    for f in in_flight {
+        assert!(f["subtask"].as_u64().unwrap() < 2, "{f:#}");
+        // Filed under the head of the subtask's chain, which the checkpoint knows by name.
+        assert!(f["operator"].is_string(), "{f:#}");
+        assert_eq!(f["verification"]["ok"], true, "{f:#}");
+        let sections = f["sections"].as_array().unwrap();
+        assert!(!sections.is_empty(), "{f:#}");
+        for c in sections {
+            assert!(["input", "output"].contains(&c["direction"].as_str().unwrap()));
+            let (producer, consumer) = (&c["producer"], &c["consumer"]);
+            let end = if c["direction"] == "input" {
+                consumer
+            } else {
+                producer
+            };
+            assert_eq!(*end, f["subtask"], "{f:#}");
+            let (from, to) = (
+                c["from_operator_id"].as_str().unwrap(),
+                c["to_operator_id"].as_str().unwrap(),
+            );
+            assert_eq!(
+                c["channel"],
+                format!("{}[{producer}] -> {}[{consumer}]", &from[..8], &to[..8]),
+                "{c:#}"
+            );
+            assert!(c["from_operator"].is_string() && c["to_operator"].is_string());
+        }
+        let section_records: u64 = sections
+            .iter()
+            .map(|c| c["records"].as_u64().unwrap())
+            .sum();
+        assert_eq!(f["records"], section_records);
+        records += section_records;
+        if f["stream"]["inline"] == false {
+            let file = PathBuf::from(f["stream"]["file"].as_str().unwrap());
+            assert_eq!(f["size"].as_u64().unwrap(), file.metadata().unwrap().len());
+            shown_files.push(file);
+        }
+    }
+    assert!(records > 0, "no in-flight records: {v:#}");
+    let mut expected: Vec<PathBuf> = channels.iter().map(|p| p.canonicalize().unwrap()).collect();
+    expected.sort();
+    shown_files.sort();
+    assert_eq!(shown_files, expected, "every channel-state file is shown");
+
+    // The text report says the same.
+    let o = weir_at(&["checkpoints", "inspect"], chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains(&format!("in-flight data: {total} bytes",))
+            && text.contains(&format!(
+                "in {} subtask{} (unaligned checkpoint)\n",
+                in_flight.len(),
+                if in_flight.len() == 1 { "" } else { "s" }
+            )),
+        "{text}"
+    );
+    for f in in_flight {
+        let header = format!(
+            "In-flight data of operator {:?} ",
+            f["operator"].as_str().unwrap()
+        );
+        assert!(text.contains(&header), "{text}");
+        assert!(
+            text.contains(&format!(", subtask {}: ", f["subtask"])),
+            "{text}"
+        );
+        for c in f["sections"].as_array().unwrap() {
+            let line = format!(
+                "  {:<6} channel {} ({:?} -> {:?}): {} records, {} bytes",
+                c["direction"].as_str().unwrap(),
+                c["channel"].as_str().unwrap(),
+                c["from_operator"].as_str().unwrap(),
+                c["to_operator"].as_str().unwrap(),
+                c["records"],
+                c["bytes"]
+            );
+            assert!(text.contains(&line), "{line}\n{text}");
+        }
+    }
+    for file in &shown_files {
+        assert!(text.contains(file.to_str().unwrap()), "{text}");
+    }
+    assert!(
+        text.contains("decoded and checked against _metadata"),
+        "{text}"
+    );
+    assert!(text.contains("Verification: OK: "), "{text}");
+    assert!(!text.contains("FAILED"), "{text}");
+
+    // list marks it, with the in-flight bytes.
+    let o = weir_at(&["checkpoints", "list"], root);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let out = stdout(&o);
+    let row = out
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(&id.to_string()))
+        .unwrap_or_else(|| panic!("checkpoint {id} is not listed: {out}"));
+    assert!(row.starts_with("COMPLETED "), "{out}");
+    assert!(
+        row.ends_with(&format!("chk-{id}  (unaligned: {total} bytes in flight)"))
+            || row.contains(&format!("chk-{id}  (unaligned: {total} bytes (")),
+        "{out}"
+    );
+    let o = weir_at(&["checkpoints", "list", "--json"], root);
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let entry = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["id"] == id)
+        .unwrap();
+    assert_eq!(entry["unaligned"], true, "{entry:#}");
+    assert_eq!(entry["in_flight_size"], total, "{entry:#}");
+    assert_eq!(entry["state_size"], v["state_size"], "{entry:#}");
+}
+
+#[test]
+fn verify_accepts_an_unaligned_checkpoint_and_names_a_corrupt_channel_state_file() {
+    let (_, chk) = unaligned_fixture();
+    let id = chk_id(chk);
+    let o = weir_at(&["checkpoints", "verify"], chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let files = 1 + state_files(chk).len();
+    assert!(
+        stdout(&o).starts_with(&format!(
+            "OK: checkpoint {id} of job {UNALIGNED_JOB}: {files} files, "
+        )),
+        "{}",
+        show(&o)
+    );
+
+    // One flipped byte in the middle of a channel-state file.
+    let (tmp, chk) = copy_of_unaligned();
+    let victim = channel_files(&chk).into_iter().next().unwrap();
+    let len = victim.metadata().unwrap().len();
+    flip_byte(&victim, (len / 2) as i64);
+    let o = weir_at(&["checkpoints", "verify"], &chk);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let out = stdout(&o);
+    let victim_shown = victim.canonicalize().unwrap();
+    let victim_shown = victim_shown.to_str().unwrap();
+    assert!(!out.is_empty());
+    for line in out.lines() {
+        assert!(
+            line.starts_with(&format!("CORRUPT: {victim_shown}: ")),
+            "{out}"
+        );
+    }
+    assert!(out.contains("checksum mismatch"), "{out}");
+
+    // Inspect shows the failed check on that subtask's in-flight data.
+    let o = weir_at(&["checkpoints", "inspect", "--json"], &chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let problems = v["problems"].as_array().unwrap();
+    assert!(!problems.is_empty());
+    assert!(problems.iter().all(|p| p["file"] == victim_shown), "{v:#}");
+    let failed: Vec<&serde_json::Value> = v["in_flight"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["verification"]["ok"] == false)
+        .collect();
+    assert_eq!(failed.len(), 1, "{v:#}");
+    assert_eq!(failed[0]["stream"]["file"], victim_shown);
+    drop(tmp);
+}
+
+/// The sections `_metadata` records for a channel-state file must be the file's: a record count
+/// that disagrees is reported on the file.
+#[test]
+fn verify_compares_channel_state_sections_with_metadata() {
+    let (_tmp, chk) = copy_of_unaligned();
+    let metadata_file = chk.join("_metadata");
+    let mut m =
+        CheckpointMetadata::from_bytes("_metadata", &std::fs::read(&metadata_file).unwrap())
+            .unwrap();
+    let entry = m
+        .in_flight
+        .iter_mut()
+        .find(|e| {
+            matches!(
+                e.handle.stream,
+                weir_core::handle::StreamStateHandle::File { .. }
+            )
+        })
+        .expect("no in-flight data in a file");
+    let weir_core::handle::StreamStateHandle::File { path, .. } = &entry.handle.stream else {
+        unreachable!()
+    };
+    let file = chk
+        .join(Path::new(path).file_name().unwrap())
+        .canonicalize()
+        .unwrap();
+    let section = &mut entry.handle.sections[0];
+    let recorded = section.records;
+    section.records += 1;
+    std::fs::write(&metadata_file, m.to_bytes().unwrap()).unwrap();
+
+    let o = weir_at(&["checkpoints", "verify"], &chk);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(
+        out.starts_with(&format!("CORRUPT: {}: section 1 (", file.display())),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "holds {recorded} records, _metadata records {}",
+            recorded + 1
+        )),
+        "{out}"
+    );
+}
+
+/// Version 1 of the `_metadata` payload: the fields a v1 build wrote, in their order.
+#[derive(Serialize)]
+struct MetadataV1 {
+    job_id: JobId,
+    job_name: String,
+    checkpoint_id: CheckpointId,
+    kind: SnapshotKind,
+    trigger_timestamp_ms: u64,
+    completion_timestamp_ms: u64,
+    weir_version: String,
+    operators: Vec<OperatorState>,
+}
+
+/// A checkpoint written before unaligned checkpoints (format version 1) is still listed,
+/// inspected and verified.
+#[test]
+fn a_version_1_metadata_is_still_inspected() {
+    let tmp = copy_of_fixture();
+    let (id, chk) = latest(tmp.path());
+    let metadata_file = chk.join("_metadata");
+    let m = CheckpointMetadata::from_bytes("_metadata", &std::fs::read(&metadata_file).unwrap())
+        .unwrap();
+    assert!(
+        m.in_flight.is_empty(),
+        "the fixture's checkpoints are aligned"
+    );
+    let v1 = MetadataV1 {
+        job_id: m.job_id,
+        job_name: m.job_name.clone(),
+        checkpoint_id: m.checkpoint_id,
+        kind: m.kind,
+        trigger_timestamp_ms: m.trigger_timestamp_ms,
+        completion_timestamp_ms: m.completion_timestamp_ms,
+        weir_version: m.weir_version.clone(),
+        operators: m.operators.clone(),
+    };
+    let payload = weir_core::codec::encode("v1 metadata", &v1).unwrap();
+    let sealed = weir_core::codec::seal(METADATA_MAGIC, 1, &payload);
+    std::fs::write(&metadata_file, &sealed).unwrap();
+
+    let o = weir_at(&["checkpoints", "inspect", "--json"], &chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["format_version"], 1);
+    assert_eq!(v["checkpoint_id"], id);
+    assert_eq!(v["metadata_size"], sealed.len() as u64);
+    assert_eq!(v["state_size"], m.state_size());
+    assert_eq!(v["unaligned"], false);
+    assert_eq!(v["in_flight"].as_array().unwrap().len(), 0);
+    assert_eq!(v["problems"].as_array().unwrap().len(), 0, "{v:#}");
+    assert_eq!(
+        v["operators"].as_array().unwrap().len(),
+        m.operators.len(),
+        "{v:#}"
+    );
+    let o = weir_at(&["checkpoints", "inspect"], &chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(stdout(&o).contains("format version: 1\n"), "{}", show(&o));
+
+    let o = weir_at(&["checkpoints", "verify"], &chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        stdout(&o).starts_with(&format!("OK: checkpoint {id} of job {JOB_NAME}: ")),
+        "{}",
+        show(&o)
+    );
+    let o = weir_at(&["checkpoints", "list"], &chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(
+        stdout(&o).lines().nth(1).unwrap().starts_with("COMPLETED "),
+        "{}",
+        show(&o)
+    );
 }

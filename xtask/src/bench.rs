@@ -17,12 +17,19 @@ struct Named {
     run: fn(&Bench) -> Result<()>,
 }
 
-/// The named benchmarks; the first is the default. Add new ones (e.g. `backpressure`) here.
-const BENCHES: &[Named] = &[Named {
-    name: "wordcount",
-    what: "word_count throughput with and without checkpoints, checkpoint latency, recovery time",
-    run: wordcount,
-}];
+/// The named benchmarks; the first is the default.
+const BENCHES: &[Named] = &[
+    Named {
+        name: "wordcount",
+        what: "word_count throughput with and without checkpoints, checkpoint latency, recovery time",
+        run: wordcount,
+    },
+    Named {
+        name: "backpressure",
+        what: "checkpoints under backpressure (a sink busy 2us per record): aligned, unaligned, alternating",
+        run: backpressure,
+    },
+];
 
 /// The benchmark names, for the usage text.
 pub fn names() -> Vec<&'static str> {
@@ -76,6 +83,8 @@ pub struct Config {
     pub checkpoint_interval: Option<&'static str>,
     /// `--fail-after K`: inject one failure after K records.
     pub fail_after: Option<u64>,
+    /// Further flags, passed as they are.
+    pub extra: Vec<&'static str>,
 }
 
 impl Config {
@@ -87,6 +96,10 @@ impl Config {
         }
         if let Some(k) = self.fail_after {
             s.push_str(&format!(" fail-after={k}"));
+        }
+        for e in &self.extra {
+            s.push(' ');
+            s.push_str(e);
         }
         s
     }
@@ -115,6 +128,7 @@ impl Bench {
         if let Some(k) = cfg.fail_after {
             cmd.arg("--fail-after").arg(k.to_string());
         }
+        cmd.args(&cfg.extra);
         let shown = crate::show(&cmd);
         eprintln!("  $ {shown}");
         let out = cmd
@@ -337,6 +351,7 @@ fn wordcount(b: &Bench) -> Result<()> {
         parallelism: 2,
         checkpoint_interval: Some("100ms"),
         fail_after: Some(10_000_000),
+        ..Config::default()
     })?;
     println!(
         "\nrecovery (p=2, every 100ms, one failure after 10000000 records, {} restart(s)):",
@@ -352,6 +367,88 @@ fn wordcount(b: &Bench) -> Result<()> {
     if recovery.restarts == 0 {
         println!("  note: the run reported no restart; was the failure injected?");
     }
+    Ok(())
+}
+
+/// Checkpoints under backpressure, per barrier mode: the sink busy-waits 2 µs per record so
+/// every buffer stays full, p=2, a checkpoint every 200 ms, default buffers. The modes run in
+/// interleaved rounds; each line gives the medians over the rounds.
+fn backpressure(b: &Bench) -> Result<()> {
+    const RECORDS: u64 = 5_000_000;
+    const ROUNDS: usize = 3;
+    const TARGET_UNALIGNED_P99_MS: f64 = 25.0;
+    let modes: [(&str, Vec<&'static str>); 3] = [
+        ("aligned", vec![]),
+        ("unaligned", vec!["--unaligned"]),
+        (
+            "alternating",
+            vec!["--unaligned", "--aligned-checkpoint-timeout", "5ms"],
+        ),
+    ];
+    let configs: Vec<Config> = modes
+        .iter()
+        .map(|(_, flags)| {
+            let mut extra = vec!["--sink-delay", "2us"];
+            extra.extend(flags.iter().copied());
+            Config {
+                records: RECORDS,
+                parallelism: 2,
+                checkpoint_interval: Some("200ms"),
+                extra,
+                ..Config::default()
+            }
+        })
+        .collect();
+    let mut runs: Vec<Vec<Summary>> = vec![Vec::new(); configs.len()];
+    for _ in 0..ROUNDS {
+        for (cfg, r) in configs.iter().zip(runs.iter_mut()) {
+            r.push(b.run(cfg)?);
+        }
+    }
+    let field = |runs: &[Summary], f: fn(&Summary) -> Option<f64>| -> Option<f64> {
+        median(&runs.iter().filter_map(f).collect::<Vec<_>>())
+    };
+    println!(
+        "
+checkpoints under backpressure ({RECORDS} records, p=2, sink 2us/record, every 200ms, {ROUNDS} rounds, medians):"
+    );
+    let mut p99 = BTreeMap::new();
+    let mut rate = BTreeMap::new();
+    for ((mode, _), runs) in modes.iter().zip(&runs) {
+        let p50 = field(runs, |s| s.checkpoint_p50_ms);
+        let p99_ms = field(runs, |s| s.checkpoint_p99_ms);
+        let rps = field(runs, |s| Some(s.records_per_s));
+        let checkpoints: u64 = runs.iter().map(|s| s.checkpoints).sum();
+        let in_flight = field(runs, |s| {
+            s.extra
+                .get("in_flight_bytes_mean")
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0.0);
+        println!(
+            "mode={mode} p50_ms={} p99_ms={} checkpoints={checkpoints} records_per_s={:.0} in_flight_bytes_per_checkpoint={in_flight:.0}",
+            p50.map_or("n/a".into(), |v| format!("{v:.1}")),
+            p99_ms.map_or("n/a".into(), |v| format!("{v:.1}")),
+            rps.unwrap_or(0.0),
+        );
+        if let Some(v) = p99_ms {
+            p99.insert(*mode, v);
+        }
+        rate.insert(*mode, rps.unwrap_or(0.0));
+    }
+    if let (Some(u), Some(a)) = (p99.get("unaligned"), p99.get("aligned")) {
+        println!(
+            "
+unaligned p99 {u:.1} ms: target < {TARGET_UNALIGNED_P99_MS} ms {}, and not above aligned p99 {a:.1} ms {}",
+            verdict(*u < TARGET_UNALIGNED_P99_MS),
+            verdict(u <= a)
+        );
+    }
+    let ratio = rate["unaligned"] / rate["aligned"].max(1.0);
+    println!(
+        "throughput under backpressure, unaligned / aligned: {ratio:.3} (target >= 1, within noise) {}",
+        verdict(ratio >= 0.98)
+    );
     Ok(())
 }
 
@@ -437,8 +534,9 @@ mod tests {
             parallelism: 2,
             checkpoint_interval: Some("100ms"),
             fail_after: Some(10),
+            extra: vec!["--unaligned"],
         };
-        assert_eq!(cfg.label(), "p=2 ckpt=100ms fail-after=10");
+        assert_eq!(cfg.label(), "p=2 ckpt=100ms fail-after=10 --unaligned");
         assert_eq!(
             Config {
                 parallelism: 1,

@@ -242,6 +242,15 @@ async fn main() -> Result<()> {
             ms(p99)
         ));
     }
+    if result.checkpoint_in_flight.iter().any(|b| *b > 0) {
+        let mut bytes = result.checkpoint_in_flight.clone();
+        bytes.sort_unstable();
+        let mean = bytes.iter().sum::<u64>() as f64 / bytes.len() as f64;
+        summary.push_str(&format!(
+            " in_flight_bytes_p50={} in_flight_bytes_mean={mean:.0}",
+            bytes[bytes.len() / 2]
+        ));
+    }
     if let Some(r) = result.recovery_times.first() {
         summary.push_str(&format!(" recovery_ms={}", ms(*r)));
     }
