@@ -8,17 +8,18 @@
 //!   other channel delivers before its barrier is in-flight data to persist; the task never stops
 //!   reading. A priority barrier overtook queued elements inside its channel: those, too, are
 //!   persisted.
-//! - *Aligned with timeout* (the alternating handler): starts aligned; once the alignment has
-//!   lasted `timeout` since the first barrier reached this task, or an upstream task's barrier
-//!   arrives already switched, it switches to unaligned: channels resume, the checkpoint
-//!   triggers, and the channels still owing their barrier are persisted.
+//! - *Aligned with timeout* (the alternating handler): starts aligned; once `timeout` has passed
+//!   since the checkpoint was triggered (the barrier's timestamp: Flink's checkpoint start delay
+//!   counts toward it), or an upstream task's barrier arrives already switched, it switches to
+//!   unaligned: channels resume, the checkpoint triggers, and the channels still owing their
+//!   barrier are persisted. A barrier that reaches the task after the timeout switches at once.
 //!
 //! In every mode, channels that ended count as having delivered the barrier, older barriers are
 //! ignored (reference step 0), a newer barrier aborts the checkpoint in progress, and a
 //! `CancelCheckpointMarker` releases it.
 //!
-//! Time is passed in (`now`, monotonic), so alignment durations and timeouts are decided without
-//! a clock here; [`BarrierAligner::next_deadline`] tells the task when to call
+//! Time is passed in (`now`: wall-clock time since the Unix epoch, the clock barrier timestamps
+//! are taken with), so alignment durations and timeouts are decided without a clock here; [`BarrierAligner::next_deadline`] tells the task when to call
 //! [`BarrierAligner::on_timer`].
 
 use std::time::Duration;
@@ -136,7 +137,9 @@ impl BarrierAligner {
                 started,
                 unaligned: false,
             }) => match barrier.options.alignment {
-                AlignmentType::AlignedWithTimeout { timeout } => Some(started + timeout),
+                AlignmentType::AlignedWithTimeout { timeout } => {
+                    Some(Duration::from_millis(barrier.timestamp_ms) + timeout)
+                }
                 _ => None,
             },
             _ => None,

@@ -40,8 +40,8 @@ pub struct CheckpointConfig {
     /// barriers overtake in-flight data, which is persisted as channel state. Exactly-once only,
     /// one checkpoint at a time. Savepoints stay aligned.
     pub unaligned: bool,
-    /// With `unaligned`, how long a checkpoint first tries to align before it switches to
-    /// unaligned (Flink's `execution.checkpointing.aligned-checkpoint-timeout`, default 0: start
+    /// With `unaligned`, how long after its trigger a checkpoint may still be aligning before
+    /// it switches to unaligned (Flink's `execution.checkpointing.aligned-checkpoint-timeout`, default 0: start
     /// unaligned).
     pub aligned_checkpoint_timeout: Duration,
 }

@@ -83,9 +83,9 @@ pub enum AlignmentType {
     /// Trigger on the first barrier and persist in-flight data (exactly-once, unaligned). On the
     /// output side such a barrier is a priority event: it overtakes queued buffers.
     Unaligned,
-    /// Start aligned; a task whose alignment has lasted longer than `timeout` since the first
-    /// barrier reached it switches to unaligned (Flink's aligned checkpoint timeout, handled by
-    /// its `AlternatingCheckpointBarrierHandler`).
+    /// Start aligned; a task still aligning `timeout` after the checkpoint was triggered (or
+    /// receiving its first barrier later than that) switches to unaligned (Flink's aligned
+    /// checkpoint timeout, handled by its `AlternatingCheckpointBarrierHandler`).
     AlignedWithTimeout {
         /// How long a task may align before it switches.
         timeout: std::time::Duration,

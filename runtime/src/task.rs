@@ -668,12 +668,12 @@ async fn run(
     let mut steps_since_yield = 0u32;
     let mut last_yield = Instant::now();
     loop {
-        let now = env.started.elapsed();
+        let now = wall_clock();
         let suspended = cps.suspended.is_some() || cps.awaiting_splits;
         let end_now = std::mem::take(&mut cps.end_now);
         let mut timer = input
             .next_deadline()
-            .map(|d| Box::pin(tokio::time::sleep_until((env.started + d).into())));
+            .map(|d| Box::pin(tokio::time::sleep(d.saturating_sub(now))));
         let wake = if end_now {
             Wake::Step(Ok(Step::End))
         } else {
@@ -703,7 +703,7 @@ async fn run(
                 output_pending = true;
             }
             Wake::Timer => {
-                input.on_timer(env.started.elapsed(), &mut actions);
+                input.on_timer(wall_clock(), &mut actions);
                 run_actions(input, env, &mut cps, &mut actions).await?;
                 output_pending = true;
             }
@@ -769,6 +769,14 @@ async fn run(
             },
         }
     }
+}
+
+/// Wall-clock time since the Unix epoch: the clock of barrier timestamps, which the barrier
+/// handlers compare with.
+fn wall_clock() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 /// The longest a task runs records before it yields its worker thread.

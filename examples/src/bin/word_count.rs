@@ -83,8 +83,8 @@ struct Args {
     /// checkpoint (exactly-once mode only).
     #[arg(long)]
     unaligned: bool,
-    /// With --unaligned: checkpoints start aligned and switch to unaligned once a task has been
-    /// aligning for this long, e.g. 50ms (default 0s: start unaligned).
+    /// Checkpoints start aligned and switch to unaligned in a task still aligning this long
+    /// after the trigger, e.g. 5ms (implies --unaligned; default: start unaligned).
     #[arg(long, value_parser = humantime::parse_duration)]
     aligned_checkpoint_timeout: Option<Duration>,
 }
