@@ -134,8 +134,8 @@ impl BarrierAligner {
         match self.current {
             Some(Current {
                 barrier,
-                started,
                 unaligned: false,
+                ..
             }) => match barrier.options.alignment {
                 AlignmentType::AlignedWithTimeout { timeout } => {
                     Some(Duration::from_millis(barrier.timestamp_ms) + timeout)
