@@ -13,7 +13,9 @@ use std::sync::Arc;
 use weir_core::ids::OperatorId;
 use weir_core::keygroup::{KeyGroup, assign_to_key_group};
 use weir_state::{
-    HeapKeyedStateBackend, KeyedStateBackend, RestorePart, StateKey, StateValue, ValueState,
+    AggregatingState, AggregatingStateDescriptor, HeapKeyedStateBackend, KeyedAccess,
+    KeyedStateBackend, ListState, ListStateDescriptor, MapKey, MapState, MapStateDescriptor,
+    ReducingState, ReducingStateDescriptor, RestorePart, StateKey, StateValue, ValueState,
     ValueStateDescriptor,
 };
 
@@ -219,6 +221,38 @@ impl<K: StateKey> KeyedStateRegistry<'_, K> {
     ) -> Result<ValueState<V>, TaskError> {
         Ok(self.backend.value_state(descriptor)?)
     }
+
+    /// Registers (or finds) a list state.
+    pub fn list_state<V: StateValue>(
+        &mut self,
+        descriptor: &ListStateDescriptor<V>,
+    ) -> Result<ListState<V>, TaskError> {
+        Ok(self.backend.list_state(descriptor)?)
+    }
+
+    /// Registers (or finds) a map state.
+    pub fn map_state<UK: MapKey, UV: StateValue>(
+        &mut self,
+        descriptor: &MapStateDescriptor<UK, UV>,
+    ) -> Result<MapState<UK, UV>, TaskError> {
+        Ok(self.backend.map_state(descriptor)?)
+    }
+
+    /// Registers (or finds) a reducing state.
+    pub fn reducing_state<V: StateValue>(
+        &mut self,
+        descriptor: &ReducingStateDescriptor<V>,
+    ) -> Result<ReducingState<V>, TaskError> {
+        Ok(self.backend.reducing_state(descriptor)?)
+    }
+
+    /// Registers (or finds) an aggregating state.
+    pub fn aggregating_state<IN: 'static, ACC: StateValue, OUT: 'static>(
+        &mut self,
+        descriptor: &AggregatingStateDescriptor<IN, ACC, OUT>,
+    ) -> Result<AggregatingState<IN, ACC, OUT>, TaskError> {
+        Ok(self.backend.aggregating_state(descriptor)?)
+    }
 }
 
 /// The current key and its state, during `process_element`.
@@ -232,6 +266,12 @@ impl<K: StateKey> KeyedContext<'_, K> {
     /// The key of the record being processed.
     pub fn current_key(&self) -> &K {
         self.key
+    }
+
+    /// Every state of the current key: list, map, reducing and aggregating states as well as
+    /// value states (`ctx.state().list_add(items, x)`).
+    pub fn state(&mut self) -> KeyedAccess<'_, K, HeapKeyedStateBackend<K>> {
+        KeyedAccess::new(self.backend, self.key, self.key_group)
     }
 
     /// The current key's value of `state`.

@@ -22,7 +22,7 @@ use weir_core::handle::OperatorStateMode;
 use weir_core::ids::{CheckpointId, OperatorId};
 use weir_core::keygroup::KeyGroupRange;
 use weir_state::{
-    KeyedStateBackend, ListState, OperatorStateBackend, StateKey, StateValue, ValueState,
+    KeyedStateBackend, OperatorListState, OperatorStateBackend, StateKey, StateValue, ValueState,
     ValueStateDescriptor,
 };
 
@@ -134,7 +134,7 @@ pub struct TwoPhaseCommitSink<T, C> {
     open: Vec<T>,
     pending: BTreeMap<u64, Vec<T>>,
     state: OperatorStateBackend,
-    list: Option<ListState<(u64, Vec<T>)>>,
+    list: Option<OperatorListState<(u64, Vec<T>)>>,
 }
 
 impl<T, C> TwoPhaseCommitSink<T, C>

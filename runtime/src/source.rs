@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use weir_core::handle::OperatorStateMode;
 use weir_core::ids::OperatorId;
-use weir_state::{ListState, OperatorStateBackend};
+use weir_state::{OperatorListState, OperatorStateBackend};
 
 /// What a source reports after filling a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,7 +156,7 @@ pub struct IndexedSource<T> {
     make: Arc<dyn Fn(u64) -> T + Send + Sync>,
     count: Option<u64>,
     splits: Vec<IndexSplit>,
-    state: Option<ListState<IndexSplit>>,
+    state: Option<OperatorListState<IndexSplit>>,
     current: usize,
     no_more_splits: bool,
 }

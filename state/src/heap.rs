@@ -20,7 +20,7 @@ use crate::format::{
 };
 use crate::keyed::{
     KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart, StateKey, StateValue,
-    ValueState, ValueStateDescriptor,
+    ValueState,
 };
 use hashbrown::hash_map::EntryRef;
 use rustc_hash::{FxBuildHasher, FxHashMap};
@@ -37,6 +37,8 @@ type Group<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
 /// A value state's table: one copy-on-write map per key group, indexed by `kg - range.start`.
 struct ValueTable<K, V> {
     groups: Vec<Arc<Group<K, V>>>,
+    /// What a key without a value reads as.
+    default: Option<V>,
 }
 
 /// A state's table with its value type erased, so the backend can hold states of any types.
@@ -264,15 +266,6 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
     }
 
     #[inline]
-    fn group<V: StateValue>(&self, state: ValueState<V>, key_group: KeyGroup) -> &Group<K, V> {
-        let index = self.index(key_group);
-        match self.table(state).groups.get(index) {
-            Some(g) => g,
-            None => misuse(format!("key group {key_group} has no table")),
-        }
-    }
-
-    #[inline]
     fn group_mut<V: StateValue>(
         &mut self,
         state: ValueState<V>,
@@ -333,7 +326,10 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
             }
             groups.push(Arc::new(map));
         }
-        Ok(ValueTable { groups })
+        Ok(ValueTable {
+            groups,
+            default: None,
+        })
     }
 }
 
@@ -390,25 +386,24 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         self.max_parallelism
     }
 
-    fn value_state<V: StateValue>(
+    fn register_state<V: StateValue>(
         &mut self,
-        descriptor: &ValueStateDescriptor<V>,
+        name: &str,
+        kind: StateKind,
+        default: Option<V>,
     ) -> Result<ValueState<V>, StateError> {
-        let name = descriptor.name.as_str();
-        let value_type = descriptor.type_name();
+        let value_type = type_name::<V>();
         if let Some(&id) = self.by_name.get(name) {
             let Some(registered) = self.states.get(usize::from(id)) else {
                 return Err(StateError::Restore(format!(
                     "state '{name}' has a lost id {id}"
                 )));
             };
-            if registered.kind != StateKind::Value
-                || !registered.table.as_any().is::<ValueTable<K, V>>()
-            {
+            if registered.kind != kind || !registered.table.as_any().is::<ValueTable<K, V>>() {
                 return Err(incompatible(
                     name,
                     format!(
-                        "it is registered as a {} state of `{}`, and is now asked for as a value \
+                        "it is registered as a {} state of `{}`, and is now asked for as a {kind} \
                          state of `{value_type}`",
                         registered.kind, registered.value_type
                     ),
@@ -431,14 +426,15 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                 groups: (0..self.range.len())
                     .map(|_| Arc::new(Group::default()))
                     .collect(),
+                default: None,
             },
             Some(p) => {
-                if p.kind != StateKind::Value {
+                if p.kind != kind {
                     return Err(incompatible(
                         name,
                         format!(
                             "the snapshot holds it as a {} state of `{}`, and it is now \
-                             registered as a value state of `{value_type}`",
+                             registered as a {kind} state of `{value_type}`",
                             p.kind, p.value_type
                         ),
                     ));
@@ -465,6 +461,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                 self.decode_pending::<V>(name, p)?
             }
         };
+        let table = ValueTable { default, ..table };
         let id = u16::try_from(self.states.len()).map_err(|_| StateError::TooManyStates {
             name: name.to_string(),
             count,
@@ -473,7 +470,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         self.pending.remove(name);
         self.states.push(Registered {
             name: name.to_string(),
-            kind: StateKind::Value,
+            kind,
             value_type,
             table: Box::new(table),
         });
@@ -488,7 +485,11 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         key: &K,
         key_group: KeyGroup,
     ) -> Option<&V> {
-        self.group(state, key_group).get(key)
+        let table = self.table(state);
+        match table.groups.get(self.index(key_group)) {
+            Some(g) => g.get(key).or(table.default.as_ref()),
+            None => misuse(format!("key group {key_group} has no table")),
+        }
     }
 
     #[inline]
@@ -715,6 +716,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ValueStateDescriptor;
     use weir_core::handle::{KeyedStateHandle, StreamStateHandle};
 
     /// Writes a snapshot of `b` into memory: its handle (inline stream left empty) and bytes.

@@ -25,7 +25,9 @@ pub mod operator;
 pub use error::StateError;
 pub use heap::HeapKeyedStateBackend;
 pub use keyed::{
-    KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart, StateKey, StateValue,
-    ValueState, ValueStateDescriptor,
+    AggregateFunction, AggregatingState, AggregatingStateDescriptor, KeyedAccess, KeyedSnapshot,
+    KeyedSnapshotLayout, KeyedStateBackend, ListState, ListStateDescriptor, MapKey, MapState,
+    MapStateDescriptor, ReducingState, ReducingStateDescriptor, RestorePart, StateKey, StateKind,
+    StateValue, ValueState, ValueStateDescriptor,
 };
-pub use operator::{ListState, OperatorSnapshot, OperatorStateBackend};
+pub use operator::{ListState as OperatorListState, OperatorSnapshot, OperatorStateBackend};
