@@ -30,11 +30,14 @@ pub(crate) struct BuildContext<'a> {
     pub batch_size: usize,
     pub mode: weir_core::config::CheckpointingMode,
     pub key_hashes: &'a HashMap<(NodeId, NodeId), Arc<dyn Any + Send + Sync>>,
+    /// The task's processing-time service, shared by its operators.
+    pub processing_time: crate::operator::ProcessingTimeService,
 }
 
 impl BuildContext<'_> {
     pub fn info(&self, node: &StreamNode) -> SubtaskInfo {
         SubtaskInfo {
+            processing_time: self.processing_time.clone(),
             index: self.subtask,
             parallelism: node.parallelism,
             max_parallelism: node.max_parallelism,

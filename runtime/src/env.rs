@@ -406,6 +406,22 @@ impl<T: Data> DataStream<T> {
         self.chain("Filter", move |_| FilterOperator(f.clone()))
     }
 
+    /// Reads each record's event time with `timestamp` (ms) and emits watermarks that trail the
+    /// largest timestamp seen by `max_out_of_orderness` (Flink's
+    /// `assignTimestampsAndWatermarks(WatermarkStrategy.forBoundedOutOfOrderness(..))`).
+    /// Event-time timers downstream fire on these watermarks.
+    pub fn assign_timestamps_and_watermarks(
+        self,
+        max_out_of_orderness: std::time::Duration,
+        timestamp: impl Fn(&T) -> i64 + Send + Sync + 'static,
+    ) -> DataStream<T> {
+        let f = Arc::new(timestamp);
+        let bound = max_out_of_orderness.as_millis() as i64;
+        self.chain("Timestamps/Watermarks", move |_| {
+            crate::ops::BoundedOutOfOrderness::new(f.clone(), bound)
+        })
+    }
+
     /// Sends records round-robin to the next operator.
     pub fn rebalance(mut self) -> Self {
         self.partitioner = Some(Partitioner::Rebalance);

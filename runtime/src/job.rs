@@ -5,6 +5,7 @@
 use crate::config::{JobConfig, StorageConfig};
 use crate::deploy::{BuildContext, EnumeratorFactory, NodeFactory, build_task};
 use crate::error::{JobError, TaskError};
+use crate::operator::ProcessingTimeService;
 use crate::restart::RestartTracker;
 use crate::restore::{candidates_at, load_first_good};
 use crate::source::{SplitAssignment, SplitEnumerator};
@@ -553,6 +554,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                     ev.state = ExecutionState::Deploying;
                     let attempt = ev.attempt.0;
                     let restore_ctx = contexts.remove(&(v.id, i)).unwrap_or_default();
+                    let processing_time = ProcessingTimeService::default();
                     let ctx = BuildContext {
                         transport: transport.as_ref() as &dyn Transport,
                         generation,
@@ -564,6 +566,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         batch_size: config.batch_size,
                         mode: config.checkpoint.mode,
                         key_hashes: &key_hashes,
+                        processing_time: processing_time.clone(),
                     };
                     let input = build_task(&ctx, &factories).map_err(|e| JobError::Invalid(e.to_string()))?;
                     let (mtx, mrx) = mpsc::channel(256);
@@ -581,6 +584,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         metrics: metrics.clone(),
                         is_source: v.is_source,
                         targets: targets.clone(),
+                        processing_time,
                     };
                     let reports = report_tx.clone();
                     handles.push(tokio::spawn(async move {

@@ -5,11 +5,14 @@
 //! once per record and passed to the backend, which never hashes it again for routing.
 
 use crate::error::TaskError;
+use crate::operator::ProcessingTimeService;
 use crate::operator::{
     Lifecycle, OneInputOperator, OpResult, OperatorSnapshotParts, Output, SubtaskInfo,
 };
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Add;
 use std::sync::Arc;
+use weir_core::element::Watermark;
 use weir_core::ids::OperatorId;
 use weir_core::keygroup::{KeyGroup, assign_to_key_group};
 use weir_state::{
@@ -255,17 +258,249 @@ impl<K: StateKey> KeyedStateRegistry<'_, K> {
     }
 }
 
-/// The current key and its state, during `process_element`.
+/// Which clock a timer is on (Flink's `TimeDomain`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TimeDomain {
+    /// Fires when the watermark reaches the timer's timestamp.
+    EventTime,
+    /// Fires when the wall clock reaches it.
+    ProcessingTime,
+}
+
+/// The name of the keyed state that holds event-time timers (Flink's name).
+pub const EVENT_TIMERS_STATE: &str = "_timer_state/event_user-timers";
+/// The name of the keyed state that holds processing-time timers (Flink's name).
+pub const PROCESSING_TIMERS_STATE: &str = "_timer_state/processing_user-timers";
+
+/// A keyed operator's timers (Flink's `InternalTimerService`).
+///
+/// The timers themselves are keyed state: per key, the set of timestamps, in two states named
+/// as Flink names them. They are snapshotted, restored and rescaled with the key groups like
+/// any other keyed state. Beside them, two queues ordered by timestamp say which keys to look
+/// at when time advances. The queues are rebuilt from the state after a restore. An entry whose
+/// timer was deleted is skipped when it comes up.
+pub struct TimerService<K: StateKey> {
+    event_state: ValueState<BTreeSet<i64>>,
+    processing_state: ValueState<BTreeSet<i64>>,
+    event_queue: BTreeMap<i64, Vec<K>>,
+    processing_queue: BTreeMap<i64, Vec<K>>,
+    watermark: i64,
+    processing_time: ProcessingTimeService,
+}
+
+impl<K: StateKey> TimerService<K> {
+    /// Registers the timer states in `backend` (after its restore) and queues every restored
+    /// timer.
+    pub fn open(
+        backend: &mut HeapKeyedStateBackend<K>,
+        processing_time: ProcessingTimeService,
+    ) -> Result<Self, TaskError> {
+        let event_state = backend.value_state(&ValueStateDescriptor::<BTreeSet<i64>>::new(
+            EVENT_TIMERS_STATE,
+        ))?;
+        let processing_state = backend.value_state(&ValueStateDescriptor::<BTreeSet<i64>>::new(
+            PROCESSING_TIMERS_STATE,
+        ))?;
+        let mut timers = TimerService {
+            event_state,
+            processing_state,
+            event_queue: BTreeMap::new(),
+            processing_queue: BTreeMap::new(),
+            watermark: i64::MIN,
+            processing_time,
+        };
+        for (key, set) in backend.entries(event_state) {
+            for ts in set {
+                timers.event_queue.entry(*ts).or_default().push(key.clone());
+            }
+        }
+        for (key, set) in backend.entries(processing_state) {
+            for ts in set {
+                timers
+                    .processing_queue
+                    .entry(*ts)
+                    .or_default()
+                    .push(key.clone());
+            }
+        }
+        timers.publish_processing_time();
+        Ok(timers)
+    }
+
+    /// Tells the task when the earliest processing-time timer is due.
+    fn publish_processing_time(&self) {
+        if let Some((&ts, _)) = self.processing_queue.first_key_value() {
+            self.processing_time.request(ts);
+        }
+    }
+
+    /// The latest watermark this operator saw.
+    pub fn current_watermark(&self) -> i64 {
+        self.watermark
+    }
+
+    /// Number of timers queued (a deleted timer counts until its time comes).
+    pub fn queued(&self) -> usize {
+        self.event_queue.values().map(Vec::len).sum::<usize>()
+            + self.processing_queue.values().map(Vec::len).sum::<usize>()
+    }
+
+    fn register(
+        &mut self,
+        backend: &mut HeapKeyedStateBackend<K>,
+        domain: TimeDomain,
+        key: &K,
+        key_group: KeyGroup,
+        ts: i64,
+    ) {
+        let (state, queue) = match domain {
+            TimeDomain::EventTime => (self.event_state, &mut self.event_queue),
+            TimeDomain::ProcessingTime => (self.processing_state, &mut self.processing_queue),
+        };
+        if backend
+            .value_mut_or_insert(state, key, key_group, BTreeSet::new)
+            .insert(ts)
+        {
+            queue.entry(ts).or_default().push(key.clone());
+            if domain == TimeDomain::ProcessingTime {
+                self.processing_time.request(ts);
+            }
+        }
+    }
+
+    fn delete(
+        &mut self,
+        backend: &mut HeapKeyedStateBackend<K>,
+        domain: TimeDomain,
+        key: &K,
+        key_group: KeyGroup,
+        ts: i64,
+    ) {
+        let state = match domain {
+            TimeDomain::EventTime => self.event_state,
+            TimeDomain::ProcessingTime => self.processing_state,
+        };
+        if backend
+            .value(state, key, key_group)
+            .is_some_and(|set| set.contains(&ts))
+        {
+            let set = backend.value_mut_or_insert(state, key, key_group, BTreeSet::new);
+            set.remove(&ts);
+            if set.is_empty() {
+                backend.clear(state, key, key_group);
+            }
+        }
+    }
+
+    /// Takes the next timer of `domain` due at `until`: its timestamp and key, removed from the
+    /// state. Deleted timers are skipped.
+    fn pop_due(
+        &mut self,
+        backend: &mut HeapKeyedStateBackend<K>,
+        domain: TimeDomain,
+        until: i64,
+        max_parallelism: u32,
+    ) -> Option<(i64, K, KeyGroup)> {
+        let (state, queue) = match domain {
+            TimeDomain::EventTime => (self.event_state, &mut self.event_queue),
+            TimeDomain::ProcessingTime => (self.processing_state, &mut self.processing_queue),
+        };
+        loop {
+            let mut entry = queue.first_entry()?;
+            let ts = *entry.key();
+            if ts > until {
+                return None;
+            }
+            let key = match entry.get_mut().pop() {
+                Some(k) => k,
+                None => {
+                    entry.remove();
+                    continue;
+                }
+            };
+            if entry.get().is_empty() {
+                entry.remove();
+            }
+            let kg = assign_to_key_group(&key, max_parallelism);
+            if backend
+                .value(state, &key, kg)
+                .is_some_and(|set| set.contains(&ts))
+            {
+                self.delete(backend, domain, &key, kg, ts);
+                return Some((ts, key, kg));
+            }
+        }
+    }
+}
+
+/// The current key and its state, during `process_element` and `on_timer`.
 pub struct KeyedContext<'a, K: StateKey> {
     key: &'a K,
     key_group: KeyGroup,
     backend: &'a mut HeapKeyedStateBackend<K>,
+    timers: &'a mut TimerService<K>,
 }
 
 impl<K: StateKey> KeyedContext<'_, K> {
     /// The key of the record being processed.
     pub fn current_key(&self) -> &K {
         self.key
+    }
+
+    /// The latest watermark the operator saw (`i64::MIN` before the first).
+    pub fn current_watermark(&self) -> i64 {
+        self.timers.current_watermark()
+    }
+
+    /// Wall-clock time now, in ms since the Unix epoch.
+    pub fn current_processing_time(&self) -> i64 {
+        ProcessingTimeService::now_ms()
+    }
+
+    /// Fires `on_timer` for the current key once the watermark reaches `timestamp`. Registering
+    /// the same timestamp twice for a key keeps one timer.
+    pub fn register_event_time_timer(&mut self, timestamp: i64) {
+        self.timers.register(
+            self.backend,
+            TimeDomain::EventTime,
+            self.key,
+            self.key_group,
+            timestamp,
+        )
+    }
+
+    /// Fires `on_timer` for the current key once the wall clock reaches `timestamp` (ms since
+    /// the Unix epoch).
+    pub fn register_processing_time_timer(&mut self, timestamp: i64) {
+        self.timers.register(
+            self.backend,
+            TimeDomain::ProcessingTime,
+            self.key,
+            self.key_group,
+            timestamp,
+        )
+    }
+
+    /// Deletes the current key's event-time timer at `timestamp`, if any.
+    pub fn delete_event_time_timer(&mut self, timestamp: i64) {
+        self.timers.delete(
+            self.backend,
+            TimeDomain::EventTime,
+            self.key,
+            self.key_group,
+            timestamp,
+        )
+    }
+
+    /// Deletes the current key's processing-time timer at `timestamp`, if any.
+    pub fn delete_processing_time_timer(&mut self, timestamp: i64) {
+        self.timers.delete(
+            self.backend,
+            TimeDomain::ProcessingTime,
+            self.key,
+            self.key_group,
+            timestamp,
+        )
     }
 
     /// Every state of the current key: list, map, reducing and aggregating states as well as
@@ -302,7 +537,7 @@ impl<O> Collector<'_, O> {
     }
 }
 
-/// A function over a keyed stream with keyed state (Flink's `KeyedProcessFunction`).
+/// A function over a keyed stream with keyed state and timers (Flink's `KeyedProcessFunction`).
 pub trait KeyedProcessFunction<K: StateKey, I, O>: Send + 'static {
     /// Registers the states it uses. Called once per attempt, after restore.
     fn open(&mut self, states: &mut KeyedStateRegistry<'_, K>) -> Result<(), TaskError>;
@@ -314,13 +549,27 @@ pub trait KeyedProcessFunction<K: StateKey, I, O>: Send + 'static {
         ctx: &mut KeyedContext<'_, K>,
         out: &mut Collector<'_, O>,
     ) -> Result<(), TaskError>;
+
+    /// A timer of the current key fired: an event-time timer when the watermark reached
+    /// `timestamp`, a processing-time timer when the wall clock did. Timers survive failures:
+    /// they are checkpointed with the keyed state.
+    fn on_timer(
+        &mut self,
+        _timestamp: i64,
+        _domain: TimeDomain,
+        _ctx: &mut KeyedContext<'_, K>,
+        _out: &mut Collector<'_, O>,
+    ) -> Result<(), TaskError> {
+        Ok(())
+    }
 }
 
-/// Runs a [`KeyedProcessFunction`].
+/// Runs a [`KeyedProcessFunction`] with its timers.
 pub struct ProcessOperator<K: StateKey, I, O, P> {
     base: KeyedBase<K>,
     key: KeyFn<I, K>,
     function: P,
+    timers: Option<TimerService<K>>,
     _out: std::marker::PhantomData<fn() -> O>,
 }
 
@@ -331,8 +580,36 @@ impl<K: StateKey, I, O, P> ProcessOperator<K, I, O, P> {
             base,
             key,
             function,
+            timers: None,
             _out: std::marker::PhantomData,
         }
+    }
+}
+
+impl<K: StateKey, I, O, P: KeyedProcessFunction<K, I, O>> ProcessOperator<K, I, O, P> {
+    /// Fires every timer of `domain` due at `until`, in timestamp order (timers the function
+    /// registers while firing included).
+    fn fire(&mut self, domain: TimeDomain, until: i64, out: &mut dyn Output<O>) -> OpResult {
+        let Some(timers) = self.timers.as_mut() else {
+            return Err(not_open("Process"));
+        };
+        let max_parallelism = self.base.info.max_parallelism;
+        while let Some((ts, key, key_group)) =
+            timers.pop_due(&mut self.base.backend, domain, until, max_parallelism)
+        {
+            let mut ctx = KeyedContext {
+                key: &key,
+                key_group,
+                backend: &mut self.base.backend,
+                timers,
+            };
+            self.function
+                .on_timer(ts, domain, &mut ctx, &mut Collector { out: &mut *out })?;
+        }
+        if domain == TimeDomain::ProcessingTime {
+            timers.publish_processing_time();
+        }
+        Ok(())
     }
 }
 
@@ -348,20 +625,37 @@ where
     fn process(&mut self, record: I, out: &mut dyn Output<O>) -> OpResult {
         let key = (self.key)(&record).clone();
         let key_group = self.base.key_group(&key);
+        let timers = self.timers.as_mut().ok_or_else(|| not_open("Process"))?;
         let mut ctx = KeyedContext {
             key: &key,
             key_group,
             backend: &mut self.base.backend,
+            timers,
         };
         self.function
             .process_element(record, &mut ctx, &mut Collector { out })
     }
 
-    fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<O>) -> OpResult {
+    fn watermark(&mut self, watermark: Watermark, out: &mut dyn Output<O>) -> OpResult {
+        if let Some(t) = self.timers.as_mut() {
+            t.watermark = t.watermark.max(watermark.0);
+        }
+        self.fire(TimeDomain::EventTime, watermark.0, out)?;
+        out.watermark(watermark)
+    }
+
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>, out: &mut dyn Output<O>) -> OpResult {
         if self.base.lifecycle(event)? {
+            self.timers = Some(TimerService::open(
+                &mut self.base.backend,
+                self.base.info.processing_time.clone(),
+            )?);
             self.function.open(&mut KeyedStateRegistry {
                 backend: &mut self.base.backend,
             })?;
+        }
+        if let Lifecycle::ProcessingTime(now) = event {
+            self.fire(TimeDomain::ProcessingTime, *now, out)?;
         }
         Ok(())
     }

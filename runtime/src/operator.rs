@@ -126,6 +126,52 @@ pub struct SubtaskInfo {
     /// Whether the subtask was restored from a checkpoint (so empty state means "nothing left
     /// to do", not "fresh start").
     pub restored: bool,
+    /// The task's processing-time clock: operators publish their earliest processing-time
+    /// timer here, and the task wakes them with [`Lifecycle::ProcessingTime`].
+    pub processing_time: ProcessingTimeService,
+}
+
+/// A task's processing-time service: the earliest processing-time timer (ms since the Unix
+/// epoch) any operator of the chain has registered, shared by the operators and the task loop.
+#[derive(Clone, Debug)]
+pub struct ProcessingTimeService {
+    next: std::sync::Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Default for ProcessingTimeService {
+    fn default() -> Self {
+        ProcessingTimeService {
+            next: std::sync::Arc::new(std::sync::atomic::AtomicI64::new(i64::MAX)),
+        }
+    }
+}
+
+impl ProcessingTimeService {
+    /// Wall-clock time now, in ms since the Unix epoch.
+    pub fn now_ms() -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    }
+
+    /// Asks to be woken at `at_ms` (or earlier, if another timer is due first).
+    pub fn request(&self, at_ms: i64) {
+        self.next
+            .fetch_min(at_ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The earliest wake-up requested, if any.
+    pub fn next(&self) -> Option<i64> {
+        let n = self.next.load(std::sync::atomic::Ordering::Relaxed);
+        (n != i64::MAX).then_some(n)
+    }
+
+    /// Forgets every request: the task is about to wake the chain, whose operators request
+    /// their next timers again.
+    pub fn reset(&self) {
+        self.next
+            .store(i64::MAX, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl SubtaskInfo {
@@ -191,6 +237,9 @@ pub enum Lifecycle<'a> {
     NotifyAborted(CheckpointId),
     /// All input ended: operators emit what they hold; writers send end of input.
     EndInput,
+    /// Processing time reached this many ms since the Unix epoch: due processing-time timers
+    /// fire.
+    ProcessingTime(i64),
     /// Writers hand partly filled batches to their channels' queues.
     FlushPartial,
     /// Every task of the job finished: what was held back for the end (a two-phase-commit sink's

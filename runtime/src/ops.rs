@@ -1,7 +1,8 @@
-//! Stateless chained operators: map, flat_map, filter.
+//! Stateless chained operators: map, flat_map, filter, and the timestamp and watermark assigner.
 
 use crate::operator::{OneInputOperator, OpResult, Output};
 use std::sync::Arc;
+use weir_core::element::Watermark;
 
 /// Applies a function to each record.
 pub struct MapOperator<F>(pub Arc<F>);
@@ -77,5 +78,77 @@ where
         let f = &*self.0;
         batch.retain(|r| f(r));
         out.push_batch(batch)
+    }
+}
+
+/// Assigns event time and generates watermarks with a bounded out-of-orderness (Flink's
+/// `WatermarkStrategy.forBoundedOutOfOrderness` with `assignTimestampsAndWatermarks`).
+///
+/// Event time is read from each record by `timestamp` (records carry their own time). After each
+/// batch, the watermark `max timestamp seen - bound - 1` goes downstream if it advanced: no
+/// record later than that is expected any more. Watermarks from upstream are not forwarded,
+/// except the end of event time (`Watermark::MAX`), as in Flink.
+pub struct BoundedOutOfOrderness<F> {
+    timestamp: Arc<F>,
+    bound_ms: i64,
+    max_timestamp: i64,
+    emitted: i64,
+}
+
+impl<F> BoundedOutOfOrderness<F> {
+    /// Watermarks trail the largest timestamp by `bound_ms` (plus 1 ms, as in Flink).
+    pub fn new(timestamp: Arc<F>, bound_ms: i64) -> Self {
+        BoundedOutOfOrderness {
+            timestamp,
+            bound_ms,
+            max_timestamp: i64::MIN,
+            emitted: i64::MIN,
+        }
+    }
+
+    fn emit<T>(&mut self, out: &mut dyn Output<T>) -> OpResult {
+        if self.max_timestamp == i64::MIN {
+            return Ok(());
+        }
+        let wm = self
+            .max_timestamp
+            .saturating_sub(self.bound_ms)
+            .saturating_sub(1);
+        if wm > self.emitted {
+            self.emitted = wm;
+            out.watermark(Watermark(wm))?;
+        }
+        Ok(())
+    }
+}
+
+impl<T, F> OneInputOperator<T> for BoundedOutOfOrderness<F>
+where
+    T: Send + 'static,
+    F: Fn(&T) -> i64 + Send + Sync + 'static,
+{
+    type Out = T;
+
+    fn process(&mut self, record: T, out: &mut dyn Output<T>) -> OpResult {
+        self.max_timestamp = self.max_timestamp.max((self.timestamp)(&record));
+        out.push(record)?;
+        self.emit(out)
+    }
+
+    fn process_batch(&mut self, batch: Vec<T>, out: &mut dyn Output<T>) -> OpResult {
+        let f = &*self.timestamp;
+        if let Some(max) = batch.iter().map(f).max() {
+            self.max_timestamp = self.max_timestamp.max(max);
+        }
+        out.push_batch(batch)?;
+        self.emit(out)
+    }
+
+    fn watermark(&mut self, watermark: Watermark, out: &mut dyn Output<T>) -> OpResult {
+        if watermark == Watermark::MAX && self.emitted != i64::MAX {
+            self.emitted = i64::MAX;
+            out.watermark(watermark)?;
+        }
+        Ok(())
     }
 }

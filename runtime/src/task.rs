@@ -104,6 +104,8 @@ pub(crate) struct TaskEnv {
     pub metrics: Arc<JobMetrics>,
     pub is_source: bool,
     pub targets: Arc<Targets>,
+    /// The chain's processing-time timers.
+    pub processing_time: crate::operator::ProcessingTimeService,
 }
 
 impl TaskEnv {
@@ -198,7 +200,18 @@ impl<T: Send + 'static> TaskInput for SourceInput<T> {
         if self.ended {
             return Poll::Ready(Ok(Step::End));
         }
-        Poll::Ready(self.driver.emit_batch().map(|(n, status)| match status {
+        let (n, status) = match self.driver.emit_batch() {
+            Ok(r) => r,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        if status == SourceStatus::End {
+            // A bounded source's end is the end of event time (Flink's MAX_WATERMARK): every
+            // event-time timer downstream fires.
+            if let Err(e) = self.driver.watermark(Watermark::MAX) {
+                return Poll::Ready(Err(e));
+            }
+        }
+        Poll::Ready(Ok(match status {
             SourceStatus::End if n == 0 => Step::End,
             SourceStatus::End => {
                 self.ended = true;
@@ -614,6 +627,7 @@ struct PendingSnapshot {
 enum Wake {
     Message(Option<TaskMessage>),
     Timer,
+    ProcessingTime,
     Flushed(OpResult),
     Step(Result<Step, TaskError>),
 }
@@ -667,6 +681,7 @@ async fn run(
     let mut first_record = true;
     let mut steps_since_yield = 0u32;
     let mut last_yield = Instant::now();
+    let mut processing_timer: Option<(i64, std::pin::Pin<Box<tokio::time::Sleep>>)> = None;
     loop {
         let now = wall_clock();
         let suspended = cps.suspended.is_some() || cps.awaiting_splits;
@@ -674,6 +689,15 @@ async fn run(
         let mut timer = input
             .next_deadline()
             .map(|d| Box::pin(tokio::time::sleep(d.saturating_sub(now))));
+        // Processing-time timers: one sleep, kept while the earliest timer stays the same.
+        let next_pt = env.processing_time.next();
+        if processing_timer.as_ref().map(|(at, _)| *at) != next_pt {
+            processing_timer = next_pt.map(|at| {
+                let wait =
+                    Duration::from_millis(at.saturating_sub(now.as_millis() as i64).max(0) as u64);
+                (at, Box::pin(tokio::time::sleep(wait)))
+            });
+        }
         let wake = if end_now {
             Wake::Step(Ok(Step::End))
         } else {
@@ -685,6 +709,12 @@ async fn run(
                     && t.as_mut().poll(cx).is_ready()
                 {
                     return Poll::Ready(Wake::Timer);
+                }
+                if let Some((_, t)) = processing_timer.as_mut()
+                    && !suspended
+                    && t.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Wake::ProcessingTime);
                 }
                 if output_pending {
                     input.poll_flush(cx).map(Wake::Flushed)
@@ -705,6 +735,13 @@ async fn run(
             Wake::Timer => {
                 input.on_timer(wall_clock(), &mut actions);
                 run_actions(input, env, &mut cps, &mut actions).await?;
+                output_pending = true;
+            }
+            Wake::ProcessingTime => {
+                processing_timer = None;
+                env.processing_time.reset();
+                let now_ms = crate::operator::ProcessingTimeService::now_ms();
+                input.lifecycle(&mut Lifecycle::ProcessingTime(now_ms))?;
                 output_pending = true;
             }
             Wake::Flushed(r) => {
