@@ -509,14 +509,18 @@ impl<K: StateKey> KeyedContext<'_, K> {
         KeyedAccess::new(self.backend, self.key, self.key_group)
     }
 
-    /// The current key's value of `state`.
-    pub fn value<V: StateValue>(&self, state: ValueState<V>) -> Option<&V> {
+    /// The current key's value of `state` (with its time-to-live applied, if it has one).
+    pub fn value<V: StateValue>(&mut self, state: ValueState<V>) -> Option<&V> {
+        if state.ttl.is_some() {
+            return KeyedAccess::new(&mut *self.backend, self.key, self.key_group)
+                .into_value(state);
+        }
         self.backend.value(state, self.key, self.key_group)
     }
 
     /// Sets the current key's value of `state`.
     pub fn update<V: StateValue>(&mut self, state: ValueState<V>, value: V) {
-        self.backend.update(state, self.key, self.key_group, value)
+        KeyedAccess::new(&mut *self.backend, self.key, self.key_group).update(state, value)
     }
 
     /// Clears the current key's value of `state`.

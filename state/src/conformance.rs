@@ -60,12 +60,14 @@
 use crate::StateError;
 use crate::format::{self, EMPTY_SECTION_LEN, MAX_STATES, SnapshotHeader, StateKind};
 use crate::keyed::{
-    KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart, StateKey, StateValue,
+    AggregateFunction, AggregatingState, AggregatingStateDescriptor, KeyedAccess, KeyedSnapshot,
+    KeyedSnapshotLayout, KeyedStateBackend, ListState, ListStateDescriptor, MapState,
+    MapStateDescriptor, ReducingState, ReducingStateDescriptor, RestorePart, StateKey, StateValue,
     ValueState, ValueStateDescriptor,
 };
 use std::any::{Any, type_name};
 use std::cell::Cell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::{Debug, Display};
 use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -119,6 +121,12 @@ pub fn run_key_checks<K: SuiteKey, B: KeyedStateBackend<K>>(
     check_unregistered_states_survive(&make);
     check_deterministic_bytes(&make);
     check_random_models(&make, MODEL_SEED, MODEL_CASES);
+    check_kind_semantics(&make);
+    check_kind_registration(&make);
+    check_kind_mismatch_after_restore(&make);
+    check_kind_snapshot_isolation(&make);
+    check_kinds_round_trip(&make);
+    check_random_kind_models(&make, KIND_MODEL_SEED, KIND_MODEL_CASES);
 }
 
 /// A key type the suite can run with: it makes as many distinct keys as a check needs.
@@ -1259,6 +1267,1347 @@ fn model_case<K: SuiteKey, B: KeyedStateBackend<K>>(
 }
 
 // ---------------------------------------------------------------------------------------------
+// State kinds: list, map, reducing and aggregating states, and value states with a default.
+
+/// The seed [`run_key_checks`] drives [`check_random_kind_models`] with.
+pub const KIND_MODEL_SEED: u64 = 0x4B49_4E44_5354_4154;
+
+/// How many random cases of [`check_random_kind_models`] [`run_key_checks`] runs per key type.
+pub const KIND_MODEL_CASES: u32 = 16;
+
+/// Keys of the kind model check are `K::nth(0..KIND_MODEL_KEYS)`: few, so operations pile up on
+/// the same keys.
+pub const KIND_MODEL_KEYS: u16 = 60;
+
+/// User keys of the map state in the kind model check are `0..KIND_MODEL_USER_KEYS`.
+pub const KIND_MODEL_USER_KEYS: u16 = 6;
+
+/// The default of the kind checks' value state.
+const KIND_DEFAULT: u64 = 0xDEFA;
+
+const K_VALUE: &str = "k-value";
+const K_LIST: &str = "k-list";
+const K_MAP: &str = "k-map";
+const K_REDUCING: &str = "k-reducing";
+const K_AGGREGATING: &str = "k-aggregating";
+
+/// The reduce function of the kind checks: not commutative, and `fold(0, v) != v`, so a first
+/// value folded into something instead of stored as is shows, and so does a wrong order.
+fn fold(a: &u64, b: &u64) -> u64 {
+    a.wrapping_mul(31).wrapping_add(*b).wrapping_add(1)
+}
+
+/// The accumulator of [`CountMinMax`]: count, min, max.
+type Acc = (u64, u32, u32);
+
+/// The aggregate function of the kind checks: the count, min and max of `u32` inputs, read as a
+/// string. Its accumulator does not start at `Default` (the min starts at `u32::MAX`), so an
+/// accumulator not made by `create_accumulator` shows.
+struct CountMinMax;
+
+impl AggregateFunction<u32, Acc, String> for CountMinMax {
+    fn create_accumulator(&self) -> Acc {
+        (0, u32::MAX, 0)
+    }
+
+    fn add(&self, value: u32, acc: &mut Acc) {
+        acc.0 += 1;
+        acc.1 = acc.1.min(value);
+        acc.2 = acc.2.max(value);
+    }
+
+    fn get_result(&self, acc: &Acc) -> String {
+        format!("{} in {}..={}", acc.0, acc.1, acc.2)
+    }
+
+    fn merge(&self, a: Acc, b: Acc) -> Acc {
+        (a.0 + b.0, a.1.min(b.1), a.2.max(b.2))
+    }
+}
+
+/// What the model expects `get_result` to give for an accumulator.
+fn expected_result(acc: &Acc) -> String {
+    format!("{} in {}..={}", acc.0, acc.1, acc.2)
+}
+
+/// A sum, to register a `u64` accumulator under another kind.
+struct SumU64;
+
+impl AggregateFunction<u64, u64, u64> for SumU64 {
+    fn create_accumulator(&self) -> u64 {
+        0
+    }
+
+    fn add(&self, value: u64, acc: &mut u64) {
+        *acc = acc.wrapping_add(value);
+    }
+
+    fn get_result(&self, acc: &u64) -> u64 {
+        *acc
+    }
+
+    fn merge(&self, a: u64, b: u64) -> u64 {
+        a.wrapping_add(b)
+    }
+}
+
+/// The five states of the kind checks, one of each kind.
+struct Kinds {
+    value: ValueState<u64>,
+    list: ListState<String>,
+    map: MapState<u16, String>,
+    reducing: ReducingState<u64>,
+    aggregating: AggregatingState<u32, Acc, String>,
+}
+
+/// One step of the state-kind model check, on key `K::nth(k)` (the first field).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KindOp {
+    /// `update` of the value state (which has a default).
+    Update(u16, u64),
+    /// `clear` of the value state.
+    ClearValue(u16),
+    /// `list_add`.
+    ListAdd(u16, String),
+    /// `list_add_all`, possibly of nothing.
+    ListAddAll(u16, Vec<String>),
+    /// `list_update`; an empty list clears.
+    ListUpdate(u16, Vec<String>),
+    /// `clear_raw` of the list state.
+    ClearList(u16),
+    /// `map_put` of a user key and value.
+    MapPut(u16, u16, String),
+    /// `map_remove` of a user key, present or not.
+    MapRemove(u16, u16),
+    /// `clear_raw` of the map state.
+    ClearMap(u16),
+    /// `reduce` of a value.
+    Reduce(u16, u64),
+    /// `clear_raw` of the reducing state.
+    ClearReducing(u16),
+    /// `aggregate` of an input.
+    Aggregate(u16, u32),
+    /// `clear_raw` of the aggregating state.
+    ClearAggregating(u16),
+    /// Takes a snapshot; it is written after the last operation.
+    Snapshot,
+}
+
+impl KindOp {
+    /// The key index the operation is on.
+    fn key(&self) -> Option<u16> {
+        use KindOp::*;
+        match self {
+            Update(k, _)
+            | ClearValue(k)
+            | ListAdd(k, _)
+            | ListAddAll(k, _)
+            | ListUpdate(k, _)
+            | ClearList(k)
+            | MapPut(k, _, _)
+            | MapRemove(k, _)
+            | ClearMap(k)
+            | Reduce(k, _)
+            | ClearReducing(k)
+            | Aggregate(k, _)
+            | ClearAggregating(k) => Some(*k),
+            Snapshot => None,
+        }
+    }
+}
+
+/// The kind checks' model: per key, the value, the list, the map, the reduced value and the
+/// accumulator, with Flink's semantics written out on plain collections.
+#[derive(Clone, Debug)]
+struct KindsModel<K> {
+    values: HashMap<K, u64>,
+    lists: HashMap<K, Vec<String>>,
+    maps: HashMap<K, BTreeMap<u16, String>>,
+    reduced: HashMap<K, u64>,
+    accs: HashMap<K, Acc>,
+}
+
+impl<K: SuiteKey> KindsModel<K> {
+    fn new() -> Self {
+        KindsModel {
+            values: HashMap::new(),
+            lists: HashMap::new(),
+            maps: HashMap::new(),
+            reduced: HashMap::new(),
+            accs: HashMap::new(),
+        }
+    }
+
+    /// Every key with something in some state.
+    fn keys(&self) -> HashSet<K> {
+        let mut keys = HashSet::new();
+        keys.extend(self.values.keys().cloned());
+        keys.extend(self.lists.keys().cloned());
+        keys.extend(self.maps.keys().cloned());
+        keys.extend(self.reduced.keys().cloned());
+        keys.extend(self.accs.keys().cloned());
+        keys
+    }
+
+    /// The part of the model whose keys satisfy `own`.
+    fn only(&self, own: impl Fn(&K) -> bool) -> Self {
+        fn part<K: SuiteKey, V: Clone>(
+            m: &HashMap<K, V>,
+            own: &impl Fn(&K) -> bool,
+        ) -> HashMap<K, V> {
+            m.iter()
+                .filter(|(k, _)| own(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        }
+        KindsModel {
+            values: part(&self.values, &own),
+            lists: part(&self.lists, &own),
+            maps: part(&self.maps, &own),
+            reduced: part(&self.reduced, &own),
+            accs: part(&self.accs, &own),
+        }
+    }
+
+    /// Applies `op` to `key`; returns what a `map_remove` removes.
+    fn apply(&mut self, key: &K, op: &KindOp) -> Option<String> {
+        let key = key.clone();
+        match op {
+            KindOp::Update(_, v) => {
+                self.values.insert(key, *v);
+            }
+            KindOp::ClearValue(_) => {
+                self.values.remove(&key);
+            }
+            KindOp::ListAdd(_, v) => self.lists.entry(key).or_default().push(v.clone()),
+            KindOp::ListAddAll(_, vs) => {
+                if !vs.is_empty() {
+                    self.lists
+                        .entry(key)
+                        .or_default()
+                        .extend(vs.iter().cloned());
+                }
+            }
+            KindOp::ListUpdate(_, vs) => {
+                if vs.is_empty() {
+                    self.lists.remove(&key);
+                } else {
+                    self.lists.insert(key, vs.clone());
+                }
+            }
+            KindOp::ClearList(_) => {
+                self.lists.remove(&key);
+            }
+            KindOp::MapPut(_, uk, v) => {
+                self.maps.entry(key).or_default().insert(*uk, v.clone());
+            }
+            KindOp::MapRemove(_, uk) => {
+                let map = self.maps.get_mut(&key)?;
+                let removed = map.remove(uk);
+                if map.is_empty() {
+                    self.maps.remove(&key);
+                }
+                return removed;
+            }
+            KindOp::ClearMap(_) => {
+                self.maps.remove(&key);
+            }
+            KindOp::Reduce(_, v) => {
+                let new = match self.reduced.get(&key) {
+                    Some(old) => fold(old, v),
+                    None => *v,
+                };
+                self.reduced.insert(key, new);
+            }
+            KindOp::ClearReducing(_) => {
+                self.reduced.remove(&key);
+            }
+            KindOp::Aggregate(_, v) => {
+                let acc = self.accs.entry(key).or_insert((0, u32::MAX, 0));
+                acc.0 += 1;
+                acc.1 = acc.1.min(*v);
+                acc.2 = acc.2.max(*v);
+            }
+            KindOp::ClearAggregating(_) => {
+                self.accs.remove(&key);
+            }
+            KindOp::Snapshot => {}
+        }
+        None
+    }
+}
+
+impl<'c, K: SuiteKey, B: KeyedStateBackend<K>> Subject<'c, K, B> {
+    /// The states of `key`.
+    fn at<'s>(&'s mut self, key: &'s K) -> KeyedAccess<'s, K, B> {
+        let g = self.kg(key);
+        KeyedAccess::new(&mut self.b, key, g)
+    }
+
+    /// Registers the five states of the kind checks, the value state with its default.
+    #[track_caller]
+    fn kinds(&mut self) -> Kinds {
+        let cx: &'c Cx = self.cx;
+        let registered = |what: &str, r| cx.ok(&format!("registering {what}"), r);
+        Kinds {
+            value: registered(
+                "a value state with a default",
+                self.b
+                    .value_state(&ValueStateDescriptor::new(K_VALUE).with_default(KIND_DEFAULT)),
+            ),
+            list: cx.ok(
+                "registering a list state",
+                self.b.list_state(&ListStateDescriptor::new(K_LIST)),
+            ),
+            map: cx.ok(
+                "registering a map state",
+                self.b.map_state(&MapStateDescriptor::new(K_MAP)),
+            ),
+            reducing: cx.ok(
+                "registering a reducing state",
+                self.b
+                    .reducing_state(&ReducingStateDescriptor::new(K_REDUCING, fold)),
+            ),
+            aggregating: cx.ok(
+                "registering an aggregating state",
+                self.b.aggregating_state(&AggregatingStateDescriptor::new(
+                    K_AGGREGATING,
+                    CountMinMax,
+                )),
+            ),
+        }
+    }
+
+    /// Applies `op` to the backend and the model; a `map_remove` must return what the model
+    /// removes.
+    #[track_caller]
+    fn step(&mut self, k: &Kinds, model: &mut KindsModel<K>, op: &KindOp) {
+        let Some(i) = op.key() else { return };
+        let cx = self.cx;
+        let key = K::nth(u64::from(i));
+        let removed = model.apply(&key, op);
+        let mut a = self.at(&key);
+        match op {
+            KindOp::Update(_, v) => a.update(k.value, *v),
+            KindOp::ClearValue(_) => a.clear(k.value),
+            KindOp::ListAdd(_, v) => a.list_add(k.list, v.clone()),
+            KindOp::ListAddAll(_, vs) => a.list_add_all(k.list, vs.iter().cloned()),
+            KindOp::ListUpdate(_, vs) => a.list_update(k.list, vs.clone()),
+            KindOp::ClearList(_) => a.clear_raw(k.list.raw),
+            KindOp::MapPut(_, uk, v) => a.map_put(k.map, *uk, v.clone()),
+            KindOp::MapRemove(_, uk) => {
+                let got = a.map_remove(k.map, uk);
+                if got != removed {
+                    cx.fail(format!(
+                        "map_remove({uk}) of {key:?} returned {got:?}, expected {removed:?}"
+                    ))
+                }
+            }
+            KindOp::ClearMap(_) => a.clear_raw(k.map.raw),
+            KindOp::Reduce(_, v) => a.reduce(&k.reducing, *v),
+            KindOp::ClearReducing(_) => a.clear_raw(k.reducing.raw),
+            KindOp::Aggregate(_, v) => a.aggregate(&k.aggregating, *v),
+            KindOp::ClearAggregating(_) => a.clear_raw(k.aggregating.raw),
+            KindOp::Snapshot => {}
+        }
+    }
+
+    /// Reads every state of every key of `model` and of `also` through [`KeyedAccess`],
+    /// expecting the model: the value (or the default), the list (empty when none), the map's
+    /// entries in key order, the reduced value, the aggregate. An empty list or map must not be
+    /// stored.
+    #[track_caller]
+    fn read_kinds(&mut self, rule: &str, k: &Kinds, model: &KindsModel<K>, also: &[K]) {
+        let cx = self.cx;
+        let mut keys = model.keys();
+        keys.extend(also.iter().cloned());
+        for key in &keys {
+            let g = self.kg(key);
+            let stored_list = self.b.value(k.list.raw, key, g).is_some();
+            if stored_list != model.lists.contains_key(key) {
+                cx.fail(format!(
+                    "{rule}: '{K_LIST}' of {key:?} has a stored list: {stored_list}, expected \
+                     {} (an empty list is no list)",
+                    !stored_list
+                ))
+            }
+            let stored_map = self.b.value(k.map.raw, key, g).is_some();
+            if stored_map != model.maps.contains_key(key) {
+                cx.fail(format!(
+                    "{rule}: '{K_MAP}' of {key:?} has a stored map: {stored_map}, expected {} \
+                     (a map goes with its last entry)",
+                    !stored_map
+                ))
+            }
+            let mut a = self.at(key);
+            let check = |state: &str, got: &dyn Debug, want: &dyn Debug, same: bool| {
+                if !same {
+                    cx.fail(format!(
+                        "{rule}: '{state}' of {key:?} reads {got:?}, expected {want:?}"
+                    ))
+                }
+            };
+            let value = a.value(k.value).copied();
+            let want = Some(model.values.get(key).copied().unwrap_or(KIND_DEFAULT));
+            check(K_VALUE, &value, &want, value == want);
+
+            let list = a.list(k.list).to_vec();
+            let list = &list[..];
+            let want = model.lists.get(key).map_or(&[][..], Vec::as_slice);
+            check(K_LIST, &list, &want, list == want);
+
+            let entries: Vec<(u16, &String)> = a.map_entries(k.map).map(|(u, v)| (*u, v)).collect();
+            let want: Vec<(u16, &String)> = model
+                .maps
+                .get(key)
+                .into_iter()
+                .flat_map(|m| m.iter().map(|(u, v)| (*u, v)))
+                .collect();
+            check(K_MAP, &entries, &want, entries == want);
+            check(
+                K_MAP,
+                &a.map_is_empty(k.map),
+                &want.is_empty(),
+                a.map_is_empty(k.map) == want.is_empty(),
+            );
+            for (uk, v) in &want {
+                let got = a.map_get(k.map, uk).cloned();
+                let contains = a.map_contains(k.map, uk);
+                check(
+                    K_MAP,
+                    &got.as_ref(),
+                    &Some(v),
+                    got.as_ref() == Some(*v) && contains,
+                );
+            }
+
+            let reduced = a.reduced(&k.reducing).copied();
+            let want = model.reduced.get(key).copied();
+            check(K_REDUCING, &reduced, &want, reduced == want);
+
+            let aggregated = a.aggregated(&k.aggregating);
+            let want = model.accs.get(key).map(expected_result);
+            check(K_AGGREGATING, &aggregated, &want, aggregated == want);
+        }
+    }
+}
+
+/// Checks that a written snapshot holds exactly the model, each state under its kind.
+#[track_caller]
+fn check_kinds_written<K: SuiteKey>(cx: &Cx, w: &Written, model: &KindsModel<K>, rule: &str) {
+    let rule_for = |state: &str| format!("{rule} ('{state}')");
+    cx.same_map(
+        &rule_for(K_VALUE),
+        &content_of::<K, u64>(cx, w, K_VALUE, StateKind::Value),
+        &model.values,
+    );
+    cx.same_map(
+        &rule_for(K_LIST),
+        &content_of::<K, Vec<String>>(cx, w, K_LIST, StateKind::List),
+        &model.lists,
+    );
+    cx.same_map(
+        &rule_for(K_MAP),
+        &content_of::<K, BTreeMap<u16, String>>(cx, w, K_MAP, StateKind::Map),
+        &model.maps,
+    );
+    cx.same_map(
+        &rule_for(K_REDUCING),
+        &content_of::<K, u64>(cx, w, K_REDUCING, StateKind::Reducing),
+        &model.reduced,
+    );
+    cx.same_map(
+        &rule_for(K_AGGREGATING),
+        &content_of::<K, Acc>(cx, w, K_AGGREGATING, StateKind::Aggregating),
+        &model.accs,
+    );
+}
+
+/// Whether `msg` has `word` as a word of its own (not inside an identifier or a path such as
+/// `btree::map::BTreeMap`).
+fn names_word(msg: &str, word: &str) -> bool {
+    let boundary =
+        |c: Option<char>| c.is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':'));
+    msg.match_indices(word).any(|(i, _)| {
+        boundary(msg[..i].chars().next_back()) && boundary(msg[i + word.len()..].chars().next())
+    })
+}
+
+/// Like `expect_incompatible`, and the error must also name each of `kinds`.
+#[track_caller]
+fn expect_incompatible_kinds(
+    cx: &Cx,
+    op: &str,
+    e: &StateError,
+    name: &str,
+    kinds: &[StateKind],
+    types: &[&str],
+) {
+    expect_incompatible(cx, op, e, name, types);
+    let msg = e.to_string();
+    for kind in kinds {
+        cx.must(names_word(&msg, kind.as_str()), || {
+            format!("{op}: the error must name the kind `{kind}`: {msg}")
+        });
+    }
+}
+
+/// Each kind against Flink's semantics, edge cases included: a value state's default for a key
+/// without a value and after `clear`; a list of a missing key is empty, adding nothing stores
+/// nothing, `list_update(vec![])` clears; a map's entries come in key order, removing an absent
+/// user key is a no-op, removing the last entry leaves no map; a reducing state stores its first
+/// value as is and folds the next ones in order; an aggregating state has no result until
+/// something is added, and starts from `create_accumulator`; `clear_raw` clears each kind. The
+/// snapshot holds exactly the result, each state under its kind, and restores to it.
+pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("state kind semantics");
+    let mut b = fresh(&cx, &make, 128, full(128));
+    let k = b.kinds();
+    let plain = b.register::<u64>("no-default");
+    let (one, two, never) = (K::nth(1), K::nth(2), K::nth(3));
+    let mut model = KindsModel::<K>::new();
+
+    // Value states.
+    let mut a = b.at(&never);
+    cx.eq(
+        "a value state with a default reads the default for a key never written",
+        &a.value(k.value).copied(),
+        &Some(KIND_DEFAULT),
+    );
+    cx.eq(
+        "a value state without a default reads nothing for a key never written",
+        &a.value(plain).copied(),
+        &None,
+    );
+    let mut a = b.at(&one);
+    a.update(k.value, 5);
+    cx.eq(
+        "update sets the value",
+        &a.value(k.value).copied(),
+        &Some(5),
+    );
+    a.clear(k.value);
+    cx.eq(
+        "a value state with a default reads the default after clear",
+        &a.value(k.value).copied(),
+        &Some(KIND_DEFAULT),
+    );
+    a.update(k.value, 9);
+    a.update(plain, 1);
+    model.values.insert(one.clone(), 9);
+
+    // Lists.
+    let mut a = b.at(&never);
+    cx.eq(
+        "the list of a key never written is empty",
+        &a.list(k.list).to_vec()[..],
+        &[][..],
+    );
+    a.list_add_all(k.list, Vec::new());
+    a.list_update(k.list, Vec::new());
+    cx.eq(
+        "adding nothing to a missing list, or updating it to nothing, stores no list",
+        &b.b.value(k.list.raw, &never, b.kg(&never)).is_some(),
+        &false,
+    );
+    let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let mut a = b.at(&one);
+    a.list_add(k.list, "x".into());
+    a.list_add(k.list, "y".into());
+    a.list_add_all(k.list, s(&["z", "x"]));
+    cx.eq(
+        "list_add and list_add_all append in order, duplicates kept",
+        &a.list(k.list).to_vec()[..],
+        &s(&["x", "y", "z", "x"])[..],
+    );
+    a.list_add_all(k.list, Vec::new());
+    cx.eq(
+        "list_add_all of nothing leaves the list",
+        &a.list(k.list).count(),
+        &4,
+    );
+    a.list_update(k.list, s(&["q", "ü"]));
+    cx.eq(
+        "list_update replaces the list",
+        &a.list(k.list).to_vec()[..],
+        &s(&["q", "ü"])[..],
+    );
+    a.list_update(k.list, Vec::new());
+    cx.eq(
+        "list_update(vec![]) clears the list",
+        &a.list(k.list).to_vec()[..],
+        &[][..],
+    );
+    cx.eq(
+        "after list_update(vec![]) the key has no list",
+        &b.b.value(k.list.raw, &one, b.kg(&one)).is_some(),
+        &false,
+    );
+    let mut a = b.at(&one);
+    a.list_add(k.list, "r".into());
+    cx.eq(
+        "list_add after a clear starts a new list",
+        &a.list(k.list).to_vec()[..],
+        &s(&["r"])[..],
+    );
+    model.lists.insert(one.clone(), s(&["r"]));
+    let mut a = b.at(&two);
+    a.list_add_all(k.list, s(&["c1", "c2"]));
+    a.clear_raw(k.list.raw);
+    cx.eq(
+        "clear_raw clears a list",
+        &a.list(k.list).to_vec()[..],
+        &[][..],
+    );
+
+    // Maps.
+    let mut a = b.at(&never);
+    cx.eq(
+        "map_get on a key never written is None",
+        &a.map_get(k.map, &1),
+        &None,
+    );
+    cx.eq(
+        "map_contains on a key never written is false",
+        &a.map_contains(k.map, &1),
+        &false,
+    );
+    cx.eq(
+        "the map of a key never written is empty",
+        &a.map_is_empty(k.map),
+        &true,
+    );
+    cx.eq(
+        "map_remove on a key never written removes nothing",
+        &a.map_remove(k.map, &1),
+        &None,
+    );
+    cx.eq(
+        "map_remove on a key never written stores no map",
+        &b.b.value(k.map.raw, &never, b.kg(&never)).is_some(),
+        &false,
+    );
+    let mut a = b.at(&one);
+    a.map_put(k.map, 5, "five".into());
+    a.map_put(k.map, 1, "one".into());
+    a.map_put(k.map, 3, "three".into());
+    a.map_put(k.map, 3, "THREE".into());
+    let entries = |a: &mut KeyedAccess<'_, K, B>| {
+        a.map_entries(k.map)
+            .map(|(u, v)| (*u, v.clone()))
+            .collect::<Vec<_>>()
+    };
+    cx.eq(
+        "map_put inserts and overwrites; map_entries come in user-key order",
+        &entries(&mut a),
+        &vec![(1, "one".into()), (3, "THREE".into()), (5, "five".into())],
+    );
+    cx.eq(
+        "map_get reads an entry",
+        &a.map_get(k.map, &3).cloned(),
+        &Some("THREE".into()),
+    );
+    cx.eq(
+        "map_contains of an absent user key is false",
+        &a.map_contains(k.map, &2),
+        &false,
+    );
+    cx.eq(
+        "map_remove of an absent user key removes nothing",
+        &a.map_remove(k.map, &2),
+        &None,
+    );
+    cx.eq(
+        "map_remove returns the removed value",
+        &a.map_remove(k.map, &1),
+        &Some("one".into()),
+    );
+    a.map_remove(k.map, &5);
+    cx.eq(
+        "map_remove removes only its entry",
+        &entries(&mut a),
+        &vec![(3, "THREE".into())],
+    );
+    cx.eq(
+        "map_remove of the last entry returns it",
+        &a.map_remove(k.map, &3),
+        &Some("THREE".into()),
+    );
+    cx.eq(
+        "after removing the last entry the map is empty",
+        &a.map_is_empty(k.map),
+        &true,
+    );
+    cx.eq(
+        "after removing the last entry the key has no map",
+        &b.b.value(k.map.raw, &one, b.kg(&one)).is_some(),
+        &false,
+    );
+    let mut a = b.at(&one);
+    a.map_put(k.map, 4, "four".into());
+    a.clear_raw(k.map.raw);
+    cx.eq("clear_raw clears a map", &a.map_is_empty(k.map), &true);
+    let mut a = b.at(&two);
+    a.map_put(k.map, 7, "seven".into());
+    a.map_put(k.map, 2, "two".into());
+    model.maps.insert(
+        two.clone(),
+        BTreeMap::from([(2, "two".into()), (7, "seven".into())]),
+    );
+
+    // Reducing states.
+    let mut a = b.at(&one);
+    cx.eq(
+        "a reducing state of a key never written has no value",
+        &a.reduced(&k.reducing),
+        &None,
+    );
+    a.reduce(&k.reducing, 10);
+    cx.eq(
+        "the first value reduced is stored as is",
+        &a.reduced(&k.reducing).copied(),
+        &Some(10),
+    );
+    a.reduce(&k.reducing, 20);
+    a.reduce(&k.reducing, 3);
+    let folded = fold(&fold(&10, &20), &3);
+    cx.eq(
+        "later values are folded in with the reduce function, in order",
+        &a.reduced(&k.reducing).copied(),
+        &Some(folded),
+    );
+    model.reduced.insert(one.clone(), folded);
+    let mut a = b.at(&two);
+    a.reduce(&k.reducing, 7);
+    a.clear_raw(k.reducing.raw);
+    cx.eq(
+        "clear_raw clears a reducing state",
+        &a.reduced(&k.reducing),
+        &None,
+    );
+    a.reduce(&k.reducing, 8);
+    cx.eq(
+        "after a clear, the first value reduced is stored as is",
+        &a.reduced(&k.reducing).copied(),
+        &Some(8),
+    );
+    model.reduced.insert(two.clone(), 8);
+
+    // Aggregating states.
+    let mut a = b.at(&one);
+    cx.eq(
+        "aggregated() is None until something is added",
+        &a.aggregated(&k.aggregating),
+        &None,
+    );
+    a.aggregate(&k.aggregating, 5);
+    cx.eq(
+        "the first input is added to create_accumulator()",
+        &a.aggregated(&k.aggregating),
+        &Some(expected_result(&(1, 5, 5))),
+    );
+    a.aggregate(&k.aggregating, 2);
+    a.aggregate(&k.aggregating, 9);
+    cx.eq(
+        "inputs are added to the accumulator",
+        &a.aggregated(&k.aggregating),
+        &Some(expected_result(&(3, 2, 9))),
+    );
+    model.accs.insert(one.clone(), (3, 2, 9));
+    let mut a = b.at(&two);
+    a.aggregate(&k.aggregating, 4);
+    a.clear_raw(k.aggregating.raw);
+    cx.eq(
+        "after clear_raw, aggregated() is None",
+        &a.aggregated(&k.aggregating),
+        &None,
+    );
+
+    let also = [one.clone(), two.clone(), never.clone()];
+    b.read_kinds("after the operations", &k, &model, &also);
+    let w = b.write();
+    check_kinds_written(
+        &cx,
+        &w,
+        &model,
+        "the snapshot holds exactly what the operations left, each state under its kind",
+    );
+    cx.same_map(
+        "the snapshot holds the value state without a default",
+        &content::<K, u64>(&cx, &w, "no-default"),
+        &HashMap::from([(one.clone(), 1)]),
+    );
+    let mut r = cx.ok("restoring", restored(&cx, &make, 128, full(128), &[&w]));
+    let rk = r.kinds();
+    r.read_kinds(
+        "restored, every kind reads as before (the default from the descriptor registered)",
+        &rk,
+        &model,
+        &also,
+    );
+}
+
+/// Registering each kind twice with the same name and types returns the same handle; another
+/// kind under a registered name, even with the same per-key value type, or another element
+/// type, is [`StateError::Incompatible`] naming the state and both kinds or types; the
+/// registered states still work after a refusal.
+pub fn check_kind_registration<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("state kind registration");
+    let mut b = fresh(&cx, &make, 8, full(8));
+    let k = b.kinds();
+    let again = b.kinds();
+    let ids = [
+        k.value.id,
+        k.list.raw.id,
+        k.map.raw.id,
+        k.reducing.raw.id,
+        k.aggregating.raw.id,
+    ];
+    cx.eq(
+        "registering each kind again with the same name and types returns the same handle",
+        &[
+            again.value.id,
+            again.list.raw.id,
+            again.map.raw.id,
+            again.reducing.raw.id,
+            again.aggregating.raw.id,
+        ],
+        &ids,
+    );
+    cx.eq(
+        "five states get five handles",
+        &ids.iter().collect::<HashSet<_>>().len(),
+        &5,
+    );
+    refuse_other_kinds(&cx, &mut b, "registered");
+    let key = K::nth(1);
+    let mut model = KindsModel::new();
+    for op in [
+        KindOp::Update(1, 3),
+        KindOp::ListAdd(1, "l".into()),
+        KindOp::MapPut(1, 2, "m".into()),
+        KindOp::Reduce(1, 4),
+        KindOp::Aggregate(1, 5),
+    ] {
+        b.step(&k, &mut model, &op);
+    }
+    b.read_kinds(
+        "the registered states work after refused registrations",
+        &k,
+        &model,
+        &[key],
+    );
+}
+
+/// Registrations of the kind checks' states under another kind or element type, each of which
+/// must be refused; `when` says whether the states are registered or restored.
+fn refuse_other_kinds<K: SuiteKey, B: KeyedStateBackend<K>>(
+    cx: &Cx,
+    b: &mut Subject<'_, K, B>,
+    when: &str,
+) {
+    use StateKind::{Aggregating, List, Map, Reducing, Value};
+    let list_type = type_name::<Vec<String>>();
+    let map_type = type_name::<BTreeMap<u16, String>>();
+
+    let op = format!("a {when} list state registered as a map state");
+    let e = cx.err(&format!("{op} must fail"), || {
+        b.b.map_state(&MapStateDescriptor::<u16, String>::new(K_LIST))
+    });
+    expect_incompatible_kinds(cx, &op, &e, K_LIST, &[List, Map], &[list_type, map_type]);
+
+    let op = format!("a {when} list state registered as a value state of the same `Vec`");
+    let e = cx.err(&format!("{op} must fail"), || {
+        b.b.value_state(&ValueStateDescriptor::<Vec<String>>::new(K_LIST))
+    });
+    expect_incompatible_kinds(cx, &op, &e, K_LIST, &[List, Value], &[]);
+
+    let op = format!("a {when} list of `String` registered as a list of `u32`");
+    let e = cx.err(&format!("{op} must fail"), || {
+        b.b.list_state(&ListStateDescriptor::<u32>::new(K_LIST))
+    });
+    expect_incompatible(cx, &op, &e, K_LIST, &[list_type, type_name::<Vec<u32>>()]);
+
+    let op = format!("a {when} map of `u16` to `String` registered as a map of `u16` to `u64`");
+    let e = cx.err(&format!("{op} must fail"), || {
+        b.b.map_state(&MapStateDescriptor::<u16, u64>::new(K_MAP))
+    });
+    expect_incompatible(
+        cx,
+        &op,
+        &e,
+        K_MAP,
+        &[map_type, type_name::<BTreeMap<u16, u64>>()],
+    );
+
+    let op = format!("a {when} map state registered as a list state");
+    let e = cx.err(&format!("{op} must fail"), || {
+        b.b.list_state(&ListStateDescriptor::<(u16, String)>::new(K_MAP))
+    });
+    expect_incompatible_kinds(cx, &op, &e, K_MAP, &[Map, List], &[]);
+
+    let op = format!("a {when} value state of `u64` registered as a reducing state of `u64`");
+    let e = cx.err(&format!("{op} must fail"), || {
+        b.b.reducing_state(&ReducingStateDescriptor::<u64>::new(K_VALUE, fold))
+    });
+    expect_incompatible_kinds(cx, &op, &e, K_VALUE, &[Value, Reducing], &[]);
+
+    let op = format!("a {when} reducing state of `u64` registered as a value state of `u64`");
+    let e = cx.err(&format!("{op} must fail"), || {
+        b.b.value_state(&ValueStateDescriptor::<u64>::new(K_REDUCING))
+    });
+    expect_incompatible_kinds(cx, &op, &e, K_REDUCING, &[Reducing, Value], &[]);
+
+    let op = format!("a {when} reducing state of `u64` registered as an aggregating state");
+    let e = cx.err(&format!("{op} must fail"), || {
+        b.b.aggregating_state(&AggregatingStateDescriptor::new(K_REDUCING, SumU64))
+    });
+    expect_incompatible_kinds(cx, &op, &e, K_REDUCING, &[Reducing, Aggregating], &[]);
+
+    let op =
+        format!("a {when} aggregating state registered as a reducing state of its accumulator");
+    let e = cx.err(&format!("{op} must fail"), || {
+        b.b.reducing_state(&ReducingStateDescriptor::<Acc>::new(
+            K_AGGREGATING,
+            |a, _| *a,
+        ))
+    });
+    expect_incompatible_kinds(cx, &op, &e, K_AGGREGATING, &[Aggregating, Reducing], &[]);
+
+    let op = format!("a {when} aggregating state registered with another accumulator type");
+    let e = cx.err(&format!("{op} must fail"), || {
+        b.b.aggregating_state(&AggregatingStateDescriptor::new(K_AGGREGATING, SumU64))
+    });
+    expect_incompatible(
+        cx,
+        &op,
+        &e,
+        K_AGGREGATING,
+        &[type_name::<Acc>(), type_name::<u64>()],
+    );
+}
+
+/// After a restore, registering a state under another kind than the snapshot's (a list as a map
+/// or a value, a value as a reducing state, ...) or with another element type is
+/// [`StateError::Incompatible`] naming the state and both kinds or types, never a panic; the
+/// right registrations then restore every kind.
+pub fn check_kind_mismatch_after_restore<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("state kind mismatch after restore");
+    let mut b = fresh(&cx, &make, 8, full(8));
+    let k = b.kinds();
+    let mut model = KindsModel::new();
+    for i in 0..4 {
+        for op in [
+            KindOp::Update(i, u64::from(i)),
+            KindOp::ListAdd(i, format!("l{i}")),
+            KindOp::MapPut(i, i, format!("m{i}")),
+            KindOp::Reduce(i, u64::from(i)),
+            KindOp::Aggregate(i, u32::from(i)),
+        ] {
+            b.step(&k, &mut model, &op);
+        }
+    }
+    let w = b.write();
+    let mut r = cx.ok("restoring", restored(&cx, &make, 8, full(8), &[&w]));
+    refuse_other_kinds(&cx, &mut r, "restored");
+    let rk = r.kinds();
+    r.read_kinds(
+        "after refused registrations, the right ones restore every kind",
+        &rk,
+        &model,
+        &[],
+    );
+}
+
+/// A snapshot holds a list and a map state as they were at `snapshot()`: appends, in-place
+/// changes of a key's list or map, replacements, removals of entries and of whole lists and maps
+/// after it are absent from what it writes, even while it is written on another thread. The live
+/// backend has the new content.
+pub fn check_kind_snapshot_isolation<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("list and map snapshot isolation");
+    let max_p = 16;
+    let mut b = fresh(&cx, &make, max_p, full(max_p));
+    let k = b.kinds();
+    let mut model = KindsModel::new();
+    for i in 0..40u16 {
+        for j in 0..3u16 {
+            b.step(&k, &mut model, &KindOp::ListAdd(i, format!("{i}.{j}")));
+            b.step(&k, &mut model, &KindOp::MapPut(i, j, format!("{i}:{j}")));
+        }
+    }
+    let before = model.clone();
+    let snapshot = cx.ok("snapshot", b.b.snapshot());
+    let writer = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        snapshot.write_to(&mut bytes).map(|layout| (layout, bytes))
+    });
+    for i in 0..40u16 {
+        let ops = match i / 8 {
+            // In place: the same list and map grow and change.
+            0 => vec![
+                KindOp::ListAdd(i, "later".into()),
+                KindOp::ListAddAll(i, vec!["a".into(), "b".into()]),
+                KindOp::MapPut(i, 0, "changed".into()),
+                KindOp::MapPut(i, 9, "new".into()),
+            ],
+            // Emptied: the list updated to nothing, the map's entries all removed.
+            1 => vec![
+                KindOp::ListUpdate(i, Vec::new()),
+                KindOp::MapRemove(i, 0),
+                KindOp::MapRemove(i, 1),
+                KindOp::MapRemove(i, 2),
+            ],
+            // Replaced.
+            2 => vec![
+                KindOp::ListUpdate(i, vec!["replaced".into()]),
+                KindOp::MapRemove(i, 1),
+            ],
+            // Cleared.
+            3 => vec![KindOp::ClearList(i), KindOp::ClearMap(i)],
+            _ => Vec::new(),
+        };
+        for op in ops {
+            b.step(&k, &mut model, &op);
+        }
+    }
+    b.step(&k, &mut model, &KindOp::ListAdd(1000, "late".into()));
+    b.step(&k, &mut model, &KindOp::MapPut(1000, 1, "late".into()));
+    let (layout, bytes) = match writer.join() {
+        Ok(r) => cx.ok("writing the snapshot on another thread", r),
+        Err(p) => cx.fail(format!(
+            "writing the snapshot on another thread panicked: {}",
+            panic_message(p.as_ref())
+        )),
+    };
+    let w = check_written::<K>(&cx, layout, bytes, max_p, full(max_p));
+    check_kinds_written(
+        &cx,
+        &w,
+        &before,
+        "the snapshot holds the lists and maps as they were at snapshot(), not the later changes",
+    );
+    let mut r = cx.ok(
+        "restoring the snapshot",
+        restored(&cx, &make, max_p, full(max_p), &[&w]),
+    );
+    let rk = r.kinds();
+    let late = [K::nth(1000)];
+    r.read_kinds(
+        "a restored snapshot holds the lists and maps at snapshot()",
+        &rk,
+        &before,
+        &late,
+    );
+    b.read_kinds(
+        "the live backend has the changes made after snapshot()",
+        &k,
+        &model,
+        &late,
+    );
+}
+
+/// All five kinds at once, through snapshot and restore, whole and rescaled 1 → 2 → 3 → 1: every
+/// key's value, list, map, reduced value and aggregate comes back in the backend owning its key
+/// group, and nowhere else; restored states carry their kind into the next snapshot even before
+/// they are registered; merging gives back the original bytes.
+pub fn check_kinds_round_trip<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("state kinds round trip and rescale 1 → 2 → 3 → 1");
+    let max_p = 64;
+    let mut one = fresh(&cx, &make, max_p, full(max_p));
+    let k = one.kinds();
+    let mut model = KindsModel::new();
+    let n = 240u16;
+    for i in 0..n {
+        let mut ops = Vec::new();
+        if i % 3 != 0 {
+            ops.push(KindOp::Update(i, u64::from(i) * 7));
+        }
+        // `i % 5 == 0`: adding nothing, so no list.
+        ops.push(KindOp::ListAddAll(
+            i,
+            (0..i % 5).map(|j| format!("{i}-{j}-ß")).collect(),
+        ));
+        for j in 0..i % 6 {
+            ops.push(KindOp::MapPut(i, j * 3, format!("m{i}.{j}")));
+        }
+        if i % 5 != 1 {
+            ops.push(KindOp::Reduce(i, u64::from(i)));
+            ops.push(KindOp::Reduce(i, 1000 - u64::from(i)));
+        }
+        if i % 7 != 2 {
+            for j in 0..1 + u32::from(i % 3) {
+                ops.push(KindOp::Aggregate(i, (u32::from(i) * 13 + j) % 97));
+            }
+        }
+        if i % 11 == 0 {
+            ops.push(KindOp::ClearList(i));
+            ops.push(KindOp::MapRemove(i, 0));
+        }
+        for op in ops {
+            one.step(&k, &mut model, &op);
+        }
+    }
+    let all: Vec<K> = (0..u64::from(n)).map(K::nth).collect();
+    let original = one.write();
+    check_kinds_written(
+        &cx,
+        &original,
+        &model,
+        "the snapshot holds every kind of every key",
+    );
+
+    let mut whole = cx.ok(
+        "restoring the snapshot whole",
+        restored(&cx, &make, max_p, full(max_p), &[&original]),
+    );
+    let carried = whole.write();
+    check_kinds_written(
+        &cx,
+        &carried,
+        &model,
+        "restored states not registered yet keep their kind and content in the next snapshot",
+    );
+    let wk = whole.kinds();
+    whole.read_kinds("restored whole, every kind reads back", &wk, &model, &all);
+    cx.eq(
+        "restored and registered in the same order, the snapshot has the original bytes",
+        &whole.write().bytes,
+        &original.bytes,
+    );
+
+    let mut from = vec![original];
+    for parallelism in [2, 3] {
+        let sources: Vec<&Written> = from.iter().collect();
+        let mut parts = Vec::new();
+        for p in 0..parallelism {
+            let range = compute_key_group_range_for_operator_index(max_p, parallelism, p);
+            let mut part = cx.ok(
+                &format!("restoring key groups {range} of {parallelism}"),
+                restored(&cx, &make, max_p, range, &sources),
+            );
+            let pk = part.kinds();
+            let own = |key: &K| range.contains(assign_to_key_group(key, max_p));
+            let own_model = model.only(own);
+            let own_keys: Vec<K> = all.iter().filter(|key| own(key)).cloned().collect();
+            part.read_kinds(
+                &format!(
+                    "rescaled to {parallelism}, the backend of key groups {range} reads each key \
+                     of its key groups"
+                ),
+                &pk,
+                &own_model,
+                &own_keys,
+            );
+            let w = part.write();
+            check_kinds_written(
+                &cx,
+                &w,
+                &own_model,
+                &format!(
+                    "rescaled to {parallelism}, the backend of key groups {range} holds the keys \
+                     of its key groups only"
+                ),
+            );
+            parts.push(w);
+        }
+        from = parts;
+    }
+    let sources: Vec<&Written> = from.iter().collect();
+    let mut merged = cx.ok(
+        "merging the 3 parts",
+        restored(&cx, &make, max_p, full(max_p), &sources),
+    );
+    let mk = merged.kinds();
+    merged.read_kinds(
+        "merging the parts back gives every kind of every key",
+        &mk,
+        &model,
+        &all,
+    );
+    let w = merged.write();
+    check_kinds_written(
+        &cx,
+        &w,
+        &model,
+        "merging the parts back gives the original state",
+    );
+    cx.eq(
+        "merging the parts back gives the original bytes",
+        &w.bytes,
+        &whole.write().bytes,
+    );
+}
+
+/// Runs `ops` against a fresh backend of the whole range of `max_parallelism` holding one state
+/// of each kind and a model. The live backend must agree with the model, and every snapshot
+/// (one per [`KindOp::Snapshot`], and one at the end) must hold the model as it was then,
+/// restored whole and split across `parallelism` backends (clamped to `1..=max_parallelism`).
+pub fn check_kinds_against_model<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+    max_parallelism: u32,
+    parallelism: u32,
+    ops: &[KindOp],
+) {
+    let cx = Cx::new::<B>(format!(
+        "kinds model (max parallelism {max_parallelism}, parallelism {parallelism}, {} ops)",
+        ops.len()
+    ));
+    kinds_model_case(&cx, &make, max_parallelism, parallelism, ops);
+}
+
+/// Runs `cases` random kind model checks from `seed`: max parallelism 1, 7 or 128, parallelism 1
+/// to 4, up to 300 operations of every kind over [`KIND_MODEL_KEYS`] keys. A failure names the
+/// seed and case.
+pub fn check_random_kind_models<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+    seed: u64,
+    cases: u32,
+) {
+    const WORDS: [&str; 6] = ["", "a", "ß", "слово", "🦀", "x y"];
+    let mut rng = SplitMix64(seed);
+    for case in 0..cases {
+        let max_p = [1, 7, 128][rng.below(3) as usize];
+        let parallelism = (1 + rng.below(4) as u32).min(max_p);
+        let len = rng.below(300) as usize;
+        let word = |rng: &mut SplitMix64| {
+            format!(
+                "{}{}",
+                WORDS[rng.below(WORDS.len() as u64) as usize],
+                rng.below(50)
+            )
+        };
+        let ops: Vec<KindOp> = (0..len)
+            .map(|_| {
+                let key = rng.below(u64::from(KIND_MODEL_KEYS)) as u16;
+                let user_key = rng.below(u64::from(KIND_MODEL_USER_KEYS)) as u16;
+                match rng.below(20) {
+                    0 => KindOp::Update(key, rng.next()),
+                    1 => KindOp::ClearValue(key),
+                    2 | 3 => KindOp::ListAdd(key, word(&mut rng)),
+                    4 => {
+                        let n = rng.below(4);
+                        KindOp::ListAddAll(key, (0..n).map(|_| word(&mut rng)).collect())
+                    }
+                    5 => {
+                        let n = rng.below(3);
+                        KindOp::ListUpdate(key, (0..n).map(|_| word(&mut rng)).collect())
+                    }
+                    6 => KindOp::ClearList(key),
+                    7 | 8 => KindOp::MapPut(key, user_key, word(&mut rng)),
+                    9 | 10 => KindOp::MapRemove(key, user_key),
+                    11 => KindOp::ClearMap(key),
+                    12 | 13 => KindOp::Reduce(key, rng.next() >> rng.below(64)),
+                    14 => KindOp::ClearReducing(key),
+                    15 | 16 => KindOp::Aggregate(key, rng.next() as u32),
+                    17 => KindOp::ClearAggregating(key),
+                    18 if rng.below(2) == 0 => KindOp::Snapshot,
+                    _ => KindOp::MapPut(key, user_key, word(&mut rng)),
+                }
+            })
+            .collect();
+        let cx = Cx::new::<B>(format!(
+            "kinds model (seed {seed:#x}, case {case}: max parallelism {max_p}, parallelism \
+             {parallelism}, {len} ops)"
+        ));
+        kinds_model_case(&cx, &make, max_p, parallelism, &ops);
+    }
+}
+
+fn kinds_model_case<K: SuiteKey, B: KeyedStateBackend<K>>(
+    cx: &Cx,
+    make: &impl Fn(u32, KeyGroupRange) -> B,
+    max_p: u32,
+    parallelism: u32,
+    ops: &[KindOp],
+) {
+    let parallelism = parallelism.clamp(1, max_p);
+    let mut b = fresh(cx, make, max_p, full(max_p));
+    let k = b.kinds();
+    let mut model = KindsModel::new();
+    let mut touched: Vec<K> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut pending = Vec::new();
+    for op in ops {
+        match op.key() {
+            None => pending.push((cx.ok("snapshot", b.b.snapshot()), model.clone())),
+            Some(i) => {
+                if seen.insert(i) {
+                    touched.push(K::nth(u64::from(i)));
+                }
+                b.step(&k, &mut model, op);
+            }
+        }
+    }
+    b.read_kinds(
+        "the live backend agrees with the model",
+        &k,
+        &model,
+        &touched,
+    );
+    pending.push((cx.ok("snapshot", b.b.snapshot()), model));
+
+    for (i, (snapshot, model)) in pending.into_iter().enumerate() {
+        let w = finish::<K>(cx, snapshot, max_p, full(max_p));
+        check_kinds_written(
+            cx,
+            &w,
+            &model,
+            &format!("snapshot {i} holds the model as it was at its snapshot()"),
+        );
+        let mut whole = cx.ok(
+            "restoring the whole snapshot",
+            restored(cx, make, max_p, full(max_p), &[&w]),
+        );
+        let wk = whole.kinds();
+        whole.read_kinds(
+            &format!("snapshot {i}, restored whole, reads back as the model"),
+            &wk,
+            &model,
+            &touched,
+        );
+        for p in 0..parallelism {
+            let range = compute_key_group_range_for_operator_index(max_p, parallelism, p);
+            let mut part = cx.ok(
+                &format!("restoring key groups {range}"),
+                restored(cx, make, max_p, range, &[&w]),
+            );
+            let pk = part.kinds();
+            let own = |key: &K| range.contains(assign_to_key_group(key, max_p));
+            let own_model = model.only(own);
+            let own_keys: Vec<K> = touched.iter().filter(|key| own(key)).cloned().collect();
+            part.read_kinds(
+                &format!(
+                    "snapshot {i}, restored into key groups {range} of {parallelism}, reads back \
+                     as the model"
+                ),
+                &pk,
+                &own_model,
+                &own_keys,
+            );
+            let pw = part.write();
+            check_kinds_written(
+                cx,
+                &pw,
+                &own_model,
+                &format!(
+                    "snapshot {i}, restored into key groups {range}, holds only its key groups"
+                ),
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Helpers.
 
 /// The check being run and the backend it runs on, for failure messages.
@@ -1708,9 +3057,20 @@ fn part_for<'a>(cx: &Cx, w: &'a Written, range: &KeyGroupRange) -> RestorePart<'
     }
 }
 
-/// Every entry of state `state` in a written snapshot, read with the [`crate::format`]'s own
-/// functions, checking that each key is in the section of its key group, once.
+/// Every entry of value state `state` in a written snapshot (see [`content_of`]).
 fn content<K: SuiteKey, V: StateValue>(cx: &Cx, w: &Written, state: &str) -> HashMap<K, V> {
+    content_of(cx, w, state, StateKind::Value)
+}
+
+/// Every entry of state `state`, recorded in the header as a `kind` state, in a written
+/// snapshot, read with the [`crate::format`]'s own functions, checking that each key is in the
+/// section of its key group, once.
+fn content_of<K: SuiteKey, V: StateValue>(
+    cx: &Cx,
+    w: &Written,
+    state: &str,
+    kind: StateKind,
+) -> HashMap<K, V> {
     let header = header_of(cx, w);
     let Some(meta) = header.states.iter().find(|m| m.name == state) else {
         cx.fail(format!(
@@ -1718,9 +3078,9 @@ fn content<K: SuiteKey, V: StateValue>(cx: &Cx, w: &Written, state: &str) -> Has
         ))
     };
     cx.eq(
-        &format!("the header records '{state}' as a value state"),
+        &format!("the header records '{state}' as a {kind} state"),
         &meta.kind,
-        &StateKind::Value,
+        &kind,
     );
     cx.eq(
         &format!("the header records '{state}' with its value type"),

@@ -1,29 +1,38 @@
 //! The keyed snapshot format: a checksummed header with every state's metadata, then one
 //! checksummed section per key group, so that a restore reads only the key groups it owns.
 //!
-//! # Layout (format version 1)
+//! # Layout (format versions 1 and 2)
 //!
 //! A snapshot of a backend owning key groups `range` is one byte stream:
 //!
 //! ```text
 //! stream   := header section(range.start) section(range.start + 1) ... section(range.end)
 //!
-//! header   := magic "WKSH" | version u16 LE (1) | flags u16 LE | payload length u64 LE
+//! header   := magic "WKSH" | version u16 LE (1 or 2) | flags u16 LE | payload length u64 LE
 //!             | payload | CRC-32 u32 LE of everything before it          (weir_core::codec::seal)
-//! payload  := postcard(HeaderV1)
+//! payload  := postcard(HeaderV1)                                    (version 1)
+//!           | postcard(HeaderV1) codec u8                           (version 2)
 //! HeaderV1 := key_group_range { start u32, end u32 } | max_parallelism u32 | states: [StateMeta]
 //! StateMeta:= id i16 | name string | kind string | key_type string | value_type string
 //!             | serializer_version u32
 //!
 //! section  := key_group u32 LE | block_count u16 LE | block* | CRC-32 u32 LE of the section
-//!             before it
+//!             before it                                           (uncompressed; bit 15 clear)
+//!           | key_group u32 LE | (0x8000 | block_count) u16 LE | codec u8 | blocks_len u32 LE
+//!             | codec(block*) | CRC-32 u32 LE of the section before it     (compressed; version 2)
 //! block    := state_id i16 LE | entry_count u32 LE | entries_len u64 LE | entries
 //! entries  := (postcard(key) postcard(value))*, sorted by the bytes of postcard(key)
 //! ```
 //!
-//! - **flags** is the envelope's flags field. Bit 0 means "key-group sections are compressed";
-//!   it is reserved and always 0 in this version, as are the other bits. A reader rejects any
-//!   flag it does not know.
+//! - **version** is 1 for an uncompressed snapshot ([`Compression::None`], the default), written
+//!   byte for byte as before compression existed, and 2 for a snapshot written with a codec.
+//! - **flags** is the envelope's flags field. Bit 0 ([`FLAG_KEY_GROUP_COMPRESSION`]) means "key-group
+//!   sections may be compressed": always 0 in version 1, always set in version 2. Every other bit
+//!   is reserved and 0. A reader rejects any flag it does not know, and a flag that disagrees
+//!   with the version.
+//! - **codec** (version 2) names the codec the writer compressed sections with: 1 is LZ4 (the
+//!   LZ4 block format, `lz4_flex`), 2 is zstd (one zstd frame, level [`ZSTD_LEVEL`]); 0 and any
+//!   other value are a corrupt header. See [`Compression::id`].
 //! - **states** are numbered `0..n` in order (`id == index`); at most `i16::MAX` of them.
 //!   `kind` is `"value"` today; `"list"`, `"map"`, `"reducing"` and `"aggregating"` are reserved
 //!   names for the kinds to come. `key_type` and `value_type` are Rust type names
@@ -32,11 +41,23 @@
 //!   offsets are uniform. A section has one block per state with at least one entry in that key
 //!   group, in ascending state id. Blocks carry their byte length, so a restore can keep a
 //!   state's bytes without knowing its value type until the state is registered.
-//! - Entries are sorted by their encoded key, so equal state gives byte-identical snapshots.
+//! - **Compressed sections** (version 2): bit 15 of the block count marks one; the low 15 bits
+//!   are the block count (at most `i16::MAX` states, so a count never needs bit 15). `codec`
+//!   repeats the header's codec, so a section is self-describing; `blocks_len` is the length of
+//!   the blocks before compression, at most [`MAX_COMPRESSED_BLOCKS_LEN`]. The CRC covers the
+//!   bytes as stored (compressed). A version 2 writer stores a section uncompressed, in the
+//!   version 1 form, when compressing would not make it smaller (an empty section, a tiny one,
+//!   incompressible values) or its blocks exceed [`MAX_COMPRESSED_BLOCKS_LEN`]; a reader tells
+//!   the two forms apart by bit 15.
+//! - A reader refuses a `blocks_len` larger than [`MAX_COMPRESSED_BLOCKS_LEN`] or than the codec
+//!   can expand the stored bytes to, before allocating anything, and any failure of the codec or
+//!   mismatch of the decompressed length is a [`CoreError::Corrupt`] naming the key group.
+//! - Entries are sorted by their encoded key, so equal state gives byte-identical snapshots
+//!   (with the same codec: LZ4 and zstd are deterministic for one build of the codec).
 //! - The writer returns a [`KeyedSnapshotLayout`](crate::KeyedSnapshotLayout): the header's byte
 //!   range, each section's start offset and the end. A restore slices one key group's section
 //!   out of a [`RestorePart`] with those offsets ([`part_sections`]), and checks its key group
-//!   and checksum ([`parse_section`]).
+//!   and checksum, and decompresses it ([`parse_section`]): only the key groups it owns.
 //!
 //! The same description, with the version history, is in `docs/keyed-snapshot-format.md`.
 
@@ -46,6 +67,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
 use weir_core::CoreError;
 use weir_core::codec;
 use weir_core::handle::KeyedStateHandle;
@@ -53,12 +76,26 @@ use weir_core::keygroup::{KeyGroup, KeyGroupRange, UPPER_BOUND_MAX_PARALLELISM};
 
 /// The header's magic bytes.
 pub const MAGIC: [u8; 4] = *b"WKSH";
-/// The format version this build writes.
-pub const FORMAT_VERSION: u16 = 1;
+/// The format version of uncompressed snapshots ([`Compression::None`]).
+pub const FORMAT_VERSION_V1: u16 = 1;
+/// The format version of snapshots whose key-group sections are compressed.
+pub const FORMAT_VERSION_V2: u16 = 2;
+/// The newest format version this build writes. Uncompressed snapshots are still written as
+/// [`FORMAT_VERSION_V1`], byte for byte as before; see [`SnapshotHeader::version`].
+pub const FORMAT_VERSION: u16 = FORMAT_VERSION_V2;
 /// The format versions this build reads.
-pub const READABLE_VERSIONS: &[u16] = &[1];
-/// Header flag bit 0: key-group sections are compressed. Reserved: never set in version 1.
+pub const READABLE_VERSIONS: &[u16] = &[FORMAT_VERSION_V1, FORMAT_VERSION_V2];
+/// Header flag bit 0: key-group sections may be compressed, with the codec the header names.
+/// Never set in version 1, always set in version 2.
 pub const FLAG_KEY_GROUP_COMPRESSION: u16 = 1;
+/// Bit 15 of a section's block count: the section's blocks are compressed.
+pub const SECTION_COMPRESSED: u16 = 0x8000;
+/// The most a compressed section's blocks may hold uncompressed (1 GiB). The writer stores larger
+/// sections uncompressed; a reader refuses a compressed section claiming more, before allocating.
+pub const MAX_COMPRESSED_BLOCKS_LEN: usize = 1 << 30;
+/// The zstd compression level of [`Compression::Zstd`]: the fastest, as checkpoints are on the
+/// hot path. (Readers need not know it.)
+pub const ZSTD_LEVEL: i32 = 1;
 /// The serializer version recorded for postcard-encoded keys and values.
 pub const SERIALIZER_VERSION: u32 = 1;
 /// The most states a snapshot can number (state ids are `i16`).
@@ -67,6 +104,117 @@ pub const MAX_STATES: usize = i16::MAX as usize;
 pub const EMPTY_SECTION_LEN: usize = 4 + 2 + 4;
 /// Bytes of a block before its entries: state id, entry count and entries length.
 const BLOCK_HEADER_LEN: usize = 2 + 4 + 8;
+/// Bytes of a compressed section before its payload: key group, block count, codec and the
+/// blocks' uncompressed length.
+const COMPRESSED_SECTION_HEADER_LEN: usize = 4 + 2 + 1 + 4;
+
+/// How a keyed snapshot's key-group sections are compressed (Flink's
+/// `execution.checkpointing.snapshot-compression`). Off by default.
+///
+/// Parses from and displays as `none`, `lz4` or `zstd` (parsing ignores ASCII case), and
+/// serializes (serde) as the same lowercase names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// Sections are stored as they are; the snapshot is written in format version 1.
+    #[default]
+    None,
+    /// LZ4, block format (`lz4_flex`): fast, a moderate ratio.
+    Lz4,
+    /// zstd at level [`ZSTD_LEVEL`]: a better ratio, somewhat slower.
+    Zstd,
+}
+
+impl Compression {
+    /// Every codec, `None` first.
+    pub const ALL: [Compression; 3] = [Compression::None, Compression::Lz4, Compression::Zstd];
+
+    /// The codec's name: `none`, `lz4` or `zstd`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        }
+    }
+
+    /// The codec's id in a version 2 header and in a compressed section: 0 none (never written),
+    /// 1 LZ4, 2 zstd.
+    pub fn id(self) -> u8 {
+        match self {
+            Compression::None => 0,
+            Compression::Lz4 => 1,
+            Compression::Zstd => 2,
+        }
+    }
+
+    /// The codec an id stands for, if any.
+    pub fn from_id(id: u8) -> Option<Compression> {
+        Some(match id {
+            0 => Compression::None,
+            1 => Compression::Lz4,
+            2 => Compression::Zstd,
+            _ => return None,
+        })
+    }
+
+    /// Whether this codec compresses at all.
+    pub fn is_enabled(self) -> bool {
+        self != Compression::None
+    }
+
+    /// The format version a snapshot written with this codec has.
+    pub fn format_version(self) -> u16 {
+        if self.is_enabled() {
+            FORMAT_VERSION_V2
+        } else {
+            FORMAT_VERSION_V1
+        }
+    }
+
+    /// The header flags a snapshot written with this codec has.
+    pub fn header_flags(self) -> u16 {
+        if self.is_enabled() {
+            FLAG_KEY_GROUP_COMPRESSION
+        } else {
+            0
+        }
+    }
+
+    /// The most bytes `stored` compressed bytes can decompress to with this codec: LZ4 expands
+    /// a byte to at most 255 (a match-length byte), zstd to at most 32 KiB (a 4-byte RLE block
+    /// of 128 KiB).
+    fn max_expansion(self, stored: usize) -> usize {
+        let ratio = match self {
+            Compression::None => 1,
+            Compression::Lz4 => 255,
+            Compression::Zstd => 32 * 1024,
+        };
+        stored.saturating_mul(ratio)
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A string that names no [`Compression`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown snapshot compression '{0}': expected none, lz4 or zstd")]
+pub struct ParseCompressionError(pub String);
+
+impl FromStr for Compression {
+    type Err = ParseCompressionError;
+
+    fn from_str(s: &str) -> Result<Compression, ParseCompressionError> {
+        Compression::ALL
+            .into_iter()
+            .find(|c| c.as_str().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| ParseCompressionError(s.to_string()))
+    }
+}
 
 /// What a state holds; recorded in the header so that a restore registers it as the same kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -134,8 +282,11 @@ pub struct StateMeta {
 /// A snapshot's header: the key groups it covers and every state's metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotHeader {
-    /// The envelope flags; 0 in version 1 (see [`FLAG_KEY_GROUP_COMPRESSION`]).
+    /// The envelope flags: [`Compression::header_flags`] of `compression` (0 in version 1,
+    /// [`FLAG_KEY_GROUP_COMPRESSION`] in version 2).
     pub flags: u16,
+    /// The codec the sections were compressed with; [`Compression::None`] in version 1.
+    pub compression: Compression,
     /// The key groups the snapshot has sections for.
     pub key_group_range: KeyGroupRange,
     /// The max parallelism the keys were hashed with.
@@ -149,6 +300,14 @@ struct HeaderWireRef<'a> {
     key_group_range: KeyGroupRange,
     max_parallelism: u32,
     states: Vec<StateMetaWireRef<'a>>,
+}
+
+/// Version 2's payload: version 1's, then the codec. (Postcard writes a nested struct as its
+/// fields, so this is the concatenation.)
+#[derive(Serialize)]
+struct HeaderV2WireRef<'a> {
+    v1: HeaderWireRef<'a>,
+    codec: u8,
 }
 
 #[derive(Serialize)]
@@ -166,6 +325,12 @@ struct HeaderWire {
     key_group_range: KeyGroupRange,
     max_parallelism: u32,
     states: Vec<StateMetaWire>,
+}
+
+#[derive(Deserialize)]
+struct HeaderV2Wire {
+    v1: HeaderWire,
+    codec: u8,
 }
 
 #[derive(Deserialize)]
@@ -187,15 +352,36 @@ fn header_corrupt(reason: String) -> StateError {
     })
 }
 
+/// [`codec::seal`] with `flags` in the envelope's flags field (which `seal` leaves 0).
+fn seal_with_flags(version: u16, flags: u16, payload: &[u8]) -> Vec<u8> {
+    let mut out = codec::seal(MAGIC, version, payload);
+    if flags != 0 {
+        let body_end = out.len() - codec::ENVELOPE_TRAILER_LEN;
+        out[6..8].copy_from_slice(&flags.to_le_bytes());
+        let crc = crc32fast::hash(&out[..body_end]);
+        out[body_end..].copy_from_slice(&crc.to_le_bytes());
+    }
+    out
+}
+
 impl SnapshotHeader {
+    /// The format version [`encode`](Self::encode) writes: 1 without compression, 2 with.
+    pub fn version(&self) -> u16 {
+        self.compression.format_version()
+    }
+
     /// Encodes the header in its envelope.
     pub fn encode(&self) -> Result<Vec<u8>, StateError> {
-        if self.flags != 0 {
+        let flags = self.compression.header_flags();
+        if self.flags != flags {
             return Err(StateError::Core(CoreError::Encode {
                 what: HEADER_WHAT.to_string(),
                 reason: format!(
-                    "flags {:#06x} are not supported by format version {FORMAT_VERSION}",
-                    self.flags
+                    "flags {:#06x} do not fit compression {}, which is written as format \
+                     version {} with flags {flags:#06x}",
+                    self.flags,
+                    self.compression,
+                    self.version()
                 ),
             }));
         }
@@ -226,24 +412,59 @@ impl SnapshotHeader {
                 })
                 .collect(),
         };
-        let payload = codec::encode(HEADER_WHAT, &wire)?;
-        Ok(codec::seal(MAGIC, FORMAT_VERSION, &payload))
+        let payload = if self.compression.is_enabled() {
+            codec::encode(
+                HEADER_WHAT,
+                &HeaderV2WireRef {
+                    v1: wire,
+                    codec: self.compression.id(),
+                },
+            )?
+        } else {
+            codec::encode(HEADER_WHAT, &wire)?
+        };
+        Ok(seal_with_flags(self.version(), flags, &payload))
     }
 
-    /// Opens and checks a header: envelope, flags, and the consistency of its fields.
+    /// Opens and checks a header of any readable version: envelope, flags, codec, and the
+    /// consistency of its fields.
     pub fn decode(bytes: &[u8]) -> Result<SnapshotHeader, StateError> {
-        let (_version, payload) = codec::open(HEADER_WHAT, MAGIC, READABLE_VERSIONS, bytes)?;
+        let (version, payload) = codec::open(HEADER_WHAT, MAGIC, READABLE_VERSIONS, bytes)?;
         // `open` checked that the envelope is complete, so the flags field is there.
         let flags = match bytes.get(6..8) {
             Some(&[a, b]) => u16::from_le_bytes([a, b]),
             _ => return Err(header_corrupt("truncated before the flags".to_string())),
         };
-        if flags != 0 {
-            return Err(header_corrupt(format!(
-                "flags {flags:#06x} are not supported (bit 0, key-group compression, is reserved)"
-            )));
-        }
-        let wire: HeaderWire = codec::decode(HEADER_WHAT, payload)?;
+        let (wire, compression) = match version {
+            FORMAT_VERSION_V1 => {
+                if flags != 0 {
+                    return Err(header_corrupt(format!(
+                        "flags {flags:#06x} are not supported by format version 1 (bit 0, \
+                         key-group compression, comes with format version 2)"
+                    )));
+                }
+                let wire: HeaderWire = codec::decode(HEADER_WHAT, payload)?;
+                (wire, Compression::None)
+            }
+            _ => {
+                if flags != FLAG_KEY_GROUP_COMPRESSION {
+                    return Err(header_corrupt(format!(
+                        "flags {flags:#06x} are not supported by format version {version}, which \
+                         has exactly bit 0 (key-group compression) set"
+                    )));
+                }
+                let wire: HeaderV2Wire = codec::decode(HEADER_WHAT, payload)?;
+                let compression = Compression::from_id(wire.codec)
+                    .filter(|c| c.is_enabled())
+                    .ok_or_else(|| {
+                        header_corrupt(format!(
+                            "unknown compression codec id {} (1 is lz4, 2 is zstd)",
+                            wire.codec
+                        ))
+                    })?;
+                (wire.v1, compression)
+            }
+        };
         if wire.max_parallelism == 0 || wire.max_parallelism > UPPER_BOUND_MAX_PARALLELISM {
             return Err(header_corrupt(format!(
                 "max parallelism {} is out of bounds",
@@ -292,6 +513,7 @@ impl SnapshotHeader {
         }
         Ok(SnapshotHeader {
             flags,
+            compression,
             key_group_range: range,
             max_parallelism: wire.max_parallelism,
             states,
@@ -299,18 +521,43 @@ impl SnapshotHeader {
     }
 }
 
-/// Builds one key group's section. Reuse one writer for all sections of a snapshot.
-#[derive(Debug, Default)]
+/// Builds one key group's section, compressed or not. Reuse one writer for all sections of a
+/// snapshot: it keeps its buffers (and its zstd context).
+#[derive(Default)]
 pub struct SectionWriter {
+    /// The section in its uncompressed form, without its checksum until `finish`.
     buf: Vec<u8>,
     blocks: u16,
     last_id: Option<i16>,
+    compression: Compression,
+    /// The compressed form of the section, when `finish` stores it so.
+    packed: Vec<u8>,
+    zstd: Option<zstd::bulk::Compressor<'static>>,
+}
+
+impl fmt::Debug for SectionWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SectionWriter")
+            .field("len", &self.buf.len())
+            .field("blocks", &self.blocks)
+            .field("last_id", &self.last_id)
+            .field("compression", &self.compression)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SectionWriter {
-    /// A writer with no section begun.
+    /// A writer of uncompressed sections, with no section begun.
     pub fn new() -> SectionWriter {
         SectionWriter::default()
+    }
+
+    /// A writer that compresses each section with `compression` when that makes it smaller.
+    pub fn with_compression(compression: Compression) -> SectionWriter {
+        SectionWriter {
+            compression,
+            ..SectionWriter::default()
+        }
     }
 
     /// Starts the section of `key_group`, discarding any unfinished one.
@@ -323,7 +570,7 @@ impl SectionWriter {
     }
 
     /// Appends a state's block: `entries` holds `entry_count` encoded entries. Blocks must come
-    /// in ascending state id.
+    /// in ascending state id, at most [`MAX_STATES`] of them.
     pub fn block(
         &mut self,
         state_id: i16,
@@ -345,9 +592,11 @@ impl SectionWriter {
         if self.buf.len() < EMPTY_SECTION_LEN - 4 {
             return Err(encode_err("no section begun".to_string()));
         }
+        // Bit 15 of the count marks a compressed section, so a count must stay below it.
         self.blocks = self
             .blocks
             .checked_add(1)
+            .filter(|&n| n & SECTION_COMPRESSED == 0)
             .ok_or_else(|| encode_err("too many blocks in one section".to_string()))?;
         self.last_id = Some(state_id);
         self.buf.reserve(BLOCK_HEADER_LEN + entries.len());
@@ -359,14 +608,81 @@ impl SectionWriter {
         Ok(())
     }
 
-    /// Ends the section: sets the block count, appends the checksum and returns the bytes.
-    pub fn finish(&mut self) -> &[u8] {
+    /// Ends the section: sets the block count, compresses the blocks if the writer has a codec
+    /// and that makes the section smaller, appends the checksum and returns the bytes.
+    pub fn finish(&mut self) -> Result<&[u8], StateError> {
         if let Some(count) = self.buf.get_mut(4..6) {
             count.copy_from_slice(&self.blocks.to_le_bytes());
         }
+        if self.compress()? {
+            let crc = crc32fast::hash(&self.packed);
+            self.packed.extend_from_slice(&crc.to_le_bytes());
+            return Ok(&self.packed);
+        }
         let crc = crc32fast::hash(&self.buf);
         self.buf.extend_from_slice(&crc.to_le_bytes());
-        &self.buf
+        Ok(&self.buf)
+    }
+
+    /// Builds the compressed form of the section in `packed` (without its checksum); false when
+    /// the section is to be stored uncompressed.
+    fn compress(&mut self) -> Result<bool, StateError> {
+        let Some(blocks) = self.buf.get(EMPTY_SECTION_LEN - 4..) else {
+            return Ok(false);
+        };
+        if !self.compression.is_enabled() || self.blocks == 0 {
+            return Ok(false);
+        }
+        let Ok(blocks_len) = u32::try_from(blocks.len()) else {
+            return Ok(false);
+        };
+        if blocks.len() > MAX_COMPRESSED_BLOCKS_LEN {
+            return Ok(false);
+        }
+        let encode_err = |reason: String| {
+            let key_group = self
+                .buf
+                .first_chunk::<4>()
+                .map_or(0, |kg| u32::from_le_bytes(*kg));
+            StateError::Core(CoreError::Encode {
+                what: format!("keyed snapshot section of key group {key_group}"),
+                reason,
+            })
+        };
+        self.packed.clear();
+        self.packed.extend_from_slice(&self.buf[..4]);
+        self.packed
+            .extend_from_slice(&(self.blocks | SECTION_COMPRESSED).to_le_bytes());
+        self.packed.push(self.compression.id());
+        self.packed.extend_from_slice(&blocks_len.to_le_bytes());
+        let start = self.packed.len();
+        let written = match self.compression {
+            Compression::None => return Ok(false),
+            Compression::Lz4 => {
+                self.packed.resize(
+                    start + lz4_flex::block::get_maximum_output_size(blocks.len()),
+                    0,
+                );
+                lz4_flex::block::compress_into(blocks, &mut self.packed[start..])
+                    .map_err(|e| encode_err(format!("lz4: {e}")))?
+            }
+            Compression::Zstd => {
+                let compressor = match &mut self.zstd {
+                    Some(c) => c,
+                    None => self.zstd.insert(
+                        zstd::bulk::Compressor::new(ZSTD_LEVEL)
+                            .map_err(|e| encode_err(format!("zstd: {e}")))?,
+                    ),
+                };
+                self.packed
+                    .resize(start + zstd::zstd_safe::compress_bound(blocks.len()), 0);
+                compressor
+                    .compress_to_buffer(blocks, &mut self.packed[start..])
+                    .map_err(|e| encode_err(format!("zstd: {e}")))?
+            }
+        };
+        self.packed.truncate(start + written);
+        Ok(self.packed.len() < self.buf.len())
     }
 }
 
@@ -379,6 +695,195 @@ pub struct StateBlock<'a> {
     pub entry_count: u32,
     /// The encoded entries (see [`decode_entries`]).
     pub entries: &'a [u8],
+}
+
+/// Where a section's blocks are: in the stored bytes (an uncompressed section), or in the buffer
+/// a compressed one was decompressed into.
+#[derive(Clone, Debug)]
+enum Body<'a> {
+    Stored(&'a [u8]),
+    Decompressed(Arc<Vec<u8>>),
+}
+
+impl Body<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Body::Stored(b) => b,
+            Body::Decompressed(b) => b,
+        }
+    }
+}
+
+/// A block's place in its section's body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    state_id: i16,
+    entry_count: u32,
+    start: usize,
+    end: usize,
+}
+
+impl Span {
+    fn block<'s>(&self, body: &'s [u8]) -> StateBlock<'s> {
+        StateBlock {
+            state_id: self.state_id,
+            entry_count: self.entry_count,
+            entries: body.get(self.start..self.end).unwrap_or_default(),
+        }
+    }
+}
+
+/// A checked key-group section ([`parse_section`]): its blocks, borrowed from the stored bytes,
+/// or held decompressed. Iterate a reference ([`iter`](Self::iter)) for [`StateBlock`]s.
+#[derive(Clone, Debug)]
+pub struct Section<'a> {
+    key_group: KeyGroup,
+    compression: Compression,
+    body: Body<'a>,
+    blocks: Vec<Span>,
+}
+
+impl<'a> Section<'a> {
+    /// The section's key group.
+    pub fn key_group(&self) -> KeyGroup {
+        self.key_group
+    }
+
+    /// How the section was stored: [`Compression::None`] for an uncompressed section (every
+    /// section of a version 1 snapshot, and the small ones of a version 2 snapshot).
+    pub fn compression(&self) -> Compression {
+        self.compression
+    }
+
+    /// The number of blocks.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether the key group holds no entry of any state.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// The length of the blocks, uncompressed.
+    pub fn blocks_len(&self) -> usize {
+        self.body.bytes().len()
+    }
+
+    /// The block at `index`, in ascending state id.
+    pub fn get(&self, index: usize) -> Option<StateBlock<'_>> {
+        self.blocks
+            .get(index)
+            .map(|span| span.block(self.body.bytes()))
+    }
+
+    /// The blocks, in ascending state id.
+    pub fn iter(&self) -> SectionIter<'_> {
+        SectionIter {
+            body: self.body.bytes(),
+            spans: self.blocks.iter(),
+        }
+    }
+}
+
+/// The blocks of a [`Section`], borrowed from it.
+#[derive(Clone, Debug)]
+pub struct SectionIter<'s> {
+    body: &'s [u8],
+    spans: std::slice::Iter<'s, Span>,
+}
+
+impl<'s> Iterator for SectionIter<'s> {
+    type Item = StateBlock<'s>;
+
+    fn next(&mut self) -> Option<StateBlock<'s>> {
+        self.spans.next().map(|span| span.block(self.body))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.spans.size_hint()
+    }
+}
+
+impl ExactSizeIterator for SectionIter<'_> {}
+
+impl<'s> IntoIterator for &'s Section<'_> {
+    type Item = StateBlock<'s>;
+    type IntoIter = SectionIter<'s>;
+
+    fn into_iter(self) -> SectionIter<'s> {
+        self.iter()
+    }
+}
+
+/// One block of a section consumed by value: it shares the section's (decompressed) bytes.
+#[derive(Clone, Debug)]
+pub struct SectionBlock<'a> {
+    /// The state's id in the snapshot's header.
+    pub state_id: i16,
+    /// How many entries [`entries`](Self::entries) holds.
+    pub entry_count: u32,
+    body: Body<'a>,
+    start: usize,
+    end: usize,
+}
+
+impl SectionBlock<'_> {
+    /// The encoded entries (see [`decode_entries`]).
+    pub fn entries(&self) -> &[u8] {
+        self.body
+            .bytes()
+            .get(self.start..self.end)
+            .unwrap_or_default()
+    }
+
+    /// The block as a borrowed [`StateBlock`].
+    pub fn as_block(&self) -> StateBlock<'_> {
+        StateBlock {
+            state_id: self.state_id,
+            entry_count: self.entry_count,
+            entries: self.entries(),
+        }
+    }
+}
+
+/// The blocks of a [`Section`] consumed by value.
+#[derive(Debug)]
+pub struct SectionBlocks<'a> {
+    body: Body<'a>,
+    spans: std::vec::IntoIter<Span>,
+}
+
+impl<'a> Iterator for SectionBlocks<'a> {
+    type Item = SectionBlock<'a>;
+
+    fn next(&mut self) -> Option<SectionBlock<'a>> {
+        self.spans.next().map(|span| SectionBlock {
+            state_id: span.state_id,
+            entry_count: span.entry_count,
+            body: self.body.clone(),
+            start: span.start,
+            end: span.end,
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.spans.size_hint()
+    }
+}
+
+impl ExactSizeIterator for SectionBlocks<'_> {}
+
+impl<'a> IntoIterator for Section<'a> {
+    type Item = SectionBlock<'a>;
+    type IntoIter = SectionBlocks<'a>;
+
+    fn into_iter(self) -> SectionBlocks<'a> {
+        SectionBlocks {
+            body: self.body,
+            spans: self.blocks.into_iter(),
+        }
+    }
 }
 
 fn section_corrupt(key_group: KeyGroup, reason: String) -> StateError {
@@ -394,9 +899,12 @@ fn take<const N: usize>(bytes: &mut &[u8]) -> Option<[u8; N]> {
     Some(*head)
 }
 
-/// Checks the section of `key_group` (its checksum, its key group, its framing) and returns its
-/// blocks. Every failure is a [`CoreError::Corrupt`] naming the key group.
-pub fn parse_section(key_group: KeyGroup, bytes: &[u8]) -> Result<Vec<StateBlock<'_>>, StateError> {
+/// Checks the section of `key_group` (its checksum, its key group, its framing), decompresses it
+/// if it is stored compressed, whatever the codec, and returns its blocks. Every failure,
+/// including a codec's on damaged or forged input, is a [`CoreError::Corrupt`] naming the key
+/// group; none panics, and none allocates more than [`MAX_COMPRESSED_BLOCKS_LEN`] or than the
+/// codec could expand the stored bytes to.
+pub fn parse_section(key_group: KeyGroup, bytes: &[u8]) -> Result<Section<'_>, StateError> {
     let corrupt = |reason: String| section_corrupt(key_group, reason);
     if bytes.len() < EMPTY_SECTION_LEN {
         return Err(corrupt(format!(
@@ -421,6 +929,93 @@ pub fn parse_section(key_group: KeyGroup, bytes: &[u8]) -> Result<Vec<StateBlock
         )));
     }
     let count = u16::from_le_bytes(take::<2>(&mut rest).ok_or_else(truncated)?);
+    if count & SECTION_COMPRESSED == 0 {
+        let blocks = parse_blocks(key_group, count, rest)?;
+        return Ok(Section {
+            key_group,
+            compression: Compression::None,
+            body: Body::Stored(rest),
+            blocks,
+        });
+    }
+    let count = count & !SECTION_COMPRESSED;
+    let truncated = || {
+        corrupt(format!(
+            "truncated: {} bytes is shorter than a compressed section's header \
+             ({COMPRESSED_SECTION_HEADER_LEN}) and checksum",
+            bytes.len()
+        ))
+    };
+    let [id] = take::<1>(&mut rest).ok_or_else(truncated)?;
+    let blocks_len = u32::from_le_bytes(take::<4>(&mut rest).ok_or_else(truncated)?);
+    let compression = Compression::from_id(id)
+        .filter(|c| c.is_enabled())
+        .ok_or_else(|| {
+            corrupt(format!(
+                "marked compressed with unknown codec id {id} (1 is lz4, 2 is zstd)"
+            ))
+        })?;
+    let decompressed = decompress(key_group, compression, rest, blocks_len)?;
+    let blocks = parse_blocks(key_group, count, &decompressed)?;
+    Ok(Section {
+        key_group,
+        compression,
+        body: Body::Decompressed(Arc::new(decompressed)),
+        blocks,
+    })
+}
+
+/// Decompresses a section's payload into exactly `blocks_len` bytes, refusing a length that the
+/// limit or the codec rules out before allocating.
+fn decompress(
+    key_group: KeyGroup,
+    compression: Compression,
+    payload: &[u8],
+    blocks_len: u32,
+) -> Result<Vec<u8>, StateError> {
+    let corrupt = |reason: String| section_corrupt(key_group, reason);
+    let len = usize::try_from(blocks_len)
+        .ok()
+        .filter(|&l| l <= MAX_COMPRESSED_BLOCKS_LEN)
+        .ok_or_else(|| {
+            corrupt(format!(
+                "claims {blocks_len} bytes of blocks uncompressed, more than the \
+                 {MAX_COMPRESSED_BLOCKS_LEN} a compressed section may hold; refusing to allocate"
+            ))
+        })?;
+    if len > compression.max_expansion(payload.len()) {
+        return Err(corrupt(format!(
+            "claims {len} bytes of blocks uncompressed from {} bytes of {compression}, more than \
+             {compression} can expand them to; refusing to allocate",
+            payload.len()
+        )));
+    }
+    let out = match compression {
+        Compression::None => payload.to_vec(),
+        Compression::Lz4 => {
+            let mut out = vec![0u8; len];
+            let n = lz4_flex::block::decompress_into(payload, &mut out)
+                .map_err(|e| corrupt(format!("lz4 cannot decompress the blocks: {e}")))?;
+            out.truncate(n);
+            out
+        }
+        Compression::Zstd => zstd::bulk::decompress(payload, len)
+            .map_err(|e| corrupt(format!("zstd cannot decompress the blocks: {e}")))?,
+    };
+    if out.len() != len {
+        return Err(corrupt(format!(
+            "the blocks decompress to {} bytes, the section claims {len}",
+            out.len()
+        )));
+    }
+    Ok(out)
+}
+
+/// Reads `count` blocks that must fill `body` exactly.
+fn parse_blocks(key_group: KeyGroup, count: u16, body: &[u8]) -> Result<Vec<Span>, StateError> {
+    let corrupt = |reason: String| section_corrupt(key_group, reason);
+    let truncated = || corrupt("truncated block".to_string());
+    let mut rest = body;
     let mut blocks = Vec::with_capacity(usize::from(count).min(rest.len() / BLOCK_HEADER_LEN));
     let mut last: Option<i16> = None;
     for _ in 0..count {
@@ -442,12 +1037,13 @@ pub fn parse_section(key_group: KeyGroup, bytes: &[u8]) -> Result<Vec<StateBlock
                     rest.len()
                 ))
             })?;
-        let (entries, after) = rest.split_at(len);
-        rest = after;
-        blocks.push(StateBlock {
+        let start = body.len() - rest.len();
+        rest = &rest[len..];
+        blocks.push(Span {
             state_id,
             entry_count,
-            entries,
+            start,
+            end: start + len,
         });
     }
     if !rest.is_empty() {
@@ -642,6 +1238,7 @@ mod tests {
     fn header() -> SnapshotHeader {
         SnapshotHeader {
             flags: 0,
+            compression: Compression::None,
             key_group_range: KeyGroupRange::new(3, 9),
             max_parallelism: 128,
             states: vec![StateMeta {
@@ -732,9 +1329,11 @@ mod tests {
         w.block(0, count, &bytes).unwrap();
         w.block(3, 0, &[]).unwrap();
         assert!(w.block(3, 0, &[]).is_err(), "ids must ascend");
-        let section = w.finish().to_vec();
+        let section = w.finish().unwrap().to_vec();
 
-        let blocks = parse_section(7, &section).unwrap();
+        let parsed = parse_section(7, &section).unwrap();
+        assert_eq!(parsed.compression(), Compression::None);
+        let blocks: Vec<StateBlock<'_>> = parsed.iter().collect();
         assert_eq!(blocks.len(), 2);
         assert_eq!(blocks[0].state_id, 0);
         let mut seen = Vec::new();
@@ -765,7 +1364,12 @@ mod tests {
     fn empty_section_is_ten_bytes() {
         let mut w = SectionWriter::new();
         w.begin(0);
-        assert_eq!(w.finish().len(), EMPTY_SECTION_LEN);
+        assert_eq!(w.finish().unwrap().len(), EMPTY_SECTION_LEN);
+        for c in Compression::ALL {
+            let mut w = SectionWriter::with_compression(c);
+            w.begin(0);
+            assert_eq!(w.finish().unwrap().len(), EMPTY_SECTION_LEN, "{c}");
+        }
     }
 
     #[test]
@@ -779,5 +1383,323 @@ mod tests {
         assert!(decode_entries::<u32, String>("t", 0, &bytes, |_, _| Ok(())).is_err());
         // A string read as (u32 key, u64 value) leaves bytes over or fails; it never panics.
         let _ = decode_entries::<u32, u64>("t", count, &bytes, |_, _| Ok(()));
+    }
+
+    fn compressed_header(c: Compression) -> SnapshotHeader {
+        SnapshotHeader {
+            flags: c.header_flags(),
+            compression: c,
+            ..header()
+        }
+    }
+
+    /// Recomputes a section's trailing checksum after a test damaged it on purpose.
+    fn reseal(section: &mut [u8]) {
+        let end = section.len() - 4;
+        let crc = crc32fast::hash(&section[..end]);
+        section[end..].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// A section of key group 5 with one block of `n` similar entries (compressible), written by
+    /// `w`, and the same section uncompressed.
+    fn similar_section(w: &mut SectionWriter, n: u32) -> (Vec<u8>, Vec<u8>) {
+        let keys: Vec<String> = (0..n).map(|i| format!("user-{i:06}")).collect();
+        let values: Vec<String> = (0..n)
+            .map(|i| format!("session of user {i}: clicked, scrolled, clicked, left"))
+            .collect();
+        let mut enc = EntryEncoder::new();
+        let (count, entries) = enc.encode(keys.iter().zip(&values)).unwrap();
+        let entries = entries.to_vec();
+        w.begin(5);
+        w.block(0, count, &entries).unwrap();
+        w.block(2, count, &entries).unwrap();
+        let stored = w.finish().unwrap().to_vec();
+        let mut raw = SectionWriter::new();
+        raw.begin(5);
+        raw.block(0, count, &entries).unwrap();
+        raw.block(2, count, &entries).unwrap();
+        (stored, raw.finish().unwrap().to_vec())
+    }
+
+    fn blocks_of<'a>(section: &'a Section<'_>) -> Vec<StateBlock<'a>> {
+        section.iter().collect()
+    }
+
+    #[test]
+    fn compression_names_parse_and_display() {
+        for c in Compression::ALL {
+            assert_eq!(c.to_string().parse::<Compression>().unwrap(), c);
+            assert_eq!(Compression::from_id(c.id()), Some(c));
+        }
+        assert_eq!(" LZ4 ".parse::<Compression>().unwrap(), Compression::Lz4);
+        assert_eq!("Zstd".parse::<Compression>().unwrap(), Compression::Zstd);
+        let e = "gzip".parse::<Compression>().unwrap_err().to_string();
+        assert!(
+            e.contains("'gzip'") && e.contains("none, lz4 or zstd"),
+            "{e}"
+        );
+        assert_eq!(Compression::default(), Compression::None);
+        assert_eq!(Compression::from_id(3), None);
+    }
+
+    #[test]
+    fn uncompressed_headers_stay_version_1_and_compressed_ones_are_version_2() {
+        assert_eq!(header().version(), FORMAT_VERSION_V1);
+        for c in [Compression::Lz4, Compression::Zstd] {
+            let h = compressed_header(c);
+            let bytes = h.encode().unwrap();
+            assert_eq!(u16::from_le_bytes([bytes[4], bytes[5]]), FORMAT_VERSION_V2);
+            assert_eq!(
+                u16::from_le_bytes([bytes[6], bytes[7]]),
+                FLAG_KEY_GROUP_COMPRESSION
+            );
+            let decoded = SnapshotHeader::decode(&bytes).unwrap();
+            assert_eq!(decoded, h);
+            assert_eq!(decoded.compression, c);
+            for i in 0..bytes.len() {
+                let mut b = bytes.clone();
+                b[i] ^= 0x10;
+                assert!(
+                    SnapshotHeader::decode(&b).is_err(),
+                    "{c}: flip at {i} went unnoticed"
+                );
+            }
+            // The flags must match the codec.
+            let mut wrong = compressed_header(c);
+            wrong.flags = 0;
+            assert!(wrong.encode().is_err());
+        }
+        // A version 1 payload is a prefix of a version 2 payload: the codec is appended.
+        let v1 = header().encode().unwrap();
+        let v2 = compressed_header(Compression::Zstd).encode().unwrap();
+        let (v1p, v2p) = (&v1[16..v1.len() - 4], &v2[16..v2.len() - 4]);
+        assert_eq!(&v2p[..v1p.len()], v1p);
+        assert_eq!(&v2p[v1p.len()..], &[Compression::Zstd.id()]);
+    }
+
+    #[test]
+    fn header_flags_must_agree_with_the_version_and_the_codec_must_be_known() {
+        let wire = |codec: u8| {
+            let h = header();
+            let states = h
+                .states
+                .iter()
+                .map(|s| StateMetaWireRef {
+                    id: s.id,
+                    name: &s.name,
+                    kind: s.kind.as_str(),
+                    key_type: &s.key_type,
+                    value_type: &s.value_type,
+                    serializer_version: s.serializer_version,
+                })
+                .collect();
+            let v1 = HeaderWireRef {
+                key_group_range: h.key_group_range,
+                max_parallelism: h.max_parallelism,
+                states,
+            };
+            codec::encode("t", &HeaderV2WireRef { v1, codec }).unwrap()
+        };
+        // Version 2 without the flag, with an unknown flag, with codec "none" or an unknown one.
+        for (flags, codec, expect) in [
+            (0, 1, "flags 0x0000"),
+            (FLAG_KEY_GROUP_COMPRESSION | 4, 1, "flags 0x0005"),
+            (FLAG_KEY_GROUP_COMPRESSION, 0, "codec id 0"),
+            (FLAG_KEY_GROUP_COMPRESSION, 9, "codec id 9"),
+        ] {
+            let sealed = seal_with_flags(FORMAT_VERSION_V2, flags, &wire(codec));
+            let e = SnapshotHeader::decode(&sealed).unwrap_err().to_string();
+            assert!(e.contains(expect) && e.contains(HEADER_WHAT), "{e}");
+        }
+        // Version 1 with the compression flag.
+        let v1 = header().encode().unwrap();
+        let sealed = seal_with_flags(FORMAT_VERSION_V1, 1, &v1[16..v1.len() - 4]);
+        let e = SnapshotHeader::decode(&sealed).unwrap_err().to_string();
+        assert!(e.contains("format version 1"), "{e}");
+        // A version this build does not read.
+        let sealed = seal_with_flags(3, 1, &wire(1));
+        assert!(SnapshotHeader::decode(&sealed).is_err());
+    }
+
+    #[test]
+    fn compressed_sections_round_trip_with_each_codec() {
+        for c in [Compression::Lz4, Compression::Zstd] {
+            let mut w = SectionWriter::with_compression(c);
+            let (stored, raw) = similar_section(&mut w, 500);
+            assert!(
+                stored.len() * 4 < raw.len(),
+                "{c}: {} bytes stored for {} raw",
+                stored.len(),
+                raw.len()
+            );
+            assert_eq!(
+                u16::from_le_bytes([stored[4], stored[5]]),
+                SECTION_COMPRESSED | 2
+            );
+            assert_eq!(stored[6], c.id());
+            let parsed = parse_section(5, &stored).unwrap();
+            let expected = parse_section(5, &raw).unwrap();
+            assert_eq!(parsed.compression(), c);
+            assert_eq!(parsed.key_group(), 5);
+            assert_eq!(parsed.blocks_len(), raw.len() - EMPTY_SECTION_LEN);
+            assert_eq!(blocks_of(&parsed), blocks_of(&expected));
+            // Consumed by value, the blocks share the decompressed bytes.
+            let owned: Vec<SectionBlock<'_>> = parsed.clone().into_iter().collect();
+            assert_eq!(owned.len(), 2);
+            assert_eq!(owned[1].as_block(), blocks_of(&expected)[1]);
+            // Deterministic: the same blocks give the same bytes, with a reused writer too.
+            let (again, _) = similar_section(&mut w, 500);
+            assert_eq!(again, stored);
+        }
+    }
+
+    #[test]
+    fn sections_that_would_not_shrink_are_stored_uncompressed() {
+        let mut enc = EntryEncoder::new();
+        let (k, v) = (7u32, 1u64);
+        let (count, entries) = enc.encode([(&k, &v)]).unwrap();
+        let entries = entries.to_vec();
+        for c in Compression::ALL {
+            let mut w = SectionWriter::with_compression(c);
+            w.begin(3);
+            w.block(1, count, &entries).unwrap();
+            let stored = w.finish().unwrap().to_vec();
+            let mut raw = SectionWriter::new();
+            raw.begin(3);
+            raw.block(1, count, &entries).unwrap();
+            assert_eq!(stored, raw.finish().unwrap(), "{c}");
+            assert_eq!(
+                parse_section(3, &stored).unwrap().compression(),
+                Compression::None
+            );
+        }
+    }
+
+    /// The writer never produces what the reader's expansion bounds refuse: runs of zeros are
+    /// the most compressible input for both codecs.
+    #[test]
+    fn the_most_compressible_sections_stay_within_the_readers_bounds() {
+        let zeros = vec![0u8; 8 << 20];
+        for c in [Compression::Lz4, Compression::Zstd] {
+            let mut w = SectionWriter::with_compression(c);
+            w.begin(1);
+            w.block(0, 1, &zeros).unwrap();
+            let stored = w.finish().unwrap().to_vec();
+            let payload = stored.len() - COMPRESSED_SECTION_HEADER_LEN - 4;
+            let ratio = zeros.len() / payload;
+            let parsed = parse_section(1, &stored).unwrap();
+            assert_eq!(parsed.compression(), c);
+            assert_eq!(parsed.get(0).unwrap().entries, &zeros[..], "{c}");
+            assert!(ratio > 100, "{c}: ratio {ratio}");
+        }
+    }
+
+    #[test]
+    fn a_section_counts_at_most_max_states_blocks() {
+        let mut w = SectionWriter::with_compression(Compression::Lz4);
+        w.begin(0);
+        for id in 0..i16::MAX {
+            w.block(id, 0, &[]).unwrap();
+        }
+        // The next count would need bit 15, the compressed marker.
+        assert!(w.block(i16::MAX, 0, &[]).is_err());
+        let stored = w.finish().unwrap().to_vec();
+        assert_eq!(parse_section(0, &stored).unwrap().len(), MAX_STATES);
+    }
+
+    #[test]
+    fn damaged_compressed_sections_name_their_key_group() {
+        for c in [Compression::Lz4, Compression::Zstd] {
+            let mut w = SectionWriter::with_compression(c);
+            let (stored, _) = similar_section(&mut w, 200);
+            let payload = COMPRESSED_SECTION_HEADER_LEN..stored.len() - 4;
+
+            // Any flipped bit fails the checksum.
+            for i in 0..stored.len() {
+                let mut s = stored.clone();
+                s[i] ^= 0x04;
+                let e = parse_section(5, &s).unwrap_err().to_string();
+                assert!(e.contains("key group 5"), "{c}: flip at {i}: {e}");
+            }
+
+            // Forged: the checksum recomputed, so the codec or the framing must catch it.
+            let forged = |edit: &dyn Fn(&mut Vec<u8>)| {
+                let mut s = stored.clone();
+                edit(&mut s);
+                reseal(&mut s);
+                parse_section(5, &s).map(|_| ()).unwrap_err().to_string()
+            };
+            let cannot = format!("{c} cannot decompress");
+            // Garbage instead of the payload.
+            let e = forged(&|s| s[payload.clone()].fill(0xff));
+            assert!(e.contains("key group 5") && e.contains(&cannot), "{c}: {e}");
+            // The payload cut short.
+            let e = forged(&|s| {
+                s.drain(payload.start + (payload.len() / 2)..payload.end);
+            });
+            assert!(e.contains("key group 5"), "{c}: {e}");
+            // A claimed length one byte short of the real one, and one byte over.
+            for delta in [-1i64, 1] {
+                let e = forged(&|s| {
+                    let len = u32::from_le_bytes(s[7..11].try_into().unwrap());
+                    let len = (i64::from(len) + delta) as u32;
+                    s[7..11].copy_from_slice(&len.to_le_bytes());
+                });
+                assert!(e.contains("key group 5"), "{c} {delta}: {e}");
+            }
+            // Absurd lengths are refused before allocating.
+            let e = forged(&|s| s[7..11].copy_from_slice(&u32::MAX.to_le_bytes()));
+            assert!(
+                e.contains("key group 5") && e.contains("refusing to allocate"),
+                "{c}: {e}"
+            );
+            let e = forged(&|s| {
+                let len = c.max_expansion(payload.len()) as u32 + 1;
+                s[7..11].copy_from_slice(&len.to_le_bytes());
+            });
+            assert!(e.contains("refusing to allocate"), "{c}: {e}");
+            // An unknown codec, and a compressed section cut before its length.
+            let e = forged(&|s| s[6] = 0);
+            assert!(e.contains("unknown codec id 0"), "{c}: {e}");
+            let e = forged(&|s| s.truncate(9 + 4));
+            assert!(
+                e.contains("key group 5") && e.contains("truncated"),
+                "{c}: {e}"
+            );
+            // Every flipped byte in the payload, checksum recomputed: an error or (a flip in
+            // a literal byte) other entries, never a panic.
+            for i in payload.clone() {
+                let mut s = stored.clone();
+                s[i] ^= 0x5a;
+                reseal(&mut s);
+                if let Err(e) = parse_section(5, &s) {
+                    assert!(e.to_string().contains("key group 5"), "{c}: {e}");
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Random payloads behind a well-formed compressed section header, with a valid checksum:
+        /// the codecs fail cleanly, never panic.
+        #[test]
+        fn garbage_compressed_payloads_never_panic(
+            codec in 1u8..=2,
+            count in 0u16..4,
+            blocks_len in 0u32..4096,
+            payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+        ) {
+            let mut s = Vec::new();
+            s.extend_from_slice(&9u32.to_le_bytes());
+            s.extend_from_slice(&(SECTION_COMPRESSED | count).to_le_bytes());
+            s.push(codec);
+            s.extend_from_slice(&blocks_len.to_le_bytes());
+            s.extend_from_slice(&payload);
+            s.extend_from_slice(&[0; 4]);
+            reseal(&mut s);
+            if let Err(e) = parse_section(9, &s) {
+                proptest::prop_assert!(e.to_string().contains("key group 9"), "{}", e);
+            }
+        }
     }
 }

@@ -15,12 +15,12 @@
 
 use crate::StateError;
 use crate::format::{
-    self, EntryEncoder, MAX_STATES, SERIALIZER_VERSION, SectionWriter, SnapshotHeader, StateKind,
-    StateMeta,
+    self, Compression, EntryEncoder, MAX_STATES, SERIALIZER_VERSION, SectionWriter, SnapshotHeader,
+    StateKind, StateMeta,
 };
 use crate::keyed::{
-    KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart, StateKey, StateValue,
-    ValueState,
+    Expiry, ExpiryFn, KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart, StateKey,
+    StateOptions, StateValue, ValueState,
 };
 use hashbrown::hash_map::EntryRef;
 use rustc_hash::{FxBuildHasher, FxHashMap};
@@ -39,6 +39,61 @@ struct ValueTable<K, V> {
     groups: Vec<Arc<Group<K, V>>>,
     /// What a key without a value reads as.
     default: Option<V>,
+    /// The expiry check of a TTL state.
+    expiry: Option<ExpiryFn<V>>,
+    /// Whether snapshots leave expired values out.
+    cleanup_full_snapshot: bool,
+    /// Incremental cleanup: the next key group to check, and the entries owed so far.
+    cleanup_cursor: usize,
+    cleanup_budget: usize,
+}
+
+impl<K: StateKey, V: StateValue> ValueTable<K, V> {
+    fn empty(groups: usize) -> Self {
+        ValueTable {
+            groups: (0..groups).map(|_| Arc::new(Group::default())).collect(),
+            default: None,
+            expiry: None,
+            cleanup_full_snapshot: false,
+            cleanup_cursor: 0,
+            cleanup_budget: 0,
+        }
+    }
+
+    /// TTL's incremental cleanup: `budget` more entries are owed; whole key groups are checked
+    /// (in turn) while the owed entries cover them, so the cost per call is `budget` amortized.
+    fn cleanup(&mut self, budget: usize, now_ms: i64) {
+        let Some(expiry) = self.expiry.clone() else {
+            return;
+        };
+        if self.groups.is_empty() {
+            return;
+        }
+        self.cleanup_budget = self.cleanup_budget.saturating_add(budget);
+        for _ in 0..self.groups.len() {
+            let index = self.cleanup_cursor % self.groups.len();
+            let cost = self.groups[index].len().max(1);
+            if self.cleanup_budget < cost {
+                return;
+            }
+            self.cleanup_budget -= cost;
+            self.cleanup_cursor = (index + 1) % self.groups.len();
+            let group = &mut self.groups[index];
+            let stale = group
+                .values()
+                .any(|v| !matches!(expiry(v, now_ms), Expiry::Keep));
+            if stale {
+                Arc::make_mut(group).retain(|_, v| match expiry(v, now_ms) {
+                    Expiry::Keep => true,
+                    Expiry::Drop => false,
+                    Expiry::Replace(new) => {
+                        *v = new;
+                        true
+                    }
+                });
+            }
+        }
+    }
 }
 
 /// A state's table with its value type erased, so the backend can hold states of any types.
@@ -48,7 +103,7 @@ trait ErasedTable<K>: Send + Sync {
     /// For typed write access.
     fn as_any_mut(&mut self) -> &mut dyn Any;
     /// The synchronous part of a snapshot: clones the `Arc` of every key group.
-    fn freeze(&self) -> Box<dyn FrozenTable>;
+    fn freeze(&self, now_ms: i64) -> Box<dyn FrozenTable>;
     /// Number of entries over all key groups.
     fn len(&self) -> usize;
 }
@@ -62,9 +117,14 @@ impl<K: StateKey, V: StateValue> ErasedTable<K> for ValueTable<K, V> {
         self
     }
 
-    fn freeze(&self) -> Box<dyn FrozenTable> {
+    fn freeze(&self, now_ms: i64) -> Box<dyn FrozenTable> {
+        let expiry = match &self.expiry {
+            Some(e) if self.cleanup_full_snapshot => Some((e.clone(), now_ms)),
+            _ => None,
+        };
         Box::new(FrozenValueTable {
             groups: self.groups.clone(),
+            expiry,
         })
     }
 
@@ -87,6 +147,8 @@ trait FrozenTable: Send {
 
 struct FrozenValueTable<K, V> {
     groups: Vec<Arc<Group<K, V>>>,
+    /// TTL's full-snapshot cleanup: expired values are left out, as of the snapshot's time.
+    expiry: Option<(ExpiryFn<V>, i64)>,
 }
 
 impl<K: StateKey, V: StateValue> FrozenTable for FrozenValueTable<K, V> {
@@ -97,13 +159,27 @@ impl<K: StateKey, V: StateValue> FrozenTable for FrozenValueTable<K, V> {
         encoder: &mut EntryEncoder,
         section: &mut SectionWriter,
     ) -> Result<(), StateError> {
-        match self.groups.get(index) {
-            Some(group) if !group.is_empty() => {
-                let (count, bytes) = encoder.encode(group.iter())?;
-                section.block(state_id, count, bytes)
+        let Some(group) = self.groups.get(index).filter(|g| !g.is_empty()) else {
+            return Ok(());
+        };
+        let (count, bytes) = match &self.expiry {
+            None => encoder.encode(group.iter())?,
+            Some((expiry, now)) => {
+                let live: Vec<(&K, std::borrow::Cow<'_, V>)> = group
+                    .iter()
+                    .filter_map(|(k, v)| match expiry(v, *now) {
+                        Expiry::Keep => Some((k, std::borrow::Cow::Borrowed(v))),
+                        Expiry::Drop => None,
+                        Expiry::Replace(new) => Some((k, std::borrow::Cow::Owned(new))),
+                    })
+                    .collect();
+                if live.is_empty() {
+                    return Ok(());
+                }
+                encoder.encode(live.iter().map(|(k, v)| (*k, v.as_ref())))?
             }
-            _ => Ok(()),
-        }
+        };
+        section.block(state_id, count, bytes)
     }
 }
 
@@ -177,6 +253,19 @@ pub struct HeapKeyedStateBackend<K> {
     pending: BTreeMap<String, Arc<PendingState>>,
     /// Which key groups have been restored, by `kg - range.start`; empty before any restore.
     restored: Vec<bool>,
+    /// How snapshots compress their key-group sections.
+    compression: Compression,
+    /// Processing time (ms since the Unix epoch), for TTL's full-snapshot cleanup.
+    clock: TtlClock,
+}
+
+/// A processing-time clock in ms since the Unix epoch (TTL's time provider).
+pub type TtlClock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl<K> fmt::Debug for HeapKeyedStateBackend<K> {
@@ -189,6 +278,7 @@ impl<K> fmt::Debug for HeapKeyedStateBackend<K> {
                 &self.states.iter().map(|s| &s.name).collect::<Vec<_>>(),
             )
             .field("pending", &self.pending.keys().collect::<Vec<_>>())
+            .field("compression", &self.compression)
             .finish()
     }
 }
@@ -210,7 +300,37 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
             by_name: FxHashMap::default(),
             pending: BTreeMap::new(),
             restored: Vec::new(),
+            compression: Compression::None,
+            clock: Arc::new(wall_clock_ms),
         }
+    }
+
+    /// This backend, with `clock` as the processing time of TTL's full-snapshot cleanup (tests
+    /// use a controllable clock; the default is the wall clock).
+    pub fn with_clock(mut self, clock: TtlClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// This backend, writing its snapshots with `compression` (Flink's
+    /// `execution.checkpointing.snapshot-compression`): each key group's section is compressed
+    /// with the codec, and the snapshot is written in format version 2. With
+    /// [`Compression::None`], the default, snapshots are written uncompressed in version 1.
+    /// Restore reads snapshots of any codec, whatever this setting.
+    pub fn with_compression(mut self, compression: Compression) -> Self {
+        self.compression = compression;
+        self
+    }
+
+    /// Sets how later snapshots compress their sections (see
+    /// [`with_compression`](Self::with_compression)); a snapshot already taken keeps its codec.
+    pub fn set_compression(&mut self, compression: Compression) {
+        self.compression = compression;
+    }
+
+    /// How snapshots compress their key-group sections.
+    pub fn compression(&self) -> Compression {
+        self.compression
     }
 
     /// Every entry of a value state, in no particular order.
@@ -328,7 +448,7 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
         }
         Ok(ValueTable {
             groups,
-            default: None,
+            ..ValueTable::empty(0)
         })
     }
 }
@@ -356,7 +476,7 @@ impl KeyedSnapshot for HeapSnapshot {
         let mut pos = header.len() as u64;
         let range = self.header.key_group_range;
         let mut offsets = Vec::with_capacity(range.len() as usize);
-        let mut section = SectionWriter::new();
+        let mut section = SectionWriter::with_compression(self.header.compression);
         let mut encoder = EntryEncoder::new();
         for (index, kg) in range.iter().enumerate() {
             offsets.push(pos);
@@ -364,7 +484,7 @@ impl KeyedSnapshot for HeapSnapshot {
             for (meta, table) in self.header.states.iter().zip(&self.tables) {
                 table.write_group(index, meta.id, &mut encoder, &mut section)?;
             }
-            let bytes = section.finish();
+            let bytes = section.finish()?;
             out.write_all(bytes)?;
             pos += bytes.len() as u64;
         }
@@ -390,7 +510,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         &mut self,
         name: &str,
         kind: StateKind,
-        default: Option<V>,
+        options: StateOptions<V>,
     ) -> Result<ValueState<V>, StateError> {
         let value_type = type_name::<V>();
         if let Some(&id) = self.by_name.get(name) {
@@ -422,12 +542,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
             });
         }
         let table = match &pending {
-            None => ValueTable::<K, V> {
-                groups: (0..self.range.len())
-                    .map(|_| Arc::new(Group::default()))
-                    .collect(),
-                default: None,
-            },
+            None => ValueTable::<K, V>::empty(self.range.len() as usize),
             Some(p) => {
                 if p.kind != kind {
                     return Err(incompatible(
@@ -461,7 +576,12 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                 self.decode_pending::<V>(name, p)?
             }
         };
-        let table = ValueTable { default, ..table };
+        let table = ValueTable {
+            default: options.default,
+            expiry: options.expiry,
+            cleanup_full_snapshot: options.cleanup_full_snapshot,
+            ..table
+        };
         let id = u16::try_from(self.states.len()).map_err(|_| StateError::TooManyStates {
             name: name.to_string(),
             count,
@@ -535,7 +655,18 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         }
     }
 
+    fn cleanup_expired<V: StateValue>(&mut self, state: ValueState<V>, budget: usize, now_ms: i64) {
+        if let Some(table) = self
+            .states
+            .get_mut(usize::from(state.id))
+            .and_then(|s| s.table.as_any_mut().downcast_mut::<ValueTable<K, V>>())
+        {
+            table.cleanup(budget, now_ms);
+        }
+    }
+
     fn snapshot(&mut self) -> Result<Box<dyn KeyedSnapshot>, StateError> {
+        let now_ms = (self.clock)();
         let total = self.states.len() + self.pending.len();
         if total > MAX_STATES {
             return Err(StateError::TooManyStates {
@@ -558,7 +689,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                 value_type: registered.value_type.to_string(),
                 serializer_version: SERIALIZER_VERSION,
             });
-            tables.push(registered.table.freeze());
+            tables.push(registered.table.freeze(now_ms));
         }
         for ((name, pending), id) in self.pending.iter().zip(&mut ids) {
             metas.push(pending.meta(id, name));
@@ -566,7 +697,8 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         }
         Ok(Box::new(HeapSnapshot {
             header: SnapshotHeader {
-                flags: 0,
+                flags: self.compression.header_flags(),
+                compression: self.compression,
                 key_group_range: self.range,
                 max_parallelism: self.max_parallelism,
                 states: metas,
@@ -676,7 +808,18 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                         )));
                     }
                 }
-                for block in format::parse_section(kg, bytes)? {
+                let section = format::parse_section(kg, bytes)?;
+                let stored = section.compression();
+                if stored.is_enabled() && stored != header.compression {
+                    return Err(StateError::Core(CoreError::Corrupt {
+                        what: format!("keyed snapshot section of key group {kg}"),
+                        reason: format!(
+                            "it is compressed with {stored}, and the header's codec is {}",
+                            header.compression
+                        ),
+                    }));
+                }
+                for block in &section {
                     let meta = usize::try_from(block.state_id)
                         .ok()
                         .and_then(|i| header.states.get(i))

@@ -8,7 +8,7 @@
 //! backend implements one primitive and the kinds' semantics live here, once.
 
 use crate::StateError;
-use serde::{Serialize, de::DeserializeOwned};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use std::collections::BTreeMap;
 use std::hash::Hash;
 use std::marker::PhantomData;
@@ -32,14 +32,224 @@ impl<T> StateValue for T where T: Clone + Serialize + DeserializeOwned + Send + 
 
 pub use crate::format::StateKind;
 
+/// When a state's entries expire (Flink's `StateTtlConfig`), on processing time: an entry not
+/// written (or, with [`TtlUpdateType::OnReadAndWrite`], read) for `ttl` is expired. For list
+/// and map states each element or entry expires on its own.
+///
+/// Expired entries are never handed out (unless [`TtlVisibility::ReturnExpiredIfNotCleanedUp`])
+/// and are cleaned up on access, from full snapshots ([`cleanup_full_snapshot`]), and
+/// incrementally: each access of the state checks [`incremental_cleanup_size`] more entries,
+/// key group by key group.
+///
+/// [`cleanup_full_snapshot`]: Self::cleanup_full_snapshot
+/// [`incremental_cleanup_size`]: Self::incremental_cleanup_size
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateTtlConfig {
+    /// How long an entry lives after its last update.
+    pub ttl: std::time::Duration,
+    /// What renews an entry's time.
+    pub update_type: TtlUpdateType,
+    /// Whether expired entries that are still stored may be returned.
+    pub visibility: TtlVisibility,
+    /// Leave expired entries out of snapshots (Flink's `cleanupFullSnapshot`; default on).
+    pub cleanup_full_snapshot: bool,
+    /// Entries checked for expiry per state access (Flink's `cleanupIncrementally`, default 5;
+    /// 0 turns it off).
+    pub incremental_cleanup_size: usize,
+}
+
+impl StateTtlConfig {
+    /// Entries live `ttl` after their last write; expired entries are never returned.
+    pub fn new(ttl: std::time::Duration) -> Self {
+        StateTtlConfig {
+            ttl,
+            update_type: TtlUpdateType::OnCreateAndWrite,
+            visibility: TtlVisibility::NeverReturnExpired,
+            cleanup_full_snapshot: true,
+            incremental_cleanup_size: 5,
+        }
+    }
+
+    /// The same, renewing the time on `update_type`.
+    pub fn update_type(mut self, update_type: TtlUpdateType) -> Self {
+        self.update_type = update_type;
+        self
+    }
+
+    /// The same, with `visibility`.
+    pub fn visibility(mut self, visibility: TtlVisibility) -> Self {
+        self.visibility = visibility;
+        self
+    }
+
+    /// The same, checking `entries` per access (0: no incremental cleanup).
+    pub fn incremental_cleanup(mut self, entries: usize) -> Self {
+        self.incremental_cleanup_size = entries;
+        self
+    }
+
+    /// The same, keeping expired entries in snapshots.
+    pub fn without_full_snapshot_cleanup(mut self) -> Self {
+        self.cleanup_full_snapshot = false;
+        self
+    }
+
+    fn ttl_ms(&self) -> i64 {
+        i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Whether an entry last renewed at `last_access_ms` has expired at `now_ms`.
+    pub fn is_expired(&self, last_access_ms: i64, now_ms: i64) -> bool {
+        last_access_ms.saturating_add(self.ttl_ms()) <= now_ms
+    }
+}
+
+/// What renews a TTL entry's time (Flink's `StateTtlConfig.UpdateType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TtlUpdateType {
+    /// Creating or writing it.
+    OnCreateAndWrite,
+    /// Reading it too.
+    OnReadAndWrite,
+}
+
+/// Whether an expired entry that is still stored may be returned (Flink's
+/// `StateTtlConfig.StateVisibility`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TtlVisibility {
+    /// Never: an expired entry reads as absent (and is removed).
+    NeverReturnExpired,
+    /// Yes, until a cleanup removes it.
+    ReturnExpiredIfNotCleanedUp,
+}
+
+/// A value with the time it was last renewed: how TTL states store each value, list element
+/// and map entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TtlValue<V> {
+    /// The value.
+    pub value: V,
+    /// When it was last renewed, in ms since the Unix epoch.
+    pub last_access_ms: i64,
+}
+
+/// What a cleanup does with one stored value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expiry<V> {
+    /// Keep it as it is.
+    Keep,
+    /// Remove the key: everything in it expired.
+    Drop,
+    /// Keep this instead (some elements of a list or map expired).
+    Replace(V),
+}
+
+/// A state's expiry check, registered with it: the backend applies it to stored values when it
+/// cleans up (in snapshots and incrementally), without knowing what TTL is.
+pub type ExpiryFn<V> = Arc<dyn Fn(&V, i64) -> Expiry<V> + Send + Sync>;
+
+/// What a state is registered with besides its name and kind.
+pub struct StateOptions<V> {
+    /// What a key without a value reads as.
+    pub default: Option<V>,
+    /// The expiry check of a TTL state.
+    pub expiry: Option<ExpiryFn<V>>,
+    /// Whether snapshots leave expired values out.
+    pub cleanup_full_snapshot: bool,
+}
+
+impl<V> Default for StateOptions<V> {
+    fn default() -> Self {
+        StateOptions {
+            default: None,
+            expiry: None,
+            cleanup_full_snapshot: false,
+        }
+    }
+}
+
+fn ttl_options<V: 'static>(
+    ttl: &StateTtlConfig,
+    expiry: impl Fn(&V, i64) -> Expiry<V> + Send + Sync + 'static,
+) -> StateOptions<V> {
+    StateOptions {
+        default: None,
+        expiry: Some(Arc::new(expiry)),
+        cleanup_full_snapshot: ttl.cleanup_full_snapshot,
+    }
+}
+
+fn value_expiry<V: Clone>(
+    ttl: StateTtlConfig,
+) -> impl Fn(&TtlValue<V>, i64) -> Expiry<TtlValue<V>> {
+    move |v, now| {
+        if ttl.is_expired(v.last_access_ms, now) {
+            Expiry::Drop
+        } else {
+            Expiry::Keep
+        }
+    }
+}
+
+fn list_expiry<V: Clone>(
+    ttl: StateTtlConfig,
+) -> impl Fn(&Vec<TtlValue<V>>, i64) -> Expiry<Vec<TtlValue<V>>> {
+    move |list, now| {
+        let live = list
+            .iter()
+            .filter(|e| !ttl.is_expired(e.last_access_ms, now))
+            .count();
+        if live == list.len() {
+            Expiry::Keep
+        } else if live == 0 {
+            Expiry::Drop
+        } else {
+            Expiry::Replace(
+                list.iter()
+                    .filter(|e| !ttl.is_expired(e.last_access_ms, now))
+                    .cloned()
+                    .collect(),
+            )
+        }
+    }
+}
+
+/// How a TTL map state stores each key's map.
+type TtlMap<UK, UV> = BTreeMap<UK, TtlValue<UV>>;
+
+fn map_expiry<UK: MapKey, UV: Clone>(
+    ttl: StateTtlConfig,
+) -> impl Fn(&TtlMap<UK, UV>, i64) -> Expiry<TtlMap<UK, UV>> {
+    move |map, now| {
+        let live = map
+            .values()
+            .filter(|e| !ttl.is_expired(e.last_access_ms, now))
+            .count();
+        if live == map.len() {
+            Expiry::Keep
+        } else if live == 0 {
+            Expiry::Drop
+        } else {
+            Expiry::Replace(
+                map.iter()
+                    .filter(|(_, e)| !ttl.is_expired(e.last_access_ms, now))
+                    .map(|(k, e)| (k.clone(), e.clone()))
+                    .collect(),
+            )
+        }
+    }
+}
+
 /// Describes a value state: its name (unique within the operator), value type and default.
 #[derive(Debug, Clone)]
 pub struct ValueStateDescriptor<V> {
     /// The state's name.
     pub name: String,
     /// What [`KeyedStateBackend::value`] returns for a key without a value (Flink's default
-    /// value); `None` by default.
+    /// value); `None` by default. Not used by TTL states.
     pub default: Option<V>,
+    /// Time-to-live of the values.
+    pub ttl: Option<StateTtlConfig>,
 }
 
 impl<V: StateValue> ValueStateDescriptor<V> {
@@ -48,7 +258,14 @@ impl<V: StateValue> ValueStateDescriptor<V> {
         ValueStateDescriptor {
             name: name.into(),
             default: None,
+            ttl: None,
         }
+    }
+
+    /// The same, with a time-to-live.
+    pub fn enable_ttl(mut self, ttl: StateTtlConfig) -> Self {
+        self.ttl = Some(ttl);
+        self
     }
 
     /// The same, with a default value for keys without one.
@@ -68,6 +285,8 @@ impl<V: StateValue> ValueStateDescriptor<V> {
 pub struct ListStateDescriptor<V> {
     /// The state's name.
     pub name: String,
+    /// Time-to-live of each element.
+    pub ttl: Option<StateTtlConfig>,
     _value: PhantomData<fn() -> V>,
 }
 
@@ -76,8 +295,15 @@ impl<V: StateValue> ListStateDescriptor<V> {
     pub fn new(name: impl Into<String>) -> Self {
         ListStateDescriptor {
             name: name.into(),
+            ttl: None,
             _value: PhantomData,
         }
+    }
+
+    /// The same, with a time-to-live per element.
+    pub fn enable_ttl(mut self, ttl: StateTtlConfig) -> Self {
+        self.ttl = Some(ttl);
+        self
     }
 }
 
@@ -86,6 +312,8 @@ impl<V: StateValue> ListStateDescriptor<V> {
 pub struct MapStateDescriptor<UK, UV> {
     /// The state's name.
     pub name: String,
+    /// Time-to-live of each entry.
+    pub ttl: Option<StateTtlConfig>,
     _types: PhantomData<fn() -> (UK, UV)>,
 }
 
@@ -94,8 +322,15 @@ impl<UK: MapKey, UV: StateValue> MapStateDescriptor<UK, UV> {
     pub fn new(name: impl Into<String>) -> Self {
         MapStateDescriptor {
             name: name.into(),
+            ttl: None,
             _types: PhantomData,
         }
+    }
+
+    /// The same, with a time-to-live per entry.
+    pub fn enable_ttl(mut self, ttl: StateTtlConfig) -> Self {
+        self.ttl = Some(ttl);
+        self
     }
 }
 
@@ -110,9 +345,17 @@ pub struct ReducingStateDescriptor<V> {
     pub name: String,
     /// The reduce function.
     pub reduce: ReduceFn<V>,
+    /// Time-to-live of the reduced value.
+    pub ttl: Option<StateTtlConfig>,
 }
 
 impl<V: StateValue> ReducingStateDescriptor<V> {
+    /// The same, with a time-to-live.
+    pub fn enable_ttl(mut self, ttl: StateTtlConfig) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
     /// A descriptor for a reducing state called `name`.
     pub fn new(
         name: impl Into<String>,
@@ -121,6 +364,7 @@ impl<V: StateValue> ReducingStateDescriptor<V> {
         ReducingStateDescriptor {
             name: name.into(),
             reduce: Arc::new(reduce),
+            ttl: None,
         }
     }
 }
@@ -153,6 +397,8 @@ pub struct AggregatingStateDescriptor<IN, ACC, OUT> {
     pub name: String,
     /// The aggregate function.
     pub function: Arc<dyn AggregateFunction<IN, ACC, OUT>>,
+    /// Time-to-live of the accumulator.
+    pub ttl: Option<StateTtlConfig>,
 }
 
 impl<IN, ACC, OUT> Clone for AggregatingStateDescriptor<IN, ACC, OUT> {
@@ -160,6 +406,7 @@ impl<IN, ACC, OUT> Clone for AggregatingStateDescriptor<IN, ACC, OUT> {
         AggregatingStateDescriptor {
             name: self.name.clone(),
             function: self.function.clone(),
+            ttl: self.ttl,
         }
     }
 }
@@ -170,7 +417,14 @@ impl<IN: 'static, ACC: StateValue, OUT: 'static> AggregatingStateDescriptor<IN, 
         AggregatingStateDescriptor {
             name: name.into(),
             function: Arc::new(function),
+            ttl: None,
         }
+    }
+
+    /// The same, with a time-to-live.
+    pub fn enable_ttl(mut self, ttl: StateTtlConfig) -> Self {
+        self.ttl = Some(ttl);
+        self
     }
 }
 
@@ -193,6 +447,9 @@ impl<T> MapKey for T where T: Ord + Clone + Serialize + DeserializeOwned + Send 
 pub struct ValueState<V> {
     /// The state's index in its backend.
     pub id: u16,
+    /// Its time-to-live. A TTL state stores [`TtlValue`]s: reach it through [`KeyedAccess`],
+    /// not the backend's primitive calls.
+    pub ttl: Option<StateTtlConfig>,
     _value: PhantomData<fn() -> V>,
 }
 
@@ -201,8 +458,14 @@ impl<V> ValueState<V> {
     pub fn from_id(id: u16) -> Self {
         ValueState {
             id,
+            ttl: None,
             _value: PhantomData,
         }
+    }
+
+    /// The same state as stored: for a TTL state, its values wrapped with their times.
+    fn stored<S>(self) -> ValueState<S> {
+        ValueState::from_id(self.id)
     }
 }
 
@@ -276,21 +539,84 @@ impl<IN, ACC, OUT> Clone for AggregatingState<IN, ACC, OUT> {
 }
 
 /// The states of one key: typed views that carry the key and its key group, so each call reads
-/// like Flink's (`list.add(v)` for the current key).
+/// like Flink's (`list.add(v)` for the current key). It also applies time-to-live: TTL states
+/// are stored as [`TtlValue`]s, and every call here wraps, checks and renews them, and gives the
+/// backend its incremental cleanup budget.
 pub struct KeyedAccess<'a, K, B: ?Sized> {
     backend: &'a mut B,
     key: &'a K,
     key_group: KeyGroup,
+    now_ms: i64,
+}
+
+/// The elements of a list state, as [`KeyedAccess::list`] returns them.
+#[derive(Debug, Clone)]
+pub enum ListIter<'a, V> {
+    /// Of a plain list.
+    Plain(std::slice::Iter<'a, V>),
+    /// Of a TTL list.
+    Ttl(std::slice::Iter<'a, TtlValue<V>>),
+}
+
+impl<V: Clone> ListIter<'_, V> {
+    /// The elements, copied out.
+    pub fn to_vec(self) -> Vec<V> {
+        self.cloned().collect()
+    }
+}
+
+impl<'a, V> Iterator for ListIter<'a, V> {
+    type Item = &'a V;
+
+    fn next(&mut self) -> Option<&'a V> {
+        match self {
+            ListIter::Plain(i) => i.next(),
+            ListIter::Ttl(i) => i.next().map(|e| &e.value),
+        }
+    }
+}
+
+/// The entries of a map state, in key order, as [`KeyedAccess::map_entries`] returns them.
+#[derive(Debug, Clone)]
+pub enum MapIter<'a, UK, UV> {
+    /// Of a plain map.
+    Plain(std::collections::btree_map::Iter<'a, UK, UV>),
+    /// Of a TTL map.
+    Ttl(std::collections::btree_map::Iter<'a, UK, TtlValue<UV>>),
+    /// No map.
+    Empty,
+}
+
+impl<'a, UK, UV> Iterator for MapIter<'a, UK, UV> {
+    type Item = (&'a UK, &'a UV);
+
+    fn next(&mut self) -> Option<(&'a UK, &'a UV)> {
+        match self {
+            MapIter::Plain(i) => i.next(),
+            MapIter::Ttl(i) => i.next().map(|(k, e)| (k, &e.value)),
+            MapIter::Empty => None,
+        }
+    }
 }
 
 impl<'a, K: StateKey, B: KeyedStateBackend<K>> KeyedAccess<'a, K, B> {
-    /// The states of `key`, whose key group is `key_group`.
+    /// The states of `key`, whose key group is `key_group`, at the wall clock's time.
     pub fn new(backend: &'a mut B, key: &'a K, key_group: KeyGroup) -> Self {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
         KeyedAccess {
             backend,
             key,
             key_group,
+            now_ms,
         }
+    }
+
+    /// The same, with TTL decided at `now_ms` (ms since the Unix epoch): a controllable clock.
+    pub fn at(mut self, now_ms: i64) -> Self {
+        self.now_ms = now_ms;
+        self
     }
 
     /// The key.
@@ -298,14 +624,91 @@ impl<'a, K: StateKey, B: KeyedStateBackend<K>> KeyedAccess<'a, K, B> {
         self.key
     }
 
+    fn cleanup<S: StateValue>(&mut self, raw: ValueState<S>, ttl: &StateTtlConfig) {
+        if ttl.incremental_cleanup_size > 0 {
+            self.backend
+                .cleanup_expired(raw, ttl.incremental_cleanup_size, self.now_ms);
+        }
+    }
+
+    /// Reads one TTL value: `None` if absent, or expired and not visible (then removed);
+    /// renewed on read if so configured.
+    fn ttl_read<V: StateValue>(
+        &mut self,
+        raw: ValueState<TtlValue<V>>,
+        ttl: StateTtlConfig,
+    ) -> bool {
+        let (key, kg, now) = (self.key, self.key_group, self.now_ms);
+        let Some(stored) = self.backend.value(raw, key, kg) else {
+            return false;
+        };
+        if ttl.is_expired(stored.last_access_ms, now) {
+            return match ttl.visibility {
+                TtlVisibility::NeverReturnExpired => {
+                    self.backend.clear(raw, key, kg);
+                    false
+                }
+                TtlVisibility::ReturnExpiredIfNotCleanedUp => true,
+            };
+        }
+        if ttl.update_type == TtlUpdateType::OnReadAndWrite {
+            let e = self
+                .backend
+                .value_mut_or_insert(raw, key, kg, unreachable_ttl);
+            e.last_access_ms = now;
+        }
+        true
+    }
+
     /// A value state's value (or its descriptor's default).
-    pub fn value<V: StateValue>(&self, state: ValueState<V>) -> Option<&V> {
-        self.backend.value(state, self.key, self.key_group)
+    pub fn value<V: StateValue>(&mut self, state: ValueState<V>) -> Option<&V> {
+        let Some(ttl) = state.ttl else {
+            return self.backend.value(state, self.key, self.key_group);
+        };
+        let raw = state.stored::<TtlValue<V>>();
+        self.cleanup(raw, &ttl);
+        if !self.ttl_read(raw, ttl) {
+            return None;
+        }
+        self.backend
+            .value(raw, self.key, self.key_group)
+            .map(|e| &e.value)
+    }
+
+    /// Like [`value`](Self::value), consuming the access so the value can outlive it.
+    pub fn into_value<V: StateValue>(mut self, state: ValueState<V>) -> Option<&'a V> {
+        let (key, kg) = (self.key, self.key_group);
+        let Some(ttl) = state.ttl else {
+            let backend: &'a B = self.backend;
+            return backend.value(state, key, kg);
+        };
+        let raw = state.stored::<TtlValue<V>>();
+        self.cleanup(raw, &ttl);
+        if !self.ttl_read(raw, ttl) {
+            return None;
+        }
+        let backend: &'a B = self.backend;
+        backend.value(raw, key, kg).map(|e| &e.value)
     }
 
     /// Sets a value state's value.
     pub fn update<V: StateValue>(&mut self, state: ValueState<V>, value: V) {
-        self.backend.update(state, self.key, self.key_group, value)
+        match state.ttl {
+            None => self.backend.update(state, self.key, self.key_group, value),
+            Some(ttl) => {
+                let raw = state.stored::<TtlValue<V>>();
+                self.backend.update(
+                    raw,
+                    self.key,
+                    self.key_group,
+                    TtlValue {
+                        value,
+                        last_access_ms: self.now_ms,
+                    },
+                );
+                self.cleanup(raw, &ttl);
+            }
+        }
     }
 
     /// Clears a value state.
@@ -313,18 +716,52 @@ impl<'a, K: StateKey, B: KeyedStateBackend<K>> KeyedAccess<'a, K, B> {
         self.backend.clear(state, self.key, self.key_group)
     }
 
-    /// A list state's list; empty when there is none.
-    pub fn list<V: StateValue>(&self, state: ListState<V>) -> &[V] {
-        self.backend
-            .value(state.raw, self.key, self.key_group)
-            .map_or(&[], Vec::as_slice)
+    /// Clears a list, map, reducing or aggregating state (through its handle's `raw`).
+    pub fn clear_raw<V: StateValue>(&mut self, raw: ValueState<V>) {
+        self.backend.clear(raw, self.key, self.key_group)
+    }
+
+    /// A list state's elements; none when there is no list.
+    pub fn list<V: StateValue>(&mut self, state: ListState<V>) -> ListIter<'_, V> {
+        let (key, kg, now) = (self.key, self.key_group, self.now_ms);
+        let Some(ttl) = state.raw.ttl else {
+            return ListIter::Plain(
+                self.backend
+                    .value(state.raw, key, kg)
+                    .map_or(&[][..], Vec::as_slice)
+                    .iter(),
+            );
+        };
+        let raw = state.raw.stored::<Vec<TtlValue<V>>>();
+        self.cleanup(raw, &ttl);
+        let never = ttl.visibility == TtlVisibility::NeverReturnExpired;
+        let renew = ttl.update_type == TtlUpdateType::OnReadAndWrite;
+        let needs_write = self.backend.value(raw, key, kg).is_some_and(|l| {
+            renew || (never && l.iter().any(|e| ttl.is_expired(e.last_access_ms, now)))
+        });
+        if needs_write {
+            let list = self.backend.value_mut_or_insert(raw, key, kg, Vec::new);
+            if never {
+                list.retain(|e| !ttl.is_expired(e.last_access_ms, now));
+            }
+            if renew {
+                list.iter_mut().for_each(|e| e.last_access_ms = now);
+            }
+            if list.is_empty() {
+                self.backend.clear(raw, key, kg);
+            }
+        }
+        ListIter::Ttl(
+            self.backend
+                .value(raw, key, kg)
+                .map_or(&[][..], Vec::as_slice)
+                .iter(),
+        )
     }
 
     /// Appends to a list state's list.
     pub fn list_add<V: StateValue>(&mut self, state: ListState<V>, value: V) {
-        self.backend
-            .value_mut_or_insert(state.raw, self.key, self.key_group, Vec::new)
-            .push(value)
+        self.list_add_all(state, std::iter::once(value))
     }
 
     /// Appends every value to a list state's list.
@@ -334,37 +771,114 @@ impl<'a, K: StateKey, B: KeyedStateBackend<K>> KeyedAccess<'a, K, B> {
         values: impl IntoIterator<Item = V>,
     ) {
         let mut values = values.into_iter().peekable();
-        if values.peek().is_some() {
-            self.backend
-                .value_mut_or_insert(state.raw, self.key, self.key_group, Vec::new)
-                .extend(values)
+        if values.peek().is_none() {
+            return;
+        }
+        let (key, kg, now) = (self.key, self.key_group, self.now_ms);
+        match state.raw.ttl {
+            None => self
+                .backend
+                .value_mut_or_insert(state.raw, key, kg, Vec::new)
+                .extend(values),
+            Some(ttl) => {
+                let raw = state.raw.stored::<Vec<TtlValue<V>>>();
+                self.backend
+                    .value_mut_or_insert(raw, key, kg, Vec::new)
+                    .extend(values.map(|value| TtlValue {
+                        value,
+                        last_access_ms: now,
+                    }));
+                self.cleanup(raw, &ttl);
+            }
         }
     }
 
     /// Replaces a list state's list; an empty list clears it (as in Flink).
     pub fn list_update<V: StateValue>(&mut self, state: ListState<V>, values: Vec<V>) {
         if values.is_empty() {
-            self.backend.clear(state.raw, self.key, self.key_group)
-        } else {
-            self.backend
-                .update(state.raw, self.key, self.key_group, values)
+            return self.backend.clear(state.raw, self.key, self.key_group);
+        }
+        match state.raw.ttl {
+            None => self
+                .backend
+                .update(state.raw, self.key, self.key_group, values),
+            Some(ttl) => {
+                let raw = state.raw.stored::<Vec<TtlValue<V>>>();
+                let now = self.now_ms;
+                let wrapped = values
+                    .into_iter()
+                    .map(|value| TtlValue {
+                        value,
+                        last_access_ms: now,
+                    })
+                    .collect();
+                self.backend.update(raw, self.key, self.key_group, wrapped);
+                self.cleanup(raw, &ttl);
+            }
         }
     }
 
     /// The value a map state maps `user_key` to.
     pub fn map_get<UK: MapKey, UV: StateValue>(
-        &self,
+        &mut self,
         state: MapState<UK, UV>,
         user_key: &UK,
     ) -> Option<&UV> {
-        self.backend
-            .value(state.raw, self.key, self.key_group)
+        let (key, kg, now) = (self.key, self.key_group, self.now_ms);
+        let Some(ttl) = state.raw.ttl else {
+            return self
+                .backend
+                .value(state.raw, key, kg)
+                .and_then(|m| m.get(user_key));
+        };
+        let raw = state.raw.stored::<BTreeMap<UK, TtlValue<UV>>>();
+        self.cleanup(raw, &ttl);
+        let last = self
+            .backend
+            .value(raw, key, kg)
             .and_then(|m| m.get(user_key))
+            .map(|e| e.last_access_ms)?;
+        if ttl.is_expired(last, now) {
+            match ttl.visibility {
+                TtlVisibility::NeverReturnExpired => {
+                    self.ttl_map_remove(raw, user_key);
+                    return None;
+                }
+                TtlVisibility::ReturnExpiredIfNotCleanedUp => {}
+            }
+        } else if ttl.update_type == TtlUpdateType::OnReadAndWrite
+            && let Some(e) = self
+                .backend
+                .value_mut_or_insert(raw, key, kg, BTreeMap::new)
+                .get_mut(user_key)
+        {
+            e.last_access_ms = now;
+        }
+        self.backend
+            .value(raw, key, kg)
+            .and_then(|m| m.get(user_key))
+            .map(|e| &e.value)
+    }
+
+    fn ttl_map_remove<UK: MapKey, UV: StateValue>(
+        &mut self,
+        raw: ValueState<BTreeMap<UK, TtlValue<UV>>>,
+        user_key: &UK,
+    ) -> Option<UV> {
+        let (key, kg) = (self.key, self.key_group);
+        let map = self
+            .backend
+            .value_mut_or_insert(raw, key, kg, BTreeMap::new);
+        let removed = map.remove(user_key).map(|e| e.value);
+        if map.is_empty() {
+            self.backend.clear(raw, key, kg);
+        }
+        removed
     }
 
     /// Whether a map state has `user_key`.
     pub fn map_contains<UK: MapKey, UV: StateValue>(
-        &self,
+        &mut self,
         state: MapState<UK, UV>,
         user_key: &UK,
     ) -> bool {
@@ -378,9 +892,27 @@ impl<'a, K: StateKey, B: KeyedStateBackend<K>> KeyedAccess<'a, K, B> {
         user_key: UK,
         value: UV,
     ) {
-        self.backend
-            .value_mut_or_insert(state.raw, self.key, self.key_group, BTreeMap::new)
-            .insert(user_key, value);
+        let (key, kg, now) = (self.key, self.key_group, self.now_ms);
+        match state.raw.ttl {
+            None => {
+                self.backend
+                    .value_mut_or_insert(state.raw, key, kg, BTreeMap::new)
+                    .insert(user_key, value);
+            }
+            Some(ttl) => {
+                let raw = state.raw.stored::<BTreeMap<UK, TtlValue<UV>>>();
+                self.backend
+                    .value_mut_or_insert(raw, key, kg, BTreeMap::new)
+                    .insert(
+                        user_key,
+                        TtlValue {
+                            value,
+                            last_access_ms: now,
+                        },
+                    );
+                self.cleanup(raw, &ttl);
+            }
+        }
     }
 
     /// Removes `user_key` from a map state; the map goes when its last entry does.
@@ -389,56 +921,92 @@ impl<'a, K: StateKey, B: KeyedStateBackend<K>> KeyedAccess<'a, K, B> {
         state: MapState<UK, UV>,
         user_key: &UK,
     ) -> Option<UV> {
-        if !self.map_contains(state, user_key) {
+        let (key, kg) = (self.key, self.key_group);
+        if state.raw.ttl.is_some() {
+            let raw = state.raw.stored::<BTreeMap<UK, TtlValue<UV>>>();
+            if !self
+                .backend
+                .value(raw, key, kg)
+                .is_some_and(|m| m.contains_key(user_key))
+            {
+                return None;
+            }
+            return self.ttl_map_remove(raw, user_key);
+        }
+        if !self
+            .backend
+            .value(state.raw, key, kg)
+            .is_some_and(|m| m.contains_key(user_key))
+        {
             return None;
         }
-        let map =
-            self.backend
-                .value_mut_or_insert(state.raw, self.key, self.key_group, BTreeMap::new);
+        let map = self
+            .backend
+            .value_mut_or_insert(state.raw, key, kg, BTreeMap::new);
         let removed = map.remove(user_key);
         if map.is_empty() {
-            self.backend.clear(state.raw, self.key, self.key_group);
+            self.backend.clear(state.raw, key, kg);
         }
         removed
     }
 
     /// A map state's entries, in key order.
     pub fn map_entries<UK: MapKey, UV: StateValue>(
-        &self,
+        &mut self,
         state: MapState<UK, UV>,
-    ) -> impl Iterator<Item = (&UK, &UV)> {
-        self.backend
-            .value(state.raw, self.key, self.key_group)
-            .into_iter()
-            .flat_map(|m| m.iter())
+    ) -> MapIter<'_, UK, UV> {
+        let (key, kg, now) = (self.key, self.key_group, self.now_ms);
+        let Some(ttl) = state.raw.ttl else {
+            return match self.backend.value(state.raw, key, kg) {
+                Some(m) => MapIter::Plain(m.iter()),
+                None => MapIter::Empty,
+            };
+        };
+        let raw = state.raw.stored::<BTreeMap<UK, TtlValue<UV>>>();
+        self.cleanup(raw, &ttl);
+        let never = ttl.visibility == TtlVisibility::NeverReturnExpired;
+        let renew = ttl.update_type == TtlUpdateType::OnReadAndWrite;
+        let needs_write = self.backend.value(raw, key, kg).is_some_and(|m| {
+            renew || (never && m.values().any(|e| ttl.is_expired(e.last_access_ms, now)))
+        });
+        if needs_write {
+            let map = self
+                .backend
+                .value_mut_or_insert(raw, key, kg, BTreeMap::new);
+            if never {
+                map.retain(|_, e| !ttl.is_expired(e.last_access_ms, now));
+            }
+            if renew {
+                map.values_mut().for_each(|e| e.last_access_ms = now);
+            }
+            if map.is_empty() {
+                self.backend.clear(raw, key, kg);
+            }
+        }
+        match self.backend.value(raw, key, kg) {
+            Some(m) => MapIter::Ttl(m.iter()),
+            None => MapIter::Empty,
+        }
     }
 
     /// Whether a map state has no entry.
-    pub fn map_is_empty<UK: MapKey, UV: StateValue>(&self, state: MapState<UK, UV>) -> bool {
+    pub fn map_is_empty<UK: MapKey, UV: StateValue>(&mut self, state: MapState<UK, UV>) -> bool {
         self.map_entries(state).next().is_none()
     }
 
-    /// Clears a list, map, reducing or aggregating state (through its handle's `raw`).
-    pub fn clear_raw<V: StateValue>(&mut self, raw: ValueState<V>) {
-        self.backend.clear(raw, self.key, self.key_group)
-    }
-
     /// A reducing state's value.
-    pub fn reduced<V: StateValue>(&self, state: &ReducingState<V>) -> Option<&V> {
-        self.backend.value(state.raw, self.key, self.key_group)
+    pub fn reduced<V: StateValue>(&mut self, state: &ReducingState<V>) -> Option<&V> {
+        self.value(state.raw)
     }
 
     /// Folds `value` into a reducing state.
     pub fn reduce<V: StateValue>(&mut self, state: &ReducingState<V>, value: V) {
-        let mut value = Some(value);
-        let current = self
-            .backend
-            .value_mut_or_insert(state.raw, self.key, self.key_group, || {
-                value.take().expect("taken once")
-            });
-        if let Some(value) = value {
-            *current = (state.reduce)(current, &value);
-        }
+        let current = self.value(state.raw).cloned();
+        let new = match current {
+            Some(current) => (state.reduce)(&current, &value),
+            None => value,
+        };
+        self.update(state.raw, new);
     }
 
     /// Adds `value` to an aggregating state's accumulator.
@@ -448,23 +1016,35 @@ impl<'a, K: StateKey, B: KeyedStateBackend<K>> KeyedAccess<'a, K, B> {
         value: IN,
     ) {
         let function = &state.function;
-        let acc = self
-            .backend
-            .value_mut_or_insert(state.raw, self.key, self.key_group, || {
-                function.create_accumulator()
-            });
-        function.add(value, acc);
+        if state.raw.ttl.is_none() {
+            let acc = self
+                .backend
+                .value_mut_or_insert(state.raw, self.key, self.key_group, || {
+                    function.create_accumulator()
+                });
+            return function.add(value, acc);
+        }
+        let mut acc = self
+            .value(state.raw)
+            .cloned()
+            .unwrap_or_else(|| function.create_accumulator());
+        function.add(value, &mut acc);
+        self.update(state.raw, acc);
     }
 
     /// An aggregating state's result, if anything was added.
     pub fn aggregated<IN: 'static, ACC: StateValue, OUT: 'static>(
-        &self,
+        &mut self,
         state: &AggregatingState<IN, ACC, OUT>,
     ) -> Option<OUT> {
-        self.backend
-            .value(state.raw, self.key, self.key_group)
-            .map(|acc| state.function.get_result(acc))
+        let function = state.function.clone();
+        self.value(state.raw).map(|acc| function.get_result(acc))
     }
+}
+
+#[cold]
+fn unreachable_ttl<V>() -> V {
+    panic!("a TTL value read a moment ago is gone")
 }
 
 /// Where each key group's section landed in a written snapshot.
@@ -548,26 +1128,49 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
     fn max_parallelism(&self) -> u32;
 
     /// Registers (or finds) a state of `kind` called `name` whose per-key value is `V` (the
-    /// list of a list state, the map of a map state, ...). `default` is what
-    /// [`value`](Self::value) returns for a key without a value. The typed constructors below
-    /// call it; a backend with native list or map support may override them.
+    /// list of a list state, the map of a map state, a [`TtlValue`] of a TTL state, ...), with
+    /// its default and expiry check. The typed constructors below call it; a backend with
+    /// native list or map support may override them.
     fn register_state<V: StateValue>(
         &mut self,
         name: &str,
         kind: StateKind,
-        default: Option<V>,
+        options: StateOptions<V>,
     ) -> Result<ValueState<V>, StateError>;
+
+    /// Checks up to `budget` more stored values of `state` (a handle as registered, see
+    /// [`register_state`](Self::register_state)) with its expiry check at `now_ms`, removing
+    /// or trimming what expired: TTL's incremental cleanup. A state without an expiry check is
+    /// left alone.
+    fn cleanup_expired<V: StateValue>(&mut self, state: ValueState<V>, budget: usize, now_ms: i64);
 
     /// Registers (or finds) a value state.
     fn value_state<V: StateValue>(
         &mut self,
         descriptor: &ValueStateDescriptor<V>,
     ) -> Result<ValueState<V>, StateError> {
-        self.register_state(
-            &descriptor.name,
-            StateKind::Value,
-            descriptor.default.clone(),
-        )
+        let name = &descriptor.name;
+        match descriptor.ttl {
+            None => self.register_state(
+                name,
+                StateKind::Value,
+                StateOptions {
+                    default: descriptor.default.clone(),
+                    ..StateOptions::default()
+                },
+            ),
+            Some(ttl) => {
+                let raw: ValueState<TtlValue<V>> = self.register_state(
+                    name,
+                    StateKind::Value,
+                    ttl_options(&ttl, value_expiry(ttl)),
+                )?;
+                Ok(ValueState {
+                    ttl: Some(ttl),
+                    ..raw.stored()
+                })
+            }
+        }
     }
 
     /// Registers (or finds) a list state.
@@ -575,7 +1178,21 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
         &mut self,
         descriptor: &ListStateDescriptor<V>,
     ) -> Result<ListState<V>, StateError> {
-        let raw = self.register_state(&descriptor.name, StateKind::List, None)?;
+        let name = &descriptor.name;
+        let raw = match descriptor.ttl {
+            None => self.register_state(name, StateKind::List, StateOptions::default())?,
+            Some(ttl) => {
+                let raw: ValueState<Vec<TtlValue<V>>> = self.register_state(
+                    name,
+                    StateKind::List,
+                    ttl_options(&ttl, list_expiry(ttl)),
+                )?;
+                ValueState {
+                    ttl: Some(ttl),
+                    ..raw.stored()
+                }
+            }
+        };
         Ok(ListState { raw })
     }
 
@@ -584,7 +1201,18 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
         &mut self,
         descriptor: &MapStateDescriptor<UK, UV>,
     ) -> Result<MapState<UK, UV>, StateError> {
-        let raw = self.register_state(&descriptor.name, StateKind::Map, None)?;
+        let name = &descriptor.name;
+        let raw = match descriptor.ttl {
+            None => self.register_state(name, StateKind::Map, StateOptions::default())?,
+            Some(ttl) => {
+                let raw: ValueState<BTreeMap<UK, TtlValue<UV>>> =
+                    self.register_state(name, StateKind::Map, ttl_options(&ttl, map_expiry(ttl)))?;
+                ValueState {
+                    ttl: Some(ttl),
+                    ..raw.stored()
+                }
+            }
+        };
         Ok(MapState { raw })
     }
 
@@ -593,7 +1221,8 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
         &mut self,
         descriptor: &ReducingStateDescriptor<V>,
     ) -> Result<ReducingState<V>, StateError> {
-        let raw = self.register_state(&descriptor.name, StateKind::Reducing, None)?;
+        let raw =
+            self.register_ttl_or_plain::<V>(&descriptor.name, StateKind::Reducing, descriptor.ttl)?;
         Ok(ReducingState {
             raw,
             reduce: descriptor.reduce.clone(),
@@ -605,11 +1234,36 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
         &mut self,
         descriptor: &AggregatingStateDescriptor<IN, ACC, OUT>,
     ) -> Result<AggregatingState<IN, ACC, OUT>, StateError> {
-        let raw = self.register_state(&descriptor.name, StateKind::Aggregating, None)?;
+        let raw = self.register_ttl_or_plain::<ACC>(
+            &descriptor.name,
+            StateKind::Aggregating,
+            descriptor.ttl,
+        )?;
         Ok(AggregatingState {
             raw,
             function: descriptor.function.clone(),
         })
+    }
+
+    /// Registers one value per key, wrapped in [`TtlValue`] when `ttl` is set.
+    #[doc(hidden)]
+    fn register_ttl_or_plain<V: StateValue>(
+        &mut self,
+        name: &str,
+        kind: StateKind,
+        ttl: Option<StateTtlConfig>,
+    ) -> Result<ValueState<V>, StateError> {
+        match ttl {
+            None => self.register_state(name, kind, StateOptions::default()),
+            Some(ttl) => {
+                let raw: ValueState<TtlValue<V>> =
+                    self.register_state(name, kind, ttl_options(&ttl, value_expiry(ttl)))?;
+                Ok(ValueState {
+                    ttl: Some(ttl),
+                    ..raw.stored()
+                })
+            }
+        }
     }
 
     /// The value for `key`: its own, else the state's default, else `None`.

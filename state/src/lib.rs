@@ -7,8 +7,8 @@
 //! - [`operator`]: operator (non-keyed) list state, which sources use for their offsets, and
 //!   [`operator::redistribute`], which splits it for a new parallelism.
 //! - [`format`](mod@format): the keyed snapshot format: versioned header, one checksummed section per key
-//!   group, and the offsets that let a restore read only the groups it owns
-//!   (`docs/keyed-snapshot-format.md`).
+//!   group, optionally compressed per key group ([`Compression`]), and the offsets that let a
+//!   restore read only the groups it owns (`docs/keyed-snapshot-format.md`).
 //!
 //! Architecture invariant: this crate never knows where snapshots go. It writes into a
 //! `std::io::Write` it is handed and restores from bytes it is handed; it knows nothing of
@@ -23,11 +23,13 @@ pub mod keyed;
 pub mod operator;
 
 pub use error::StateError;
+pub use format::{Compression, ParseCompressionError};
 pub use heap::HeapKeyedStateBackend;
 pub use keyed::{
     AggregateFunction, AggregatingState, AggregatingStateDescriptor, KeyedAccess, KeyedSnapshot,
     KeyedSnapshotLayout, KeyedStateBackend, ListState, ListStateDescriptor, MapKey, MapState,
     MapStateDescriptor, ReducingState, ReducingStateDescriptor, RestorePart, StateKey, StateKind,
-    StateValue, ValueState, ValueStateDescriptor,
+    StateOptions, StateTtlConfig, StateValue, TtlUpdateType, TtlValue, TtlVisibility, ValueState,
+    ValueStateDescriptor,
 };
 pub use operator::{ListState as OperatorListState, OperatorSnapshot, OperatorStateBackend};

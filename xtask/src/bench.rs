@@ -1,7 +1,9 @@
 //! `cargo xtask bench [name]`: release benchmarks of the example jobs, printed beside their targets.
 //!
 //! A benchmark is a function in [`BENCHES`]; it runs the `word_count` binary (or another) through
-//! [`Bench::run`], which reads the binary's closing `summary:` line (see [`Summary`]).
+//! [`Bench::run`], which reads the binary's closing `summary:` line (see [`Summary`]). The `state`
+//! benchmark runs weir-state's `state_bench` example instead, which prints one `keys=N ...` line
+//! per key count (see [`StateRow`]).
 
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
@@ -14,20 +16,33 @@ use std::time::{SystemTime, UNIX_EPOCH};
 struct Named {
     name: &'static str,
     what: &'static str,
+    /// The arguments of the `cargo build --release ...` that makes its binary.
+    build: &'static [&'static str],
     run: fn(&Bench) -> Result<()>,
 }
+
+/// Builds the `word_count` binary.
+const WORD_COUNT: &[&str] = &["-p", "weir-examples", "--bin", "word_count"];
 
 /// The named benchmarks; the first is the default.
 const BENCHES: &[Named] = &[
     Named {
         name: "wordcount",
         what: "word_count throughput with and without checkpoints, checkpoint latency, recovery time",
+        build: WORD_COUNT,
         run: wordcount,
     },
     Named {
         name: "backpressure",
         what: "checkpoints under backpressure (a sink busy 2us per record): aligned, unaligned, alternating",
+        build: WORD_COUNT,
         run: backpressure,
+    },
+    Named {
+        name: "state",
+        what: "heap keyed-state backend at 1M and 10M keys: checkpoint pause, copy-on-write, write and restore speed",
+        build: &["-p", "weir-state", "--example", "state_bench"],
+        run: state,
     },
 ];
 
@@ -46,18 +61,13 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         bail!("bench takes at most one argument (a benchmark name)");
     }
     let mut build = crate::cargo(root);
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "weir-examples",
-        "--bin",
-        "word_count",
-    ]);
+    build.args(["build", "--release"]).args(bench.build);
     crate::run_cmd(build)?;
     let target = crate::tidy::target_dir(root)?;
+    let release = target.join("release");
     let ctx = Bench {
-        word_count: target.join("release").join("word_count"),
+        word_count: release.join("word_count"),
+        state_bench: release.join("examples").join("state_bench"),
         scratch: target.join("xtask-bench"),
     };
     println!("\nbench `{name}`: {}\n", bench.what);
@@ -68,6 +78,8 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
 pub struct Bench {
     /// The release `word_count` binary.
     pub word_count: PathBuf,
+    /// The release `state_bench` example of weir-state.
+    pub state_bench: PathBuf,
     /// Where fresh checkpoint directories are made.
     pub scratch: PathBuf,
 }
@@ -204,29 +216,7 @@ pub fn parse_summary(line: &str) -> Result<Summary> {
     let Some(rest) = line.trim().strip_prefix("summary:") else {
         bail!("the line does not start with `summary:`");
     };
-    let mut fields = BTreeMap::new();
-    for token in rest.split_whitespace() {
-        let Some((key, value)) = token.split_once('=') else {
-            bail!("token {token:?} is not key=value");
-        };
-        if key.is_empty() || fields.insert(key.to_string(), value.to_string()).is_some() {
-            bail!("bad or repeated key in {token:?}");
-        }
-    }
-    fn take<T: std::str::FromStr>(f: &mut BTreeMap<String, String>, key: &str) -> Result<Option<T>>
-    where
-        T::Err: std::error::Error + Send + Sync + 'static,
-    {
-        f.remove(key)
-            .map(|v| v.parse::<T>().with_context(|| format!("{key}={v}")))
-            .transpose()
-    }
-    fn need<T: std::str::FromStr>(f: &mut BTreeMap<String, String>, key: &str) -> Result<T>
-    where
-        T::Err: std::error::Error + Send + Sync + 'static,
-    {
-        take(f, key)?.with_context(|| format!("missing `{key}=`"))
-    }
+    let mut fields = parse_fields(rest)?;
     Ok(Summary {
         records: need(&mut fields, "records")?,
         seconds: need(&mut fields, "seconds")?,
@@ -236,6 +226,89 @@ pub fn parse_summary(line: &str) -> Result<Summary> {
         checkpoint_p50_ms: take(&mut fields, "checkpoint_p50_ms")?,
         checkpoint_p99_ms: take(&mut fields, "checkpoint_p99_ms")?,
         recovery_ms: take(&mut fields, "recovery_ms")?,
+        extra: fields,
+    })
+}
+
+/// Splits whitespace-separated `key=value` tokens; a token without `=`, an empty key or a
+/// repeated key is an error.
+pub fn parse_fields(text: &str) -> Result<BTreeMap<String, String>> {
+    let mut fields = BTreeMap::new();
+    for token in text.split_whitespace() {
+        let Some((key, value)) = token.split_once('=') else {
+            bail!("token {token:?} is not key=value");
+        };
+        if key.is_empty() || fields.insert(key.to_string(), value.to_string()).is_some() {
+            bail!("bad or repeated key in {token:?}");
+        }
+    }
+    Ok(fields)
+}
+
+/// Removes and parses `key`, if present.
+fn take<T: std::str::FromStr>(f: &mut BTreeMap<String, String>, key: &str) -> Result<Option<T>>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    f.remove(key)
+        .map(|v| v.parse::<T>().with_context(|| format!("{key}={v}")))
+        .transpose()
+}
+
+/// Removes and parses `key`, which must be present.
+fn need<T: std::str::FromStr>(f: &mut BTreeMap<String, String>, key: &str) -> Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    take(f, key)?.with_context(|| format!("missing `{key}=`"))
+}
+
+/// One line of the `state_bench` example, for one key count:
+/// `keys=N sync_pause_p50_us=.. sync_pause_p99_us=.. upload_mb_s=.. restore_mb_s=..
+/// full_bytes=.. incremental_bytes=<n|n/a> [other=..]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateRow {
+    /// Number of keys (one `ValueState<u64>` entry each).
+    pub keys: u64,
+    /// Median duration of the synchronous part of a snapshot.
+    pub sync_pause_p50_us: f64,
+    /// 99th-percentile duration of the synchronous part of a snapshot.
+    pub sync_pause_p99_us: f64,
+    /// Speed of the asynchronous part, writing a full snapshot to a local file (MB = 10^6 B).
+    pub upload_mb_s: f64,
+    /// Speed of reading that file back and restoring it, over the file size.
+    pub restore_mb_s: f64,
+    /// Size of a full snapshot.
+    pub full_bytes: u64,
+    /// Size of an incremental snapshot; `None` for `n/a` (not implemented).
+    pub incremental_bytes: Option<u64>,
+    /// Any other `key=value` tokens, kept as text.
+    pub extra: BTreeMap<String, String>,
+}
+
+/// Parses a `keys=...` line of `state_bench` (see [`StateRow`]).
+pub fn parse_state_row(line: &str) -> Result<StateRow> {
+    let line = line.trim();
+    if !line.starts_with("keys=") {
+        bail!("the line does not start with `keys=`");
+    }
+    let mut fields = parse_fields(line)?;
+    let incremental_bytes = match fields.remove("incremental_bytes") {
+        None => bail!("missing `incremental_bytes=`"),
+        Some(v) if v == "n/a" => None,
+        Some(v) => Some(
+            v.parse()
+                .with_context(|| format!("incremental_bytes={v}"))?,
+        ),
+    };
+    Ok(StateRow {
+        keys: need(&mut fields, "keys")?,
+        sync_pause_p50_us: need(&mut fields, "sync_pause_p50_us")?,
+        sync_pause_p99_us: need(&mut fields, "sync_pause_p99_us")?,
+        upload_mb_s: need(&mut fields, "upload_mb_s")?,
+        restore_mb_s: need(&mut fields, "restore_mb_s")?,
+        full_bytes: need(&mut fields, "full_bytes")?,
+        incremental_bytes,
         extra: fields,
     })
 }
@@ -452,6 +525,88 @@ unaligned p99 {u:.1} ms: target < {TARGET_UNALIGNED_P99_MS} ms {}, and not above
     Ok(())
 }
 
+/// The heap keyed-state backend (weir-state's `state_bench` example) at 1M and 10M `u64` keys
+/// with a `ValueState<u64>`, max parallelism 128, every key group in one backend: the
+/// synchronous snapshot pause over 50 checkpoints with 1% of the keys updated between them, the
+/// copy-on-write cost of the first writes after a snapshot, a full snapshot written to a local
+/// file and restored from it.
+fn state(b: &Bench) -> Result<()> {
+    const KEYS: [u64; 2] = [1_000_000, 10_000_000];
+    const CHECKPOINTS: usize = 50;
+    const TARGET_PAUSE_US: f64 = 1000.0; // at 10M keys
+    const TARGET_PAUSE_GROWTH: f64 = 2.0; // 10M-key pause / 1M-key pause
+    const TARGET_RESTORE_MB_S: f64 = 200.0;
+
+    let dir = b.fresh_dir()?;
+    let keys: Vec<String> = KEYS.iter().map(u64::to_string).collect();
+    let mut cmd = Command::new(&b.state_bench);
+    cmd.arg("--keys")
+        .arg(keys.join(","))
+        .arg("--checkpoints")
+        .arg(CHECKPOINTS.to_string())
+        .arg("--update-percent")
+        .arg("1")
+        .arg("--dir")
+        .arg(&dir);
+    let shown = crate::show(&cmd);
+    eprintln!("  $ {shown}");
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not start `{shown}`"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = out?;
+    if !out.status.success() {
+        bail!("`{shown}` failed ({})", out.status);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut rows = BTreeMap::new();
+    println!(
+        "\nheap keyed state (ValueState<u64>, max parallelism 128, one backend, {CHECKPOINTS} \
+         checkpoints, 1% of keys updated between them; MB = 10^6 bytes):"
+    );
+    for line in stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("keys="))
+    {
+        let row = parse_state_row(line).with_context(|| format!("`{shown}`: bad line {line:?}"))?;
+        println!("{}", line.trim());
+        rows.insert(row.keys, row);
+    }
+    let [small, large] = KEYS.map(|k| rows.get(&k));
+    let (Some(small), Some(large)) = (small, large) else {
+        bail!("`{shown}` did not report every key count of {KEYS:?}:\n{stdout}");
+    };
+
+    println!("\ntargets:");
+    println!(
+        "  sync pause at {} keys: p99 {:.1} us  target < {TARGET_PAUSE_US:.0} us  {}",
+        large.keys,
+        large.sync_pause_p99_us,
+        verdict(large.sync_pause_p99_us < TARGET_PAUSE_US)
+    );
+    let growth = large.sync_pause_p50_us / small.sync_pause_p50_us.max(f64::MIN_POSITIVE);
+    println!(
+        "  sync pause growth {}→{} keys: p50 {:.1} us / {:.1} us = {growth:.2}x  target <= \
+         {TARGET_PAUSE_GROWTH:.0}x  {}",
+        small.keys,
+        large.keys,
+        large.sync_pause_p50_us,
+        small.sync_pause_p50_us,
+        verdict(growth <= TARGET_PAUSE_GROWTH)
+    );
+    for row in [small, large] {
+        println!(
+            "  restore at {} keys: {:.1} MB/s  target >= {TARGET_RESTORE_MB_S:.0} MB/s  {}",
+            row.keys,
+            row.restore_mb_s,
+            verdict(row.restore_mb_s >= TARGET_RESTORE_MB_S)
+        );
+    }
+    println!("  incremental snapshot size: not measured (incremental checkpoints not implemented)");
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -544,6 +699,58 @@ mod tests {
             }
             .label(),
             "p=1 ckpt=off"
+        );
+    }
+
+    #[test]
+    fn parses_state_rows() {
+        let r = parse_state_row(
+            "keys=10000000 sync_pause_p50_us=4.2 sync_pause_p99_us=12 upload_mb_s=310.5 \
+             restore_mb_s=250 full_bytes=123456789 incremental_bytes=n/a cow_first_write_p99_us=900",
+        )
+        .unwrap();
+        assert_eq!(r.keys, 10_000_000);
+        assert_eq!(r.sync_pause_p50_us, 4.2);
+        assert_eq!(r.sync_pause_p99_us, 12.0);
+        assert_eq!(r.upload_mb_s, 310.5);
+        assert_eq!(r.restore_mb_s, 250.0);
+        assert_eq!(r.full_bytes, 123_456_789);
+        assert_eq!(r.incremental_bytes, None);
+        assert_eq!(
+            r.extra.get("cow_first_write_p99_us").map(String::as_str),
+            Some("900")
+        );
+        let some = parse_state_row(
+            "keys=1 sync_pause_p50_us=1 sync_pause_p99_us=1 upload_mb_s=1 restore_mb_s=1 \
+             full_bytes=9 incremental_bytes=3",
+        )
+        .unwrap();
+        assert_eq!(some.incremental_bytes, Some(3));
+        assert!(some.extra.is_empty());
+    }
+
+    #[test]
+    fn rejects_bad_state_rows() {
+        let ok = "keys=1 sync_pause_p50_us=1 sync_pause_p99_us=1 upload_mb_s=1 restore_mb_s=1 \
+                  full_bytes=9 incremental_bytes=n/a";
+        assert!(parse_state_row(ok).is_ok());
+        assert!(parse_state_row(&format!("summary: {ok}")).is_err());
+        let no_incremental = ok.replace(" incremental_bytes=n/a", "");
+        let e = format!("{:#}", parse_state_row(&no_incremental).unwrap_err());
+        assert!(e.contains("incremental_bytes"), "{e}");
+        let e = format!(
+            "{:#}",
+            parse_state_row(&ok.replace("n/a", "lots")).unwrap_err()
+        );
+        assert!(e.contains("incremental_bytes=lots"), "{e}");
+        let e = format!(
+            "{:#}",
+            parse_state_row(&ok.replace(" full_bytes=9", "")).unwrap_err()
+        );
+        assert!(e.contains("full_bytes"), "{e}");
+        assert!(
+            parse_state_row(&format!("{ok} keys=2")).is_err(),
+            "repeated key"
         );
     }
 }
