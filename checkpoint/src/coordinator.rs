@@ -527,14 +527,18 @@ impl CheckpointCoordinator {
                 return Err(TriggerRefusal::NotAllTasksRunning(*t));
             }
         }
-        let max = self.setup.config.max_concurrent as usize;
-        if self.pending.len() >= max {
-            return Err(TriggerRefusal::TooManyConcurrent(self.pending.len()));
-        }
-        if let Some(last) = self.last_completion {
-            let earliest = last + self.setup.config.min_pause;
-            if now < earliest {
-                return Err(TriggerRefusal::MinPause(earliest));
+        // Savepoints are forced, as in Flink: neither the concurrency limit nor the minimum pause
+        // holds them back behind periodic checkpoints.
+        if kind == SnapshotKind::Checkpoint {
+            let max = self.setup.config.max_concurrent as usize;
+            if self.pending.len() >= max {
+                return Err(TriggerRefusal::TooManyConcurrent(self.pending.len()));
+            }
+            if let Some(last) = self.last_completion {
+                let earliest = last + self.setup.config.min_pause;
+                if now < earliest {
+                    return Err(TriggerRefusal::MinPause(earliest));
+                }
             }
         }
         let id = CheckpointId(self.next_id);
@@ -932,6 +936,36 @@ mod tests {
             }
             .checkpoint_alignment(),
             AlignmentType::AlignedWithTimeout { timeout: ms(7) }
+        );
+    }
+
+    #[test]
+    fn savepoints_are_forced_past_the_concurrency_limit_and_the_min_pause() {
+        let mut c = coordinator(CheckpointConfig {
+            min_pause: ms(1_000),
+            ..periodic(100)
+        });
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.tick(ms(100), &mut out);
+        assert_eq!(
+            c.trigger(SnapshotKind::Checkpoint, ms(101), &mut out),
+            Err(TriggerRefusal::TooManyConcurrent(1))
+        );
+        let sp = c
+            .trigger(SnapshotKind::Savepoint, ms(102), &mut out)
+            .unwrap();
+        assert_eq!(sp, CheckpointId(2));
+        ack_all(&mut c, 1, 110, &mut out);
+        c.finalized(CheckpointId(1), Ok(()), ms(111), &mut out);
+        assert!(matches!(
+            c.trigger(SnapshotKind::Checkpoint, ms(200), &mut out),
+            Err(TriggerRefusal::MinPause(_) | TriggerRefusal::TooManyConcurrent(_))
+        ));
+        assert!(
+            c.trigger(SnapshotKind::SynchronousSavepoint, ms(200), &mut out)
+                .is_ok(),
+            "a stop-with-savepoint is not held back by the min pause either"
         );
     }
 

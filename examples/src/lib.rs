@@ -56,6 +56,8 @@ pub struct WordCountOptions {
     pub unaligned: bool,
     /// With `unaligned`: align first, switch to unaligned after this long (0: start unaligned).
     pub aligned_checkpoint_timeout: Duration,
+    /// How keyed-state snapshots compress each key group.
+    pub snapshot_compression: weir_runtime::Compression,
 }
 
 impl Default for WordCountOptions {
@@ -81,6 +83,7 @@ impl Default for WordCountOptions {
             sink_delay: None,
             unaligned: false,
             aligned_checkpoint_timeout: Duration::ZERO,
+            snapshot_compression: weir_runtime::Compression::None,
         }
     }
 }
@@ -171,6 +174,7 @@ pub fn build(
         config.buffers_per_channel = opts.buffers_per_channel;
         config.checkpoint.unaligned = opts.unaligned;
         config.checkpoint.aligned_checkpoint_timeout = opts.aligned_checkpoint_timeout;
+        config.snapshot_compression = opts.snapshot_compression;
     }
     let generator = RandomIntGenerator::new(opts.seed, 1, 9);
     let injector = Arc::new(FailureInjector::new(opts.fail_after.clone()));

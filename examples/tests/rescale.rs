@@ -285,15 +285,10 @@ fn committed_lines(dir: &Path) -> Vec<(String, String)> {
 /// transactions (both split-distribute; no public operator uses union or broadcast state). The
 /// committed lines must be the running counts `1..=records`, each once.
 ///
-/// Ignored: it reveals an engine bug. On restore, `TwoPhaseCommitSink` commits the pending
-/// transactions it was given under its *new* subtask index, but split-distribute hands it other
-/// old subtasks' transactions when the parallelism changes; the file committer's name
-/// `part-<subtask>-<transaction>` then does not exist yet, and the records are written a second
-/// time. Minimal: all records on sink subtask 1 of 2, stop with savepoint 1, resume at 1: the
-/// new subtask 0 writes `part-0-000000000001`, a copy of `part-1-000000000001`.
+/// A two-phase-commit sink restored at another parallelism is handed other old subtasks'
+/// pending transactions (split-distribute); it must commit them under the subtask that opened
+/// them, or the file committer's `part-<subtask>-<transaction>` would write them a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "engine bug: a 2PC sink restored at another parallelism re-commits other subtasks' \
-            pending transactions under its own index, duplicating committed files"]
 async fn file_sink_round_trip_2_4_1_commits_each_line_once() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");

@@ -53,6 +53,9 @@ pub struct JobConfig {
     /// Restore even if the checkpoint has state for operators this job no longer has (that
     /// state is dropped, with a warning). Off: such a restore is an error.
     pub allow_non_restored_state: bool,
+    /// How keyed-state snapshots compress each key group (Flink's
+    /// `execution.checkpointing.snapshot-compression`; default none).
+    pub snapshot_compression: weir_state::Compression,
 }
 
 impl Default for JobConfig {
@@ -69,6 +72,7 @@ impl Default for JobConfig {
             buffers_per_channel: 4,
             savepoint_dir: None,
             allow_non_restored_state: false,
+            snapshot_compression: weir_state::Compression::None,
         }
     }
 }

@@ -32,12 +32,14 @@ pub(crate) struct BuildContext<'a> {
     pub key_hashes: &'a HashMap<(NodeId, NodeId), Arc<dyn Any + Send + Sync>>,
     /// The task's processing-time service, shared by its operators.
     pub processing_time: crate::operator::ProcessingTimeService,
+    pub snapshot_compression: weir_state::Compression,
 }
 
 impl BuildContext<'_> {
     pub fn info(&self, node: &StreamNode) -> SubtaskInfo {
         SubtaskInfo {
             processing_time: self.processing_time.clone(),
+            snapshot_compression: self.snapshot_compression,
             index: self.subtask,
             parallelism: node.parallelism,
             max_parallelism: node.max_parallelism,

@@ -567,6 +567,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         mode: config.checkpoint.mode,
                         key_hashes: &key_hashes,
                         processing_time: processing_time.clone(),
+                        snapshot_compression: config.snapshot_compression,
                     };
                     let input = build_task(&ctx, &factories).map_err(|e| JobError::Invalid(e.to_string()))?;
                     let (mtx, mrx) = mpsc::channel(256);

@@ -36,7 +36,8 @@ pub struct KeyedBase<K: StateKey> {
 impl<K: StateKey> KeyedBase<K> {
     /// For subtask `info`; the backend owns the subtask's key-group range.
     pub fn new(operator_id: OperatorId, info: SubtaskInfo) -> Self {
-        let backend = HeapKeyedStateBackend::new(info.max_parallelism, info.key_group_range());
+        let backend = HeapKeyedStateBackend::new(info.max_parallelism, info.key_group_range())
+            .with_compression(info.snapshot_compression);
         KeyedBase {
             operator_id,
             info,

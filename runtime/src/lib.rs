@@ -44,4 +44,5 @@ pub use weir_checkpoint::coordinator::{
     CheckpointFailureReason, CheckpointStats, CheckpointStatus, SubtaskCheckpointMetrics,
 };
 pub use weir_core::config::{CheckpointConfig, CheckpointingMode, ExternalizedRetention};
+pub use weir_state::Compression;
 pub use weir_state::{StateKey, StateValue, ValueState, ValueStateDescriptor};

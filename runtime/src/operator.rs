@@ -129,6 +129,8 @@ pub struct SubtaskInfo {
     /// The task's processing-time clock: operators publish their earliest processing-time
     /// timer here, and the task wakes them with [`Lifecycle::ProcessingTime`].
     pub processing_time: ProcessingTimeService,
+    /// How keyed-state snapshots compress each key group.
+    pub snapshot_compression: weir_state::Compression,
 }
 
 /// A task's processing-time service: the earliest processing-time timer (ms since the Unix

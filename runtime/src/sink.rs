@@ -124,7 +124,12 @@ pub trait Committer<T>: Send + Sync + 'static {
 /// The transaction id of the records after the last checkpoint, committed at end of input.
 pub const FINAL_TRANSACTION: u64 = u64::MAX;
 
-const PENDING_STATE: &str = "pending-transactions";
+/// The pre-committed transactions, each with the subtask that opened it: after a rescale a
+/// subtask may be handed another's, and must commit it under that subtask's name (a committer
+/// is idempotent per `(subtask, transaction)`).
+const PENDING_STATE: &str = "pending-transactions-by-subtask";
+/// The same without the subtask, as the first release wrote it; read on restore only.
+const LEGACY_PENDING_STATE: &str = "pending-transactions";
 
 /// Flink's two-phase-commit sink over a [`Committer`].
 pub struct TwoPhaseCommitSink<T, C> {
@@ -134,7 +139,7 @@ pub struct TwoPhaseCommitSink<T, C> {
     open: Vec<T>,
     pending: BTreeMap<u64, Vec<T>>,
     state: OperatorStateBackend,
-    list: Option<OperatorListState<(u64, Vec<T>)>>,
+    list: Option<OperatorListState<(u32, u64, Vec<T>)>>,
 }
 
 impl<T, C> TwoPhaseCommitSink<T, C>
@@ -194,28 +199,43 @@ where
         match event {
             Lifecycle::Open(ctx) => {
                 ctx.restore_operator_state(self.operator_id, &mut self.state)?;
-                let list = self.state.list_state::<(u64, Vec<T>)>(
-                    PENDING_STATE,
-                    OperatorStateMode::SplitDistribute,
-                )?;
-                // What the restored checkpoint pre-committed belongs to a completed checkpoint.
-                for (txn, records) in self.state.get(&list)? {
+                let commit = |subtask: u32, txn: u64, records: Vec<T>| {
                     self.committer
-                        .commit(self.subtask, txn, records)
+                        .commit(subtask, txn, records)
                         .map_err(|message| TaskError::Operator {
                             operator: "two-phase-commit sink".into(),
                             message,
-                        })?;
+                        })
+                };
+                // What the restored checkpoint pre-committed belongs to a completed checkpoint:
+                // commit it under the subtask that opened it.
+                let list = self.state.list_state::<(u32, u64, Vec<T>)>(
+                    PENDING_STATE,
+                    OperatorStateMode::SplitDistribute,
+                )?;
+                for (subtask, txn, records) in self.state.get(&list)? {
+                    commit(subtask, txn, records)?;
                 }
                 self.state.update(&list, &[])?;
+                let legacy = self.state.list_state::<(u64, Vec<T>)>(
+                    LEGACY_PENDING_STATE,
+                    OperatorStateMode::SplitDistribute,
+                )?;
+                for (txn, records) in self.state.get(&legacy)? {
+                    commit(self.subtask, txn, records)?;
+                }
+                self.state.update(&legacy, &[])?;
                 self.list = Some(list);
             }
             Lifecycle::Snapshot(id, parts) => {
                 let txn = std::mem::take(&mut self.open);
                 self.pending.insert(id.0, txn);
                 if let Some(list) = &self.list {
-                    let pending: Vec<(u64, Vec<T>)> =
-                        self.pending.iter().map(|(k, v)| (*k, v.clone())).collect();
+                    let pending: Vec<(u32, u64, Vec<T>)> = self
+                        .pending
+                        .iter()
+                        .map(|(k, v)| (self.subtask, *k, v.clone()))
+                        .collect();
                     self.state.update(list, &pending)?;
                 }
                 parts.push(OperatorSnapshotParts::operator_state(

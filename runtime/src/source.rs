@@ -384,6 +384,7 @@ mod tests {
     fn info(index: u32, parallelism: u32, restored: bool) -> SubtaskInfo {
         SubtaskInfo {
             processing_time: Default::default(),
+            snapshot_compression: Default::default(),
             index,
             parallelism,
             max_parallelism: 128,

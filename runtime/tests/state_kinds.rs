@@ -201,8 +201,9 @@ fn expected(records: u64) -> BTreeMap<u64, Vec<Summary>> {
 /// and each key's counts run `first, first + 1, …, last` with no gap or duplicate. With
 /// `in_order` (a job not restored from another job's checkpoint), within each subtask each key's
 /// summaries also come in order, and each key lives in one subtask (Flink's VerifyingSink
-/// check); a restored job also commits, as their new owner, the transactions its checkpoint left
-/// pending, so this does not hold for it. Returns each key's `(first, last)`.
+/// check); a restored job first commits the transactions its checkpoint left pending, whose
+/// records came from the old subtasks, so this does not hold for it. Returns each key's
+/// `(first, last)`.
 fn verify(
     by_subtask: &BTreeMap<u32, Vec<Summary>>,
     expected: &BTreeMap<u64, Vec<Summary>>,

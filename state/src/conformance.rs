@@ -50,6 +50,18 @@
 //! - [`check_deterministic_bytes`]: equal state gives identical bytes, whatever the history.
 //! - [`check_random_models`] / [`check_against_model`]: random operations against a `HashMap`
 //!   model, snapshots taken midway restored whole and split across a parallelism.
+//! - [`check_kind_semantics`]: list, map, reducing and aggregating states and value defaults
+//!   against Flink's semantics and edge cases (an empty list update clears, a map goes with its
+//!   last entry, a first reduced value is stored as is, no aggregate before an input, ...).
+//! - [`check_kind_registration`] / [`check_kind_mismatch_after_restore`]: a state registered, or
+//!   restored, as another kind or element type is [`StateError::Incompatible`] naming the state
+//!   and both kinds or types.
+//! - [`check_kind_snapshot_isolation`]: changes to lists and maps after `snapshot()` are absent
+//!   from what it writes.
+//! - [`check_kinds_round_trip`]: all five kinds through snapshot and restore, whole and rescaled
+//!   1 → 2 → 3 → 1, each state under its kind in the header.
+//! - [`check_random_kind_models`] / [`check_kinds_against_model`]: random operations of every
+//!   kind against a model, snapshots restored whole and split.
 //!
 //! Across key types and limits ([`run_all`]):
 //! - [`check_incompatible_key_type`]: a snapshot of another key type is

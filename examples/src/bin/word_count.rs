@@ -87,6 +87,9 @@ struct Args {
     /// after the trigger, e.g. 5ms (implies --unaligned; default: start unaligned).
     #[arg(long, value_parser = humantime::parse_duration)]
     aligned_checkpoint_timeout: Option<Duration>,
+    /// Compression of each key group in keyed-state snapshots: none, lz4 or zstd.
+    #[arg(long, default_value = "none")]
+    snapshot_compression: weir_runtime::Compression,
 }
 
 /// `--mode`.
@@ -159,6 +162,7 @@ async fn main() -> Result<()> {
         sink_delay: args.sink_delay,
         unaligned: args.unaligned || args.aligned_checkpoint_timeout.is_some(),
         aligned_checkpoint_timeout: args.aligned_checkpoint_timeout.unwrap_or_default(),
+        snapshot_compression: args.snapshot_compression,
     };
     let (env, totals, _injector) = build(&opts);
     let client = JobClient::default();
