@@ -28,9 +28,9 @@ pub type KeyFn<T, K> = Arc<dyn for<'a> Fn(&'a T) -> &'a K + Send + Sync>;
 /// The keyed-state part every keyed operator shares: its backend and how it opens, restores and
 /// snapshots.
 pub struct KeyedBase<K: StateKey> {
-    operator_id: OperatorId,
-    info: SubtaskInfo,
-    backend: HeapKeyedStateBackend<K>,
+    pub(crate) operator_id: OperatorId,
+    pub(crate) info: SubtaskInfo,
+    pub(crate) backend: HeapKeyedStateBackend<K>,
 }
 
 impl<K: StateKey> KeyedBase<K> {
@@ -48,6 +48,13 @@ impl<K: StateKey> KeyedBase<K> {
     /// The backend.
     pub fn backend(&mut self) -> &mut HeapKeyedStateBackend<K> {
         &mut self.backend
+    }
+
+    /// The synchronous part of the keyed snapshot.
+    pub(crate) fn backend_snapshot(
+        &mut self,
+    ) -> Result<Box<dyn weir_state::KeyedSnapshot>, TaskError> {
+        Ok(self.backend.snapshot()?)
     }
 
     /// The key groups this subtask owns.
@@ -217,6 +224,13 @@ pub struct KeyedStateRegistry<'a, K: StateKey> {
     backend: &'a mut HeapKeyedStateBackend<K>,
 }
 
+impl<'a, K: StateKey> KeyedStateRegistry<'a, K> {
+    /// The registry of `backend`.
+    pub(crate) fn new(backend: &'a mut HeapKeyedStateBackend<K>) -> Self {
+        KeyedStateRegistry { backend }
+    }
+}
+
 impl<K: StateKey> KeyedStateRegistry<'_, K> {
     /// Registers (or finds, after a restore) a value state.
     pub fn value_state<V: StateValue>(
@@ -329,7 +343,7 @@ impl<K: StateKey> TimerService<K> {
     }
 
     /// Tells the task when the earliest processing-time timer is due.
-    fn publish_processing_time(&self) {
+    pub(crate) fn publish_processing_time(&self) {
         if let Some((&ts, _)) = self.processing_queue.first_key_value() {
             self.processing_time.request(ts);
         }
@@ -338,6 +352,11 @@ impl<K: StateKey> TimerService<K> {
     /// The latest watermark this operator saw.
     pub fn current_watermark(&self) -> i64 {
         self.watermark
+    }
+
+    /// The operator saw watermark `w`.
+    pub(crate) fn advance_watermark(&mut self, w: i64) {
+        self.watermark = self.watermark.max(w);
     }
 
     /// Number of timers queued (a deleted timer counts until its time comes).
@@ -395,7 +414,7 @@ impl<K: StateKey> TimerService<K> {
 
     /// Takes the next timer of `domain` due at `until`: its timestamp and key, removed from the
     /// state. Deleted timers are skipped.
-    fn pop_due(
+    pub(crate) fn pop_due(
         &mut self,
         backend: &mut HeapKeyedStateBackend<K>,
         domain: TimeDomain,
@@ -442,7 +461,22 @@ pub struct KeyedContext<'a, K: StateKey> {
     timers: &'a mut TimerService<K>,
 }
 
-impl<K: StateKey> KeyedContext<'_, K> {
+impl<'a, K: StateKey> KeyedContext<'a, K> {
+    /// The context of `key` (in `key_group`).
+    pub(crate) fn new(
+        key: &'a K,
+        key_group: KeyGroup,
+        backend: &'a mut HeapKeyedStateBackend<K>,
+        timers: &'a mut TimerService<K>,
+    ) -> Self {
+        KeyedContext {
+            key,
+            key_group,
+            backend,
+            timers,
+        }
+    }
+
     /// The key of the record being processed.
     pub fn current_key(&self) -> &K {
         self.key
@@ -533,6 +567,13 @@ impl<K: StateKey> KeyedContext<'_, K> {
 /// Emits records from a process function.
 pub struct Collector<'a, O> {
     out: &'a mut dyn Output<O>,
+}
+
+impl<'a, O> Collector<'a, O> {
+    /// Emits into `out`.
+    pub(crate) fn new(out: &'a mut dyn Output<O>) -> Self {
+        Collector { out }
+    }
 }
 
 impl<O> Collector<'_, O> {
@@ -643,7 +684,7 @@ where
 
     fn watermark(&mut self, watermark: Watermark, out: &mut dyn Output<O>) -> OpResult {
         if let Some(t) = self.timers.as_mut() {
-            t.watermark = t.watermark.max(watermark.0);
+            t.advance_watermark(watermark.0);
         }
         self.fire(TimeDomain::EventTime, watermark.0, out)?;
         out.watermark(watermark)

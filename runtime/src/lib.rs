@@ -17,6 +17,7 @@
 //! through `Transport`, to state only through the backends' APIs.
 #![warn(missing_docs)]
 
+pub mod broadcast;
 pub mod cli;
 pub mod config;
 pub(crate) mod deploy;
