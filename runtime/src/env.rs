@@ -698,14 +698,14 @@ pub struct KeyedBroadcastConnectedStream<K, T, B> {
 fn connect_sides<T: Data, B: Data>(
     mut main: DataStream<T>,
     broadcast: DataStream<B>,
-) -> (DataStream<Connected<T, B>>, DataStream<Connected<T, B>>) {
+) -> BroadcastConnectedStream<T, B> {
     let partitioner = main.partitioner.take();
     let mut main = main.map(Connected::Element);
     main.partitioner = partitioner;
     let broadcast = broadcast
         .map(Connected::Broadcast)
         .partition_by(Partitioner::Broadcast);
-    (main, broadcast)
+    BroadcastConnectedStream { main, broadcast }
 }
 
 impl<T: Data> DataStream<T> {
@@ -716,8 +716,7 @@ impl<T: Data> DataStream<T> {
         self,
         broadcast: DataStream<B>,
     ) -> BroadcastConnectedStream<T, B> {
-        let (main, broadcast) = connect_sides(self, broadcast);
-        BroadcastConnectedStream { main, broadcast }
+        connect_sides(self, broadcast)
     }
 }
 
@@ -733,7 +732,8 @@ impl<K: StateKey, T: Data> KeyedStream<K, T> {
         } else {
             Partitioner::Hash
         };
-        let (main, broadcast) = connect_sides(self.stream.partition_by(partitioner), broadcast);
+        let BroadcastConnectedStream { main, broadcast } =
+            connect_sides(self.stream.partition_by(partitioner), broadcast);
         KeyedBroadcastConnectedStream {
             main,
             broadcast,
