@@ -699,11 +699,20 @@ fn connect_sides<T: Data, B: Data>(
     mut main: DataStream<T>,
     broadcast: DataStream<B>,
 ) -> BroadcastConnectedStream<T, B> {
+    // Each wrapping map runs at its input's parallelism, so it chains to it (a direct call, the
+    // records' order kept) whatever the environment's default parallelism is.
+    let parallelism_of =
+        |env: &StreamEnvironment, node: NodeId| env.inner.borrow().graph.node(node).parallelism;
     let partitioner = main.partitioner.take();
-    let mut main = main.map(Connected::Element);
+    let main_parallelism = parallelism_of(&main.env, main.node);
+    let mut main = main
+        .map(Connected::Element)
+        .set_parallelism(main_parallelism);
     main.partitioner = partitioner;
+    let broadcast_parallelism = parallelism_of(&broadcast.env, broadcast.node);
     let broadcast = broadcast
         .map(Connected::Broadcast)
+        .set_parallelism(broadcast_parallelism)
         .partition_by(Partitioner::Broadcast);
     BroadcastConnectedStream { main, broadcast }
 }

@@ -1112,40 +1112,64 @@ pub fn decode_entries<K, V>(
     what: &str,
     entry_count: u32,
     bytes: &[u8],
+    f: impl FnMut(K, V) -> Result<(), StateError>,
+) -> Result<(), StateError>
+where
+    K: DeserializeOwned,
+    V: DeserializeOwned,
+{
+    decode_entries_with(|| what.to_string(), entry_count, bytes, f)
+}
+
+/// [`decode_entries`], with the name of the state and key group for errors built by `what` only
+/// when one occurs. The loop reads the entries with one deserializer and keeps no per-entry
+/// state but the position.
+#[inline]
+pub fn decode_entries_with<K, V>(
+    what: impl Fn() -> String,
+    entry_count: u32,
+    bytes: &[u8],
     mut f: impl FnMut(K, V) -> Result<(), StateError>,
 ) -> Result<(), StateError>
 where
     K: DeserializeOwned,
     V: DeserializeOwned,
 {
-    let mut rest = bytes;
+    let mut de = postcard::Deserializer::from_bytes(bytes);
     for i in 0..entry_count {
-        let (key, after): (K, _) = codec::decode_prefix(what, rest).map_err(|e| at_entry(e, i))?;
-        let (value, after): (V, _) =
-            codec::decode_prefix(what, after).map_err(|e| at_entry(e, i))?;
-        rest = after;
+        let key = match K::deserialize(&mut de) {
+            Ok(key) => key,
+            Err(e) => return Err(entry_error(what(), i, e)),
+        };
+        let value = match V::deserialize(&mut de) {
+            Ok(value) => value,
+            Err(e) => return Err(entry_error(what(), i, e)),
+        };
         f(key, value)?;
     }
-    if !rest.is_empty() {
-        return Err(StateError::Core(CoreError::Decode {
-            what: what.to_string(),
+    match de.finalize() {
+        Ok([]) => Ok(()),
+        Ok(rest) => Err(StateError::Core(CoreError::Decode {
+            what: what(),
             reason: format!(
                 "{} bytes left after the {entry_count} entries the block declares",
                 rest.len()
             ),
-        }));
+        })),
+        Err(e) => Err(StateError::Core(CoreError::Decode {
+            what: what(),
+            reason: e.to_string(),
+        })),
     }
-    Ok(())
 }
 
-fn at_entry(e: CoreError, i: u32) -> CoreError {
-    match e {
-        CoreError::Decode { what, reason } => CoreError::Decode {
-            what,
-            reason: format!("entry {i}: {reason}"),
-        },
-        other => other,
-    }
+#[cold]
+#[inline(never)]
+fn entry_error(what: String, i: u32, e: postcard::Error) -> StateError {
+    StateError::Core(CoreError::Decode {
+        what,
+        reason: format!("entry {i}: {e}"),
+    })
 }
 
 /// The sections of the key groups in `range` (intersected with the part's own range), sliced out

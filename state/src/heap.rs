@@ -28,8 +28,9 @@ use std::any::{Any, type_name};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use weir_core::CoreError;
-use weir_core::keygroup::{KeyGroup, KeyGroupRange, assign_to_key_group};
+use weir_core::keygroup::{KeyGroup, KeyGroupRange, KeyHash, murmur_hash};
 
 /// One state's entries in one key group.
 type Group<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
@@ -412,45 +413,183 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
 
     /// Decodes a restored state's bytes into a fresh table, checking that each key belongs to
     /// the key group it was found in and appears once.
+    ///
+    /// Key groups are decoded independently; a large restore (at least
+    /// [`PARALLEL_DECODE_MIN_BYTES`]) spreads them over a few scoped threads. Either way the
+    /// result is the same, and a failure is that of the first failing key group in order.
     fn decode_pending<V: StateValue>(
         &self,
         name: &str,
         pending: &PendingState,
     ) -> Result<ValueTable<K, V>, StateError> {
-        let mut groups = Vec::with_capacity(pending.groups.len());
-        for (index, raw) in pending.groups.iter().enumerate() {
-            let mut map = Group::<K, V>::default();
-            if let Some(raw) = raw {
-                let kg = self.range.start + index as u32;
-                let what = format!("state '{name}' in key group {kg}");
-                map.reserve((raw.entry_count as usize).min(raw.entries.len()));
-                let max_p = self.max_parallelism;
-                format::decode_entries::<K, V>(&what, raw.entry_count, &raw.entries, |k, v| {
-                    let actual = assign_to_key_group(&k, max_p);
-                    if actual != kg {
-                        return Err(StateError::Core(CoreError::Corrupt {
-                            what: what.clone(),
-                            reason: format!(
-                                "a key of key group {actual} was found in key group {kg}"
-                            ),
-                        }));
-                    }
-                    if map.insert(k, v).is_some() {
-                        return Err(StateError::Core(CoreError::Corrupt {
-                            what: what.clone(),
-                            reason: "a key appears twice".to_string(),
-                        }));
-                    }
-                    Ok(())
-                })?;
+        let raws = &pending.groups;
+        let start = self.range.start;
+        let key_groups = KeyGroupOf::new(self.max_parallelism);
+        let decode = |index: usize| -> Result<Group<K, V>, StateError> {
+            match raws.get(index) {
+                Some(Some(raw)) => decode_group(name, start + index as u32, key_groups, raw),
+                _ => Ok(Group::default()),
             }
-            groups.push(Arc::new(map));
-        }
+        };
+        let bytes: usize = raws.iter().flatten().map(|raw| raw.entries.len()).sum();
+        let busy = raws
+            .iter()
+            .flatten()
+            .filter(|raw| raw.entry_count > 0)
+            .count();
+        let threads = if bytes < PARALLEL_DECODE_MIN_BYTES {
+            1
+        } else {
+            std::thread::available_parallelism()
+                .map_or(1, usize::from)
+                .min(MAX_DECODE_THREADS)
+                .min(busy)
+        };
+        let groups = if threads <= 1 {
+            (0..raws.len())
+                .map(|index| decode(index).map(Arc::new))
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            decode_in_parallel(raws.len(), threads, decode)?
+        };
         Ok(ValueTable {
             groups,
             ..ValueTable::empty(0)
         })
     }
+}
+
+/// Restores decoding at least this many bytes of one state spread its key groups over threads.
+const PARALLEL_DECODE_MIN_BYTES: usize = 1 << 20;
+
+/// The most threads one state's restore decodes with (the task's thread included).
+const MAX_DECODE_THREADS: usize = 1;
+
+/// Decodes key groups `0..count` with `decode` on `threads` scoped threads (the calling thread
+/// being one), which take the key groups in turn. The tables come back in key-group order; on
+/// failure, the error is that of the first failing key group, as a serial decode would report:
+/// a thread skips only the key groups after one that failed.
+fn decode_in_parallel<T: Send>(
+    count: usize,
+    threads: usize,
+    decode: impl Fn(usize) -> Result<T, StateError> + Sync,
+) -> Result<Vec<Arc<T>>, StateError> {
+    let next = AtomicUsize::new(0);
+    let first_failed = AtomicUsize::new(usize::MAX);
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let index = next.fetch_add(1, Ordering::Relaxed);
+            if index >= count {
+                return done;
+            }
+            if index > first_failed.load(Ordering::Relaxed) {
+                continue;
+            }
+            let result = decode(index);
+            if result.is_err() {
+                first_failed.fetch_min(index, Ordering::Relaxed);
+            }
+            done.push((index, result));
+        }
+    };
+    let mut results = std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
+        let mut results = work();
+        for helper in helpers {
+            match helper.join() {
+                Ok(theirs) => results.extend(theirs),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        results
+    });
+    results.sort_unstable_by_key(|(index, _)| *index);
+    let mut tables = Vec::with_capacity(count);
+    for (index, result) in results {
+        // Every index below the first failure was decoded, so the first error met is it.
+        debug_assert_eq!(index, tables.len());
+        tables.push(Arc::new(result?));
+    }
+    if tables.len() != count {
+        return Err(StateError::Restore(format!(
+            "the parallel decode lost key groups: {} of {count} decoded",
+            tables.len()
+        )));
+    }
+    Ok(tables)
+}
+
+/// Computes key groups as [`assign_to_key_group`](weir_core::keygroup::assign_to_key_group) does, with the modulo by the max parallelism
+/// done by multiplication (Lemire's "fastmod"), as the divisor is fixed for a whole restore.
+#[derive(Clone, Copy, Debug)]
+struct KeyGroupOf {
+    max_parallelism: u32,
+    /// `ceil(2^64 / max_parallelism)`, wrapping to 0 for a max parallelism of 1.
+    multiplier: u64,
+}
+
+impl KeyGroupOf {
+    fn new(max_parallelism: u32) -> KeyGroupOf {
+        let max_parallelism = max_parallelism.max(1);
+        KeyGroupOf {
+            max_parallelism,
+            multiplier: (u64::MAX / u64::from(max_parallelism)).wrapping_add(1),
+        }
+    }
+
+    /// `murmur_hash(key.key_hash()) % max_parallelism`.
+    #[inline]
+    fn of<K: KeyHash + ?Sized>(self, key: &K) -> KeyGroup {
+        let hash = murmur_hash(key.key_hash()) as u32;
+        let low = self.multiplier.wrapping_mul(u64::from(hash));
+        ((u128::from(low) * u128::from(self.max_parallelism)) >> 64) as u32
+    }
+}
+
+/// Decodes one state's entries in key group `kg` into a table sized for them, checking that each
+/// key belongs to `kg` and appears once.
+fn decode_group<K: StateKey, V: StateValue>(
+    name: &str,
+    kg: KeyGroup,
+    key_groups: KeyGroupOf,
+    raw: &RawGroup,
+) -> Result<Group<K, V>, StateError> {
+    let (entry_count, bytes) = (raw.entry_count, &raw.entries[..]);
+    // An entry takes at least a byte (a non-empty key), so the bytes bound what a damaged count
+    // could make us allocate.
+    let capacity = (entry_count as usize).min(bytes.len());
+    let mut map = Group::<K, V>::default(); map.reserve(capacity);
+    let what = || format!("state '{name}' in key group {kg}");
+    format::decode_entries_with(what, entry_count, bytes, |k, v| {
+        let actual = key_groups.of(&k);
+        if actual != kg {
+            return Err(misplaced(what(), actual, kg));
+        }
+        if map.insert(k, v).is_some() {
+            return Err(duplicate(what()));
+        }
+        Ok(())
+    })?;
+    Ok(map)
+}
+
+#[cold]
+#[inline(never)]
+fn misplaced(what: String, actual: KeyGroup, kg: KeyGroup) -> StateError {
+    StateError::Core(CoreError::Corrupt {
+        what,
+        reason: format!("a key of key group {actual} was found in key group {kg}"),
+    })
+}
+
+#[cold]
+#[inline(never)]
+fn duplicate(what: String) -> StateError {
+    StateError::Core(CoreError::Corrupt {
+        what,
+        reason: "a key appears twice".to_string(),
+    })
 }
 
 fn incompatible(name: &str, reason: String) -> StateError {
@@ -861,6 +1000,7 @@ mod tests {
     use super::*;
     use crate::ValueStateDescriptor;
     use weir_core::handle::{KeyedStateHandle, StreamStateHandle};
+    use weir_core::keygroup::assign_to_key_group;
 
     /// Writes a snapshot of `b` into memory: its handle (inline stream left empty) and bytes.
     fn written<K: StateKey>(b: &mut HeapKeyedStateBackend<K>) -> (KeyedStateHandle, Vec<u8>) {
