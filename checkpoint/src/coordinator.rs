@@ -107,6 +107,8 @@ pub enum TriggerRefusal {
     NotRunning,
     /// A task to trigger or wait for is not running (`NOT_ALL_REQUIRED_TASKS_RUNNING`).
     NotAllTasksRunning(TaskKey),
+    /// Every subtask finished: the job is ending.
+    AllTasksFinished,
     /// `max_concurrent_checkpoints` are pending.
     TooManyConcurrent(usize),
     /// The min pause since the last completion has not passed; the next trigger is due at `.0`.
@@ -118,6 +120,7 @@ impl fmt::Display for TriggerRefusal {
         match self {
             TriggerRefusal::NotRunning => write!(f, "the job is not running"),
             TriggerRefusal::NotAllTasksRunning(t) => write!(f, "task {t} is not running"),
+            TriggerRefusal::AllTasksFinished => write!(f, "every task finished"),
             TriggerRefusal::TooManyConcurrent(n) => {
                 write!(f, "{n} checkpoints are already in progress")
             }
@@ -240,6 +243,20 @@ pub enum CoordinatorAction {
         /// The source subtasks.
         tasks: Vec<TaskKey>,
     },
+    /// Trigger checkpoint `id`, already started, in these subtasks through their mailboxes:
+    /// they finished (their input ended) before its barrier could reach them, and snapshot
+    /// their final state instead (Flink's checkpoints after tasks finished, FLIP-147). The
+    /// storage location and the operator coordinators' state were prepared by the `Trigger`.
+    TriggerFinished {
+        /// The checkpoint.
+        id: CheckpointId,
+        /// Barrier timestamp, ms since the Unix epoch.
+        timestamp_ms: u64,
+        /// How it is taken.
+        options: CheckpointOptions,
+        /// The finished subtasks.
+        tasks: Vec<TaskKey>,
+    },
     /// Every subtask acknowledged: write `_metadata` from these acknowledgements, then report
     /// [`CheckpointCoordinator::finalized`].
     Finalize {
@@ -279,6 +296,7 @@ pub enum CoordinatorAction {
 #[derive(Clone, Debug)]
 struct Pending {
     kind: SnapshotKind,
+    options: CheckpointOptions,
     timestamp_ms: u64,
     triggered_at: Duration,
     deadline: Duration,
@@ -424,24 +442,27 @@ impl CheckpointCoordinator {
         self.running.insert(task);
     }
 
-    /// A subtask finished (its input ended). Pending checkpoints still waiting for it abort,
-    /// and no new checkpoint can start.
+    /// A subtask finished (its input ended). It stays until the job ends and still takes
+    /// checkpoints (Flink's FLIP-147): later checkpoints trigger it through its mailbox, and
+    /// pending ones still waiting for it trigger it now, since their barrier may never reach it.
+    /// A subtask that already took the checkpoint ignores the second trigger.
     pub fn task_finished(
         &mut self,
         task: TaskKey,
-        now: Duration,
+        _now: Duration,
         out: &mut Vec<CoordinatorAction>,
     ) {
         self.running.remove(&task);
         self.finished.insert(task);
-        let waiting: Vec<CheckpointId> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.not_yet_acked.contains(&task))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in waiting {
-            self.abort(id, CheckpointFailureReason::TaskFinished(task), now, out);
+        for (id, p) in &self.pending {
+            if p.not_yet_acked.contains(&task) && !p.finalizing {
+                out.push(CoordinatorAction::TriggerFinished {
+                    id: *id,
+                    timestamp_ms: p.timestamp_ms,
+                    options: p.options,
+                    tasks: vec![task],
+                });
+            }
         }
     }
 
@@ -523,9 +544,17 @@ impl CheckpointCoordinator {
             .iter()
             .chain(&self.setup.tasks_to_wait_for)
         {
-            if !self.running.contains(t) {
+            if !self.running.contains(t) && !self.finished.contains(t) {
                 return Err(TriggerRefusal::NotAllTasksRunning(*t));
             }
+        }
+        if self
+            .setup
+            .tasks_to_wait_for
+            .iter()
+            .all(|t| self.finished.contains(t))
+        {
+            return Err(TriggerRefusal::AllTasksFinished);
         }
         // Savepoints are forced, as in Flink: neither the concurrency limit nor the minimum pause
         // holds them back behind periodic checkpoints.
@@ -556,6 +585,7 @@ impl CheckpointCoordinator {
             id,
             Pending {
                 kind,
+                options: CheckpointOptions { kind, alignment },
                 timestamp_ms,
                 triggered_at: now,
                 deadline: now + self.setup.config.timeout,
@@ -578,11 +608,28 @@ impl CheckpointCoordinator {
             num_subtasks: self.setup.tasks_to_wait_for.len(),
             subtasks: BTreeMap::new(),
         });
+        // Running sources get the trigger and inject barriers; finished subtasks get it too and
+        // snapshot their final state, since no barrier will reach them.
+        let mut tasks: Vec<TaskKey> = self
+            .setup
+            .tasks_to_trigger
+            .iter()
+            .filter(|t| self.running.contains(t))
+            .copied()
+            .collect();
+        let finished: Vec<TaskKey> = self
+            .setup
+            .tasks_to_wait_for
+            .iter()
+            .filter(|t| self.finished.contains(t) && !tasks.contains(t))
+            .copied()
+            .collect();
+        tasks.extend(finished);
         out.push(CoordinatorAction::Trigger {
             id,
             timestamp_ms,
             options: CheckpointOptions { kind, alignment },
-            tasks: self.setup.tasks_to_trigger.clone(),
+            tasks,
         });
         Ok(id)
     }
@@ -1247,31 +1294,78 @@ mod tests {
 
     #[test]
     fn not_all_tasks_running_refuses() {
-        let mut c = coordinator(periodic(10));
+        let mut c = CheckpointCoordinator::new(CoordinatorSetup {
+            config: periodic(10),
+            tasks_to_trigger: vec![key(0, 0)],
+            tasks_to_wait_for: vec![key(0, 0), key(1, 0)],
+            next_checkpoint_id: 1,
+            epoch_wall_ms: 0,
+        });
         let mut out = vec![];
+        c.task_running(key(0, 0));
         c.job_status_changed(true, ms(0), &mut out);
-        c.task_finished(key(0, 0), ms(5), &mut out);
         assert_eq!(
             c.trigger(SnapshotKind::Checkpoint, ms(10), &mut out),
-            Err(TriggerRefusal::NotAllTasksRunning(key(0, 0)))
+            Err(TriggerRefusal::NotAllTasksRunning(key(1, 0))),
+            "a task still being deployed holds checkpoints back"
+        );
+        c.task_finished(key(0, 0), ms(11), &mut out);
+        c.task_finished(key(1, 0), ms(11), &mut out);
+        assert_eq!(
+            c.trigger(SnapshotKind::Checkpoint, ms(12), &mut out),
+            Err(TriggerRefusal::AllTasksFinished)
         );
     }
 
+    /// Flink's FLIP-147: checkpoints go on after some tasks finished; those snapshot their
+    /// final state when triggered through their mailbox.
     #[test]
-    fn finished_task_aborts_pending() {
+    fn finished_tasks_are_triggered_through_their_mailboxes() {
         let mut c = coordinator(periodic(10));
         let mut out = vec![];
         c.job_status_changed(true, ms(0), &mut out);
         c.tick(ms(10), &mut out);
         out.clear();
+        // A task finishes while checkpoint 1 waits for it: it is triggered directly.
         c.task_finished(key(1, 1), ms(11), &mut out);
-        assert!(matches!(
-            &out[..],
-            [CoordinatorAction::NotifyAborted {
-                reason: CheckpointFailureReason::TaskFinished(_),
-                ..
-            }]
-        ));
+        match &out[..] {
+            [
+                CoordinatorAction::TriggerFinished {
+                    id, tasks, options, ..
+                },
+            ] => {
+                assert_eq!(*id, CheckpointId(1));
+                assert_eq!(tasks, &vec![key(1, 1)]);
+                assert_eq!(options.kind, SnapshotKind::Checkpoint);
+            }
+            other => panic!("{other:?}"),
+        }
+        out.clear();
+        ack_all(&mut c, 1, 12, &mut out);
+        c.finalized(CheckpointId(1), Ok(()), ms(13), &mut out);
+        // The next checkpoint triggers the running source and the finished task.
+        out.clear();
+        c.tick(ms(20), &mut out);
+        match &out[..] {
+            [CoordinatorAction::Trigger { id, tasks, .. }] => {
+                assert_eq!(*id, CheckpointId(2));
+                assert_eq!(tasks, &vec![key(0, 0), key(1, 1)]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A finished source is triggered once, not twice.
+        c.task_finished(key(0, 0), ms(21), &mut out);
+        out.clear();
+        ack_all(&mut c, 2, 22, &mut out);
+        c.finalized(CheckpointId(2), Ok(()), ms(23), &mut out);
+        out.clear();
+        c.tick(ms(30), &mut out);
+        match &out[..] {
+            [CoordinatorAction::Trigger { tasks, .. }] => {
+                assert_eq!(tasks, &vec![key(0, 0), key(1, 1)])
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

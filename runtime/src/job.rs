@@ -825,6 +825,16 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 }
                             }
                         }
+                        CoordinatorAction::TriggerFinished { id, timestamp_ms, options, tasks } => {
+                            let barrier = CheckpointBarrier { id, timestamp_ms, options };
+                            for t in tasks {
+                                if let Some(m) = mailboxes.get(&t)
+                                    && m.try_send(TaskMessage::Trigger(barrier, false)).is_err()
+                                {
+                                    debug!(task = %t, "trigger not delivered: the task has ended");
+                                }
+                            }
+                        }
                         CoordinatorAction::Finalize { id, kind, timestamp_ms, acks } => {
                             finalizing.insert(id);
                             let coordinators = coordinator_states.remove(&id).unwrap_or_default();

@@ -856,8 +856,12 @@ async fn handle_message(
     actions: &mut Vec<HandlerAction>,
 ) -> Result<(), TaskError> {
     match msg {
+        TaskMessage::Trigger(barrier, _) if cps.finished => {
+            // Input ended: no barrier will come; snapshot the final state (FLIP-147).
+            snapshot_finished(input, env, cps, barrier)
+        }
         TaskMessage::Trigger(barrier, drain) => {
-            if cps.finished || cps.suspended.is_some() {
+            if cps.suspended.is_some() {
                 env.report(TaskEvent::Decline {
                     id: barrier.id,
                     reason: CheckpointFailureReason::Declined {
@@ -1038,6 +1042,34 @@ async fn checkpoint_state(
     // A task spawned from a busy task sits in this worker's LIFO slot, which other workers cannot
     // steal: yield once so the upload starts now, not after the next stretch of records.
     tokio::task::yield_now().await;
+    Ok(())
+}
+
+/// The checkpoint of a task whose input ended (Flink's FLIP-147): its operators' final state,
+/// with no barrier to emit (its outputs ended) and no in-flight data.
+fn snapshot_finished(
+    input: &mut dyn TaskInput,
+    env: &TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+    barrier: CheckpointBarrier,
+) -> Result<(), TaskError> {
+    let id = barrier.id;
+    if cps.last.is_some_and(|l| l >= id) {
+        // It took this checkpoint before its input ended.
+        return Ok(());
+    }
+    cps.last = Some(id);
+    let sync_start = Instant::now();
+    let mut parts = Vec::new();
+    input.lifecycle(&mut Lifecycle::Snapshot(id, &mut parts))?;
+    let metrics = SubtaskCheckpointMetrics {
+        start_delay: Duration::ZERO,
+        alignment: Duration::ZERO,
+        sync_duration: sync_start.elapsed(),
+        async_duration: Duration::ZERO,
+        state_size: 0,
+    };
+    spawn_upload(env, id, parts, Vec::new(), metrics);
     Ok(())
 }
 

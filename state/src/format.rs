@@ -34,8 +34,9 @@
 //!   LZ4 block format, `lz4_flex`), 2 is zstd (one zstd frame, level [`ZSTD_LEVEL`]); 0 and any
 //!   other value are a corrupt header. See [`Compression::id`].
 //! - **states** are numbered `0..n` in order (`id == index`); at most `i16::MAX` of them.
-//!   `kind` is `"value"` today; `"list"`, `"map"`, `"reducing"` and `"aggregating"` are reserved
-//!   names for the kinds to come. `key_type` and `value_type` are Rust type names
+//!   `kind` is one of `"value"`, `"list"`, `"map"`, `"reducing"` and `"aggregating"`; the
+//!   value is what the state stores per key (the list, the map, the accumulator; wrapped in
+//!   `TtlValue` for a TTL state). `key_type` and `value_type` are Rust type names
 //!   (`std::any::type_name`), checked on restore. `serializer_version` is 1: postcard.
 //! - Every key group of the range has a section, in order, even an empty one (10 bytes), so the
 //!   offsets are uniform. A section has one block per state with at least one entry in that key
@@ -221,13 +222,13 @@ impl FromStr for Compression {
 pub enum StateKind {
     /// One value per key.
     Value,
-    /// A list per key (reserved).
+    /// A list per key (`Vec<V>`, or `Vec<TtlValue<V>>` with TTL).
     List,
-    /// A map per key (reserved).
+    /// A map per key (`BTreeMap<UK, UV>`, entries wrapped in `TtlValue` with TTL).
     Map,
-    /// A reduced value per key (reserved).
+    /// A reduced value per key.
     Reducing,
-    /// An aggregate per key (reserved).
+    /// An accumulator per key.
     Aggregating,
 }
 

@@ -107,6 +107,9 @@ trait ErasedTable<K>: Send + Sync {
     fn freeze(&self, now_ms: i64) -> Box<dyn FrozenTable>;
     /// Number of entries over all key groups.
     fn len(&self) -> usize;
+    /// Removes `key` from the key group at `index`; a group shared with a snapshot is copied
+    /// only if the key is there.
+    fn remove(&mut self, index: usize, key: &K);
 }
 
 impl<K: StateKey, V: StateValue> ErasedTable<K> for ValueTable<K, V> {
@@ -131,6 +134,17 @@ impl<K: StateKey, V: StateValue> ErasedTable<K> for ValueTable<K, V> {
 
     fn len(&self) -> usize {
         self.groups.iter().map(|g| g.len()).sum()
+    }
+
+    fn remove(&mut self, index: usize, key: &K) {
+        let Some(group) = self.groups.get_mut(index) else {
+            return;
+        };
+        if let Some(map) = Arc::get_mut(group) {
+            map.remove(key);
+        } else if group.contains_key(key) {
+            Arc::make_mut(group).remove(key);
+        }
     }
 }
 
@@ -463,7 +477,7 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
 const PARALLEL_DECODE_MIN_BYTES: usize = 1 << 20;
 
 /// The most threads one state's restore decodes with (the task's thread included).
-const MAX_DECODE_THREADS: usize = 1;
+const MAX_DECODE_THREADS: usize = 4;
 
 /// Decodes key groups `0..count` with `decode` on `threads` scoped threads (the calling thread
 /// being one), which take the key groups in turn. The tables come back in key-group order; on
@@ -559,7 +573,7 @@ fn decode_group<K: StateKey, V: StateValue>(
     // An entry takes at least a byte (a non-empty key), so the bytes bound what a damaged count
     // could make us allocate.
     let capacity = (entry_count as usize).min(bytes.len());
-    let mut map = Group::<K, V>::default(); map.reserve(capacity);
+    let mut map = Group::<K, V>::with_capacity_and_hasher(capacity, FxBuildHasher);
     let what = || format!("state '{name}' in key group {kg}");
     format::decode_entries_with(what, entry_count, bytes, |k, v| {
         let actual = key_groups.of(&k);
@@ -785,12 +799,14 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
 
     #[inline]
     fn clear<V: StateValue>(&mut self, state: ValueState<V>, key: &K, key_group: KeyGroup) {
-        let group = self.group_mut(state, key_group);
-        if let Some(map) = Arc::get_mut(group) {
-            map.remove(key);
-        } else if group.contains_key(key) {
-            // Shared with a snapshot: copy the key group only if there is something to remove.
-            Arc::make_mut(group).remove(key);
+        // By id, whatever the stored value type: a TTL state's handle names the user's type.
+        let index = self.index(key_group);
+        match self.states.get_mut(usize::from(state.id)) {
+            Some(s) => s.table.remove(index, key),
+            None => misuse(format!(
+                "state handle {} was not made by this backend",
+                state.id
+            )),
         }
     }
 

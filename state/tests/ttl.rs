@@ -282,3 +282,43 @@ fn ttl_and_plain_registrations_of_one_state_are_incompatible() {
         .to_string();
     assert!(err.contains("'v'") && err.contains("TtlValue"), "{err}");
 }
+
+#[test]
+fn clearing_a_ttl_state_of_any_kind_works() {
+    let mut b = backend();
+    let v = b
+        .value_state(&ValueStateDescriptor::<u64>::new("v").enable_ttl(ttl(100)))
+        .unwrap();
+    let l = b
+        .list_state(&ListStateDescriptor::<u32>::new("l").enable_ttl(ttl(100)))
+        .unwrap();
+    let m = b
+        .map_state(&MapStateDescriptor::<String, u32>::new("m").enable_ttl(ttl(100)))
+        .unwrap();
+    let r = b
+        .reducing_state(
+            &ReducingStateDescriptor::<u64>::new("r", |a, b| a + b).enable_ttl(ttl(100)),
+        )
+        .unwrap();
+    let a = b
+        .aggregating_state(&AggregatingStateDescriptor::new("a", Avg).enable_ttl(ttl(100)))
+        .unwrap();
+    let k = "k".to_string();
+    let mut s = at(&mut b, &k, 0);
+    s.update(v, 1);
+    s.list_add(l, 2);
+    s.map_put(m, "x".into(), 3);
+    s.reduce(&r, 4);
+    s.aggregate(&a, 5);
+    s.clear(v);
+    s.list_update(l, Vec::new());
+    s.clear_raw(m.raw);
+    s.clear_raw(r.raw);
+    s.clear_raw(a.raw);
+    assert_eq!(s.value(v), None);
+    assert_eq!(s.list(l).count(), 0);
+    assert!(s.map_is_empty(m));
+    assert_eq!(s.reduced(&r), None);
+    assert_eq!(s.aggregated(&a), None);
+    assert_eq!(b.num_entries(), 0);
+}
