@@ -1126,7 +1126,7 @@ where
 /// when one occurs. The loop reads the entries with one deserializer and keeps no per-entry
 /// state but the position.
 #[inline]
-pub fn decode_entries_with<K, V>(
+pub(crate) fn decode_entries_with<K, V>(
     what: impl Fn() -> String,
     entry_count: u32,
     bytes: &[u8],

@@ -205,6 +205,35 @@ struct RawGroup {
     entries: Arc<[u8]>,
 }
 
+/// A key group's section as a restore reads it: checked, and its blocks copied out of the
+/// restored bytes.
+#[derive(Default)]
+struct ReadSection {
+    /// How the section was stored.
+    compression: Compression,
+    /// The blocks, by state id in the snapshot's header.
+    blocks: Vec<(i16, RawGroup)>,
+}
+
+/// Checks (and decompresses) the section of `kg` and copies its blocks, to be kept until their
+/// states are registered.
+fn read_section(kg: KeyGroup, bytes: &[u8]) -> Result<ReadSection, StateError> {
+    let section = format::parse_section(kg, bytes)?;
+    Ok(ReadSection {
+        compression: section.compression(),
+        blocks: section
+            .iter()
+            .map(|block| {
+                let raw = RawGroup {
+                    entry_count: block.entry_count,
+                    entries: Arc::from(block.entries),
+                };
+                (block.state_id, raw)
+            })
+            .collect(),
+    })
+}
+
 /// A restored state waiting for its registration.
 #[derive(Clone)]
 struct PendingState {
@@ -428,9 +457,9 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
     /// Decodes a restored state's bytes into a fresh table, checking that each key belongs to
     /// the key group it was found in and appears once.
     ///
-    /// Key groups are decoded independently; a large restore (at least
-    /// [`PARALLEL_DECODE_MIN_BYTES`]) spreads them over a few scoped threads. Either way the
-    /// result is the same, and a failure is that of the first failing key group in order.
+    /// Key groups are decoded independently; a large state (at least [`PARALLEL_MIN_BYTES`])
+    /// spreads them over a few scoped threads. Either way the result is the same, and a failure
+    /// is that of the first failing key group in order.
     fn decode_pending<V: StateValue>(
         &self,
         name: &str,
@@ -445,27 +474,23 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
                 _ => Ok(Group::default()),
             }
         };
-        let bytes: usize = raws.iter().flatten().map(|raw| raw.entries.len()).sum();
+        let bytes = raws.iter().flatten().map(|raw| raw.entries.len()).sum();
         let busy = raws
             .iter()
             .flatten()
             .filter(|raw| raw.entry_count > 0)
             .count();
-        let threads = if bytes < PARALLEL_DECODE_MIN_BYTES {
-            1
-        } else {
-            std::thread::available_parallelism()
-                .map_or(1, usize::from)
-                .min(MAX_DECODE_THREADS)
-                .min(busy)
-        };
-        let groups = if threads <= 1 {
-            (0..raws.len())
-                .map(|index| decode(index).map(Arc::new))
-                .collect::<Result<Vec<_>, _>>()?
-        } else {
-            decode_in_parallel(raws.len(), threads, decode)?
-        };
+        let groups = in_order_until_error(raws.len(), threads_for(bytes, busy), decode)
+            .into_iter()
+            .map(|table| table.map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        if groups.len() != raws.len() {
+            return Err(StateError::Restore(format!(
+                "state '{name}': {} of {} key groups were decoded",
+                groups.len(),
+                raws.len()
+            )));
+        }
         Ok(ValueTable {
             groups,
             ..ValueTable::empty(0)
@@ -473,24 +498,51 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
     }
 }
 
-/// Restores decoding at least this many bytes of one state spread its key groups over threads.
-const PARALLEL_DECODE_MIN_BYTES: usize = 1 << 20;
+/// A restore reads (checks and copies), or a registration decodes, at least this many bytes of
+/// key groups on several threads.
+const PARALLEL_MIN_BYTES: usize = 1 << 20;
 
-/// The most threads one state's restore decodes with (the task's thread included).
-const MAX_DECODE_THREADS: usize = 4;
+/// The most threads a restore or a registration uses (the calling thread included).
+const MAX_RESTORE_THREADS: usize = 4;
 
-/// Decodes key groups `0..count` with `decode` on `threads` scoped threads (the calling thread
-/// being one), which take the key groups in turn. The tables come back in key-group order; on
-/// failure, the error is that of the first failing key group, as a serial decode would report:
-/// a thread skips only the key groups after one that failed.
-fn decode_in_parallel<T: Send>(
+/// How many threads to process `bytes` in `items` independent key groups with.
+fn threads_for(bytes: usize, items: usize) -> usize {
+    if bytes < PARALLEL_MIN_BYTES || items < 2 {
+        return 1;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(MAX_RESTORE_THREADS)
+        .min(items)
+}
+
+/// Runs `work` for the items `0..count` in order, up to the first that fails: the results of
+/// `0..=first failure` (all of them if none fails), in order, exactly as a serial loop that
+/// stops at the first error would give them.
+///
+/// With `threads > 1`, scoped threads (the calling thread being one) take the items in turn; a
+/// thread skips an item only when an earlier one has failed, so every item up to the first
+/// failure is run, and the result does not depend on the threads' timing.
+fn in_order_until_error<T: Send>(
     count: usize,
     threads: usize,
-    decode: impl Fn(usize) -> Result<T, StateError> + Sync,
-) -> Result<Vec<Arc<T>>, StateError> {
+    work: impl Fn(usize) -> Result<T, StateError> + Sync,
+) -> Vec<Result<T, StateError>> {
+    if threads <= 1 {
+        let mut results = Vec::with_capacity(count);
+        for index in 0..count {
+            let result = work(index);
+            let failed = result.is_err();
+            results.push(result);
+            if failed {
+                break;
+            }
+        }
+        return results;
+    }
     let next = AtomicUsize::new(0);
     let first_failed = AtomicUsize::new(usize::MAX);
-    let work = || {
+    let worker = || {
         let mut done = Vec::new();
         loop {
             let index = next.fetch_add(1, Ordering::Relaxed);
@@ -500,7 +552,7 @@ fn decode_in_parallel<T: Send>(
             if index > first_failed.load(Ordering::Relaxed) {
                 continue;
             }
-            let result = decode(index);
+            let result = work(index);
             if result.is_err() {
                 first_failed.fetch_min(index, Ordering::Relaxed);
             }
@@ -508,8 +560,16 @@ fn decode_in_parallel<T: Send>(
         }
     };
     let mut results = std::thread::scope(|scope| {
-        let helpers: Vec<_> = (1..threads).map(|_| scope.spawn(work)).collect();
-        let mut results = work();
+        // A helper the system refuses to start is done without: the others take its share.
+        let helpers: Vec<_> = (1..threads)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .name("weir-state-restore".to_string())
+                    .spawn_scoped(scope, worker)
+                    .ok()
+            })
+            .collect();
+        let mut results = worker();
         for helper in helpers {
             match helper.join() {
                 Ok(theirs) => results.extend(theirs),
@@ -519,23 +579,19 @@ fn decode_in_parallel<T: Send>(
         results
     });
     results.sort_unstable_by_key(|(index, _)| *index);
-    let mut tables = Vec::with_capacity(count);
-    for (index, result) in results {
-        // Every index below the first failure was decoded, so the first error met is it.
-        debug_assert_eq!(index, tables.len());
-        tables.push(Arc::new(result?));
-    }
-    if tables.len() != count {
-        return Err(StateError::Restore(format!(
-            "the parallel decode lost key groups: {} of {count} decoded",
-            tables.len()
-        )));
-    }
-    Ok(tables)
+    let end = first_failed.into_inner().saturating_add(1).min(count);
+    // Every item below the first failure ran, so the sorted results start with `0..end`.
+    results
+        .into_iter()
+        .enumerate()
+        .take_while(|(position, (index, _))| position == index && *index < end)
+        .map(|(_, (_, result))| result)
+        .collect()
 }
 
-/// Computes key groups as [`assign_to_key_group`](weir_core::keygroup::assign_to_key_group) does, with the modulo by the max parallelism
-/// done by multiplication (Lemire's "fastmod"), as the divisor is fixed for a whole restore.
+/// Computes key groups as [`assign_to_key_group`](weir_core::keygroup::assign_to_key_group)
+/// does, with the modulo by the max parallelism done by multiplication (Lemire's "fastmod"), as
+/// the divisor is fixed for a whole restore.
 #[derive(Clone, Copy, Debug)]
 struct KeyGroupOf {
     max_parallelism: u32,
@@ -946,7 +1002,20 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                     max: MAX_STATES,
                 });
             }
-            for (kg, bytes) in format::part_sections(part, &self.range)? {
+            // Checking the sections and copying their blocks out of the part is most of a
+            // restore's work, independent per key group: done first, on several threads for a
+            // large part, and then taken in key-group order, so that the errors are those (and
+            // come in the order) of a serial restore.
+            let sections = format::part_sections(part, &self.range)?;
+            let bytes = sections.iter().map(|(_, b)| b.len()).sum();
+            let threads = threads_for(bytes, sections.len());
+            let mut read =
+                in_order_until_error(sections.len(), threads, |i| match sections.get(i) {
+                    Some(&(kg, bytes)) => read_section(kg, bytes),
+                    None => Ok(ReadSection::default()),
+                })
+                .into_iter();
+            for &(kg, _) in &sections {
                 let index = (kg - self.range.start) as usize;
                 match restored.get_mut(index) {
                     Some(seen) if *seen => {
@@ -963,8 +1032,10 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                         )));
                     }
                 }
-                let section = format::parse_section(kg, bytes)?;
-                let stored = section.compression();
+                let section = read.next().ok_or_else(|| {
+                    StateError::Restore(format!("the section of key group {kg} was not read"))
+                })??;
+                let stored = section.compression;
                 if stored.is_enabled() && stored != header.compression {
                     return Err(StateError::Core(CoreError::Corrupt {
                         what: format!("keyed snapshot section of key group {kg}"),
@@ -974,16 +1045,15 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                         ),
                     }));
                 }
-                for block in &section {
-                    let meta = usize::try_from(block.state_id)
+                for (state_id, raw) in section.blocks {
+                    let meta = usize::try_from(state_id)
                         .ok()
                         .and_then(|i| header.states.get(i))
                         .ok_or_else(|| {
                             StateError::Core(CoreError::Corrupt {
                                 what: format!("keyed snapshot section of key group {kg}"),
                                 reason: format!(
-                                    "state id {} is not in the header's {} states",
-                                    block.state_id,
+                                    "state id {state_id} is not in the header's {} states",
                                     header.states.len()
                                 ),
                             })
@@ -998,10 +1068,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                                 meta.name
                             ))
                         })?;
-                    *slot = Some(RawGroup {
-                        entry_count: block.entry_count,
-                        entries: Arc::from(block.entries),
-                    });
+                    *slot = Some(raw);
                 }
             }
         }
@@ -1039,6 +1106,199 @@ mod tests {
         let key = key.to_string();
         let g = assign_to_key_group(&key, b.max_parallelism());
         b.update(s, &key, g, v);
+    }
+
+    /// A snapshot of one `ValueState<u64>` named "count" with `u64` keys, written by hand (so it
+    /// may misplace or repeat keys): key group `kg` holds `entries(kg)`.
+    fn forged(
+        max_parallelism: u32,
+        range: KeyGroupRange,
+        entries: impl Fn(KeyGroup) -> Vec<(u64, u64)>,
+    ) -> (KeyedStateHandle, Vec<u8>) {
+        let header = SnapshotHeader {
+            flags: 0,
+            compression: Compression::None,
+            key_group_range: range,
+            max_parallelism,
+            states: vec![StateMeta {
+                id: 0,
+                name: "count".to_string(),
+                kind: StateKind::Value,
+                key_type: type_name::<u64>().to_string(),
+                value_type: type_name::<u64>().to_string(),
+                serializer_version: SERIALIZER_VERSION,
+            }],
+        };
+        let mut bytes = header.encode().unwrap();
+        let header_end = bytes.len() as u64;
+        let mut offsets = Vec::new();
+        let mut section = SectionWriter::new();
+        let mut encoder = EntryEncoder::new();
+        for kg in range.iter() {
+            offsets.push(bytes.len() as u64);
+            section.begin(kg);
+            let entries = entries(kg);
+            if !entries.is_empty() {
+                let (count, block) = encoder.encode(entries.iter().map(|(k, v)| (k, v))).unwrap();
+                section.block(0, count, block).unwrap();
+            }
+            bytes.extend_from_slice(section.finish().unwrap());
+        }
+        let layout = KeyedSnapshotLayout {
+            key_group_range: range,
+            header: (0, header_end),
+            offsets,
+            end: bytes.len() as u64,
+        };
+        (
+            layout.into_handle(StreamStateHandle::Inline(Vec::new())),
+            bytes,
+        )
+    }
+
+    /// The keys `0..n` by key group of max parallelism 16, each with the value `key + 1`.
+    fn keys_by_group(n: u64) -> Vec<Vec<(u64, u64)>> {
+        let mut groups = vec![Vec::new(); 16];
+        for k in 0..n {
+            groups[assign_to_key_group(&k, 16) as usize].push((k, k + 1));
+        }
+        groups
+    }
+
+    fn register_count(b: &mut HeapKeyedStateBackend<u64>) -> Result<ValueState<u64>, StateError> {
+        b.value_state(&ValueStateDescriptor::<u64>::new("count"))
+    }
+
+    /// A key in the wrong key group and a key twice are corruption naming the state and the key
+    /// group, the first such key group in order, for a small state (decoded on the task's
+    /// thread) and a large one (over 1 MB: decoded on several threads where there are cores).
+    #[test]
+    fn misplaced_and_repeated_keys_name_the_first_bad_key_group() {
+        for n in [200, 300_000] {
+            let groups = keys_by_group(n);
+            let range = KeyGroupRange::new(0, 15);
+            let stray = groups[3][0];
+            let twice = groups[5][1];
+            let cases: [(&[KeyGroup], &[KeyGroup], u32, &str); 4] = [
+                (
+                    &[11],
+                    &[],
+                    11,
+                    "a key of key group 3 was found in key group 11",
+                ),
+                (&[], &[5], 5, "a key appears twice"),
+                (&[11], &[5], 5, "a key appears twice"),
+                (
+                    &[2, 11],
+                    &[5],
+                    2,
+                    "a key of key group 3 was found in key group 2",
+                ),
+            ];
+            for (misplaced_in, repeated_in, first, reason) in cases {
+                let w = forged(16, range, |kg| {
+                    let mut entries = groups[kg as usize].clone();
+                    if misplaced_in.contains(&kg) {
+                        entries.push(stray);
+                    }
+                    if repeated_in.contains(&kg) {
+                        entries.push(twice);
+                    }
+                    entries
+                });
+                let mut r = HeapKeyedStateBackend::<u64>::new(16, range);
+                restore_whole(&mut r, &w).unwrap();
+                match register_count(&mut r).unwrap_err() {
+                    StateError::Core(CoreError::Corrupt { what, reason: why }) => {
+                        assert_eq!(what, format!("state 'count' in key group {first}"), "{n}");
+                        assert_eq!(why, reason, "{n}");
+                    }
+                    other => panic!("{n} keys: expected Corrupt, got {other}"),
+                }
+                // The failed registration leaves the state pending, and it fails again alike.
+                assert_eq!(r.pending_state_names(), vec!["count"]);
+                assert!(register_count(&mut r).is_err());
+            }
+            // Untouched, the same entries restore whole.
+            let w = forged(16, range, |kg| groups[kg as usize].clone());
+            let mut r = HeapKeyedStateBackend::<u64>::new(16, range);
+            restore_whole(&mut r, &w).unwrap();
+            let s = register_count(&mut r).unwrap();
+            assert_eq!(r.num_entries() as u64, n);
+            for k in [0, n / 2, n - 1] {
+                assert_eq!(r.value(s, &k, assign_to_key_group(&k, 16)), Some(&(k + 1)));
+            }
+        }
+    }
+
+    /// A large restore reads its sections on several threads; a damaged section is still the
+    /// error of the first damaged key group, and the backend is left as it was.
+    #[test]
+    fn a_large_restore_reports_the_first_damaged_section() {
+        let groups = keys_by_group(300_000);
+        let range = KeyGroupRange::new(0, 15);
+        let (handle, bytes) = forged(16, range, |kg| groups[kg as usize].clone());
+        let mut damaged = bytes.clone();
+        for kg in [9, 4, 13] {
+            let at = handle.offsets[kg] as usize + 100;
+            damaged[at] ^= 0x10;
+        }
+        let mut r = HeapKeyedStateBackend::<u64>::new(16, range);
+        match restore_whole(&mut r, &(handle.clone(), damaged)).unwrap_err() {
+            StateError::Core(CoreError::Corrupt { what, .. }) => {
+                assert_eq!(what, "keyed snapshot section of key group 4");
+            }
+            other => panic!("expected Corrupt, got {other}"),
+        }
+        assert!(r.pending_state_names().is_empty());
+        restore_whole(&mut r, &(handle, bytes)).unwrap();
+        register_count(&mut r).unwrap();
+        assert_eq!(r.num_entries(), 300_000);
+    }
+
+    #[test]
+    fn in_order_until_error_stops_at_the_first_failure_whatever_the_threads() {
+        let work = |i: usize| {
+            if i == 7 || i == 12 {
+                Err(StateError::Restore(i.to_string()))
+            } else {
+                Ok(i)
+            }
+        };
+        for threads in 1..=4 {
+            let results = in_order_until_error(20, threads, work);
+            assert_eq!(results.len(), 8, "{threads} threads");
+            for (i, result) in results.iter().enumerate().take(7) {
+                assert_eq!(result.as_ref().ok(), Some(&i), "{threads} threads");
+            }
+            assert!(
+                matches!(&results[7], Err(StateError::Restore(m)) if m == "7"),
+                "{threads} threads"
+            );
+            let all = in_order_until_error(20, threads, Ok::<usize, StateError>);
+            let all: Vec<usize> = all.into_iter().map(Result::unwrap).collect();
+            assert_eq!(all, (0..20).collect::<Vec<_>>(), "{threads} threads");
+            assert!(in_order_until_error(0, threads, work).is_empty());
+        }
+    }
+
+    #[test]
+    fn key_group_of_is_assign_to_key_group() {
+        for max_p in [
+            1, 2, 3, 5, 7, 8, 100, 127, 128, 129, 1000, 4096, 32767, 32768,
+        ] {
+            let of = KeyGroupOf::new(max_p);
+            for i in 0..5000u64 {
+                for k in [i, i.wrapping_mul(0x9e37_79b9_7f4a_7c15), u64::MAX - i] {
+                    assert_eq!(of.of(&k), assign_to_key_group(&k, max_p), "{k} of {max_p}");
+                }
+                let s = format!("key-{i}");
+                assert_eq!(of.of(&s), assign_to_key_group(&s, max_p), "{s} of {max_p}");
+            }
+            for k in [i32::MIN, -1, 0, 1, i32::MAX] {
+                assert_eq!(of.of(&k), assign_to_key_group(&k, max_p), "{k} of {max_p}");
+            }
+        }
     }
 
     #[test]
