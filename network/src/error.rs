@@ -1,6 +1,7 @@
 //! The errors of `weir-network`.
 
 use crate::ChannelId;
+use std::net::SocketAddr;
 use thiserror::Error;
 
 /// A channel error.
@@ -23,6 +24,28 @@ pub enum NetworkError {
     Codec {
         /// The channel.
         channel: ChannelId,
+        /// Why.
+        reason: String,
+    },
+    /// The connection to the process holding the other end failed (it died, closed the
+    /// connection, could not be reached, or broke the protocol).
+    #[error("channel {channel:?}: connection to peer {peer} failed: {reason}")]
+    Connection {
+        /// The channel.
+        channel: ChannelId,
+        /// The peer's transport address.
+        peer: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// No address is known for the producer of a channel.
+    #[error("channel {0:?}: no address is known for its producer")]
+    UnknownProducer(ChannelId),
+    /// A transport could not listen.
+    #[error("cannot listen on {addr}: {reason}")]
+    Listen {
+        /// The address asked for.
+        addr: SocketAddr,
         /// Why.
         reason: String,
     },

@@ -3,6 +3,9 @@
 //! - [`Transport`]: the seam. It opens the two ends of a channel by [`ChannelId`]; the producer
 //!   and the consumer may be in different processes (a TCP transport) or the same one.
 //! - [`local`]: the in-process transport: owned batches handed over through bounded queues.
+//! - [`tcp`]: the transport between processes: channels multiplexed over one TCP connection per
+//!   pair of processes, with explicit credits; a [`tcp::ChannelDirectory`] says where producers
+//!   live.
 //! - [`channel`]: typed ends over the type-erased transport ends, and [`channel::ElementCodec`],
 //!   which lets a transport that crosses processes serialize elements.
 //! - [`conformance`]: the contract as a suite every transport must pass.
@@ -25,12 +28,14 @@ pub mod conformance;
 pub mod error;
 pub mod gate;
 pub mod local;
+pub mod tcp;
 
 pub use channel::{AnyElement, ElementCodec, Receiver, Sender};
 pub use error::NetworkError;
 pub use gate::GateItem;
 pub use gate::InputGate;
 pub use local::LocalTransport;
+pub use tcp::{ChannelDirectory, StaticDirectory, TcpTransport};
 
 use serde::{Serialize, de::DeserializeOwned};
 use std::task::{Context, Poll};
@@ -131,6 +136,13 @@ pub trait RawReceiver: Send {
 /// - When the producer's end is dropped, the consumer reads what was sent and then `None`;
 ///   when the consumer's end is dropped, the producer's `poll_ready` fails with
 ///   [`NetworkError::Disconnected`].
+/// - News between the ends (an element, a priority element, a dropped end) arrives at once in
+///   process, and after crossing the network otherwise: there a consumer may read an element
+///   before a priority element sent after it has arrived (which then did not overtake it), and a
+///   producer may send into a consumer end already dropped until it learns of it (those
+///   elements are discarded).
+/// - A transport between processes fails the ends of a lost connection with
+///   [`NetworkError::Connection`], naming the peer; it never hangs on a dead peer.
 pub trait Transport: Send + Sync + 'static {
     /// Opens the producer's end.
     fn open_output(
