@@ -109,6 +109,8 @@ pub enum TriggerRefusal {
     NotAllTasksRunning(TaskKey),
     /// Every subtask finished: the job is ending.
     AllTasksFinished,
+    /// The job is stopping with this savepoint.
+    Stopping(CheckpointId),
     /// `max_concurrent_checkpoints` are pending.
     TooManyConcurrent(usize),
     /// The min pause since the last completion has not passed; the next trigger is due at `.0`.
@@ -121,6 +123,7 @@ impl fmt::Display for TriggerRefusal {
             TriggerRefusal::NotRunning => write!(f, "the job is not running"),
             TriggerRefusal::NotAllTasksRunning(t) => write!(f, "task {t} is not running"),
             TriggerRefusal::AllTasksFinished => write!(f, "every task finished"),
+            TriggerRefusal::Stopping(id) => write!(f, "the job is stopping with savepoint {id}"),
             TriggerRefusal::TooManyConcurrent(n) => {
                 write!(f, "{n} checkpoints are already in progress")
             }
@@ -333,6 +336,9 @@ const DURATION_HISTORY: usize = 10_000;
 pub struct CheckpointCoordinator {
     setup: CoordinatorSetup,
     active: bool,
+    /// A stop-with-savepoint is in progress: no other checkpoint starts (Flink stops its
+    /// scheduler), so nothing is taken, or committed, after the state the job stops with.
+    stopping: Option<CheckpointId>,
     running: BTreeSet<TaskKey>,
     finished: BTreeSet<TaskKey>,
     next_id: u64,
@@ -358,6 +364,7 @@ impl CheckpointCoordinator {
         CheckpointCoordinator {
             setup,
             active: false,
+            stopping: None,
             running: BTreeSet::new(),
             finished: BTreeSet::new(),
             next_id,
@@ -538,6 +545,9 @@ impl CheckpointCoordinator {
         if !self.active {
             return Err(TriggerRefusal::NotRunning);
         }
+        if let Some(id) = self.stopping {
+            return Err(TriggerRefusal::Stopping(id));
+        }
         for t in self
             .setup
             .tasks_to_trigger
@@ -572,6 +582,9 @@ impl CheckpointCoordinator {
         }
         let id = CheckpointId(self.next_id);
         self.next_id += 1;
+        if kind == SnapshotKind::SynchronousSavepoint {
+            self.stopping = Some(id);
+        }
         let timestamp_ms = self.wall_ms(now);
         let alignment = match (kind, self.setup.config.mode) {
             // Savepoints are always aligned.
@@ -765,6 +778,10 @@ impl CheckpointCoordinator {
         let Some(p) = self.pending.remove(&id) else {
             return;
         };
+        if self.stopping == Some(id) {
+            // The stop failed: the job goes on, and so do its checkpoints.
+            self.stopping = None;
+        }
         self.failed += 1;
         if let Some(s) = self.history.iter_mut().find(|s| s.id == id) {
             s.status = CheckpointStatus::Failed(reason.clone());
@@ -1013,6 +1030,45 @@ mod tests {
             c.trigger(SnapshotKind::SynchronousSavepoint, ms(200), &mut out)
                 .is_ok(),
             "a stop-with-savepoint is not held back by the min pause either"
+        );
+    }
+
+    #[test]
+    fn no_checkpoint_starts_while_the_job_stops_with_a_savepoint() {
+        let mut c = coordinator(periodic(10));
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        let sp = c
+            .trigger(SnapshotKind::SynchronousSavepoint, ms(5), &mut out)
+            .unwrap();
+        out.clear();
+        c.tick(ms(10), &mut out);
+        assert!(
+            !out.iter()
+                .any(|a| matches!(a, CoordinatorAction::Trigger { .. })),
+            "{out:?}"
+        );
+        assert_eq!(
+            c.trigger(SnapshotKind::Savepoint, ms(11), &mut out),
+            Err(TriggerRefusal::Stopping(sp))
+        );
+        // The stop fails: checkpoints go on.
+        c.decline(
+            key(1, 0),
+            sp,
+            CheckpointFailureReason::Declined {
+                task: key(1, 0),
+                reason: "test".into(),
+            },
+            ms(12),
+            &mut out,
+        );
+        out.clear();
+        c.tick(ms(30), &mut out);
+        assert!(
+            out.iter()
+                .any(|a| matches!(a, CoordinatorAction::Trigger { .. })),
+            "{out:?}"
         );
     }
 

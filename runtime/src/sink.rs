@@ -166,7 +166,9 @@ where
             None => BTreeMap::new(),
         };
         let due = std::mem::replace(&mut self.pending, later);
-        for (txn, records) in due {
+        // An empty transaction publishes nothing: not committing it keeps an id that a restore
+        // already committed with its records from being committed again, empty.
+        for (txn, records) in due.into_iter().filter(|(_, r)| !r.is_empty()) {
             self.committer
                 .commit(self.subtask, txn, records)
                 .map_err(|message| TaskError::Operator {
@@ -200,6 +202,9 @@ where
             Lifecycle::Open(ctx) => {
                 ctx.restore_operator_state(self.operator_id, &mut self.state)?;
                 let commit = |subtask: u32, txn: u64, records: Vec<T>| {
+                    if records.is_empty() {
+                        return Ok(());
+                    }
                     self.committer
                         .commit(subtask, txn, records)
                         .map_err(|message| TaskError::Operator {
