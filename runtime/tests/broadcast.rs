@@ -1,20 +1,22 @@
 //! The broadcast state pattern end to end: every subtask of a (keyed or plain) stream connected to a broadcast stream sees every broadcast record and ends with the same map, exactly once through failures, rescales and restores.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+use support::{Failures, Rule, apply_rule, color, inject, test_seed};
 use weir_core::handle::OperatorStateMode;
 use weir_core::keygroup::{assign_to_key_group, compute_key_group_range_for_operator_index};
 use weir_runtime::broadcast::{
     BROADCAST_STATE, BroadcastProcessFunction, KeyedBroadcastProcessFunction,
 };
 use weir_runtime::keyed::{Collector, KeyedContext, KeyedStateRegistry, TimeDomain};
-use weir_runtime::operator::{Chained, OneInputOperator, OpResult, Output, SubtaskInfo};
+use weir_runtime::operator::{Chained, SubtaskInfo};
 use weir_runtime::sink::{Committer, FINAL_TRANSACTION, TwoPhaseCommitSink};
 use weir_runtime::source::{SourceFunction, SourceStatus, splitmix64};
 use weir_runtime::{
@@ -45,22 +47,12 @@ const READINGS: u64 = 20_000;
 /// `Watermark::MAX`) reaches it, so it fires once both inputs ended, with the final map.
 const FAR: i64 = i64::MAX / 2;
 
-type Rule = (String, u64);
 type Reading = (String, u64);
-
-fn color(c: u64) -> String {
-    format!("color-{c:02}")
-}
 
 /// Rule `i`: its color and multiplier, 1 to 9; every fifth of the second rules is a 0, which
 /// removes the color's rule.
 fn rule(i: u64) -> Rule {
-    let multiplier = if i >= RULE_COLORS && i.is_multiple_of(5) {
-        0
-    } else {
-        1 + splitmix64(i ^ 0x5275_6c65) % 9
-    };
-    (color(i % RULE_COLORS), multiplier)
+    support::rule(i, RULE_COLORS)
 }
 
 /// Reading `i`: its color and value.
@@ -69,15 +61,6 @@ fn reading(i: u64) -> Reading {
         color(splitmix64(i ^ 0x636f_6c6f) % MAIN_COLORS),
         splitmix64(i.wrapping_mul(7) ^ 0x7661_6c75) % 1000,
     )
-}
-
-/// How a rule changes a broadcast map.
-fn apply_rule(map: &mut BTreeMap<String, u64>, (color, multiplier): Rule) {
-    if multiplier == 0 {
-        map.remove(&color);
-    } else {
-        map.insert(color, multiplier);
-    }
 }
 
 /// The broadcast map after rules `0..n`, computed without the engine.
@@ -249,89 +232,6 @@ impl<T: Send + 'static> SourceFunction<T> for LaneSource<T> {
         }
         Ok(())
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Failure injection (as in runtime/tests/timers.rs, for any record type).
-// ---------------------------------------------------------------------------------------------
-
-/// Fails (panics) once at each threshold of records seen over all subtasks and attempts, and at
-/// most once per attempt, so that each injected failure is exactly one restart.
-#[derive(Default)]
-struct Failures {
-    seen: AtomicU64,
-    thresholds: Vec<u64>,
-    /// The next threshold's index (high 32 bits) and the attempt that failed last, plus one.
-    state: AtomicU64,
-}
-
-impl Failures {
-    fn at(mut thresholds: Vec<u64>) -> Arc<Self> {
-        thresholds.sort_unstable();
-        Arc::new(Failures {
-            thresholds,
-            ..Failures::default()
-        })
-    }
-
-    fn record(&self, attempt: u32) {
-        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        let state = self.state.load(Ordering::SeqCst);
-        let (next, failed) = (state >> 32, state & 0xffff_ffff);
-        let this = u64::from(attempt) + 1;
-        if let Some(&t) = self.thresholds.get(next as usize)
-            && n >= t
-            && failed < this
-            && self
-                .state
-                .compare_exchange(
-                    state,
-                    ((next + 1) << 32) | this,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                )
-                .is_ok()
-        {
-            panic!(
-                "injected failure {} in attempt {attempt} after {n} records",
-                next + 1
-            );
-        }
-    }
-
-    fn injected(&self) -> usize {
-        (self.state.load(Ordering::SeqCst) >> 32) as usize
-    }
-}
-
-/// The identity that injects failures; an operator, to know its attempt.
-struct Inject<T> {
-    failures: Arc<Failures>,
-    attempt: u32,
-    _t: PhantomData<fn(T)>,
-}
-
-impl<T: Send + 'static> OneInputOperator<T> for Inject<T> {
-    type Out = T;
-
-    fn process(&mut self, record: T, out: &mut dyn Output<T>) -> OpResult {
-        self.failures.record(self.attempt);
-        out.push(record)
-    }
-}
-
-fn inject<T: weir_network::Data>(stream: DataStream<T>, failures: &Arc<Failures>) -> DataStream<T> {
-    let failures = failures.clone();
-    stream.transform::<T>("Inject", move |ctx, next| {
-        Box::new(Chained::new(
-            Inject {
-                failures: failures.clone(),
-                attempt: ctx.info.attempt,
-                _t: PhantomData,
-            },
-            next,
-        ))
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -677,21 +577,6 @@ fn check_totals(by_subtask: &BTreeMap<u32, Vec<Total>>, parallelism: u32, ctx: &
             expected.len()
         );
     }
-}
-
-/// The test's seed: `WEIR_TEST_SEED` to reproduce, else a fresh one per run.
-fn test_seed() -> u64 {
-    let seed = std::env::var("WEIR_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(42)
-        });
-    eprintln!("seed={seed} (rerun with WEIR_TEST_SEED={seed})");
-    seed
 }
 
 /// Strips `file://` from a snapshot path a client returned.

@@ -1,6 +1,8 @@
 //! Checkpoints after tasks finished (Flink's FLIP-147) end to end: checkpoints and savepoints keep completing once a bounded source or a sink subtask has finished, and restores from them are exactly once (two-phase-commit final transactions and unaligned in-flight data included).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::marker::PhantomData;
@@ -8,6 +10,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use support::{Injector, Rule, apply_rule, color, inject};
 use weir_core::element::SnapshotKind;
 use weir_core::handle::OperatorStateMode;
 use weir_runtime::broadcast::KeyedBroadcastProcessFunction;
@@ -45,20 +48,10 @@ const MAIN_COLORS: u64 = 14;
 /// The event-time timer each reading registers: it fires once both inputs ended.
 const FAR: i64 = i64::MAX / 2;
 
-type Rule = (String, u64);
 type Reading = (u64, String, u64);
 
-fn color(c: u64) -> String {
-    format!("color-{c:02}")
-}
-
 fn rule(i: u64) -> Rule {
-    let multiplier = if i >= RULE_COLORS && i.is_multiple_of(5) {
-        0
-    } else {
-        1 + splitmix64(i ^ 0x5275_6c65) % 9
-    };
-    (color(i % RULE_COLORS), multiplier)
+    support::rule(i, RULE_COLORS)
 }
 
 fn reading(i: u64) -> Reading {
@@ -67,14 +60,6 @@ fn reading(i: u64) -> Reading {
         color(splitmix64(i ^ 0x636f_6c6f) % MAIN_COLORS),
         splitmix64(i.wrapping_mul(7) ^ 0x7661_6c75) % 1000,
     )
-}
-
-fn apply_rule(map: &mut BTreeMap<String, u64>, (color, multiplier): Rule) {
-    if multiplier == 0 {
-        map.remove(&color);
-    } else {
-        map.insert(color, multiplier);
-    }
 }
 
 /// What the broadcast job emits: each reading scored with its color's final rule, and at the end
@@ -367,33 +352,10 @@ impl Trip {
     }
 }
 
-struct Inject<T> {
-    trip: Arc<Trip>,
-    attempt: u32,
-    _t: PhantomData<fn(T)>,
-}
-
-impl<T: Send + 'static> OneInputOperator<T> for Inject<T> {
-    type Out = T;
-
-    fn process(&mut self, record: T, out: &mut dyn Output<T>) -> OpResult {
-        self.trip.record(self.attempt);
-        out.push(record)
+impl Injector for Trip {
+    fn record(&self, attempt: u32) {
+        Trip::record(self, attempt);
     }
-}
-
-fn inject<T: weir_network::Data>(stream: DataStream<T>, trip: &Arc<Trip>) -> DataStream<T> {
-    let trip = trip.clone();
-    stream.transform::<T>("Inject", move |ctx, next| {
-        Box::new(Chained::new(
-            Inject {
-                trip: trip.clone(),
-                attempt: ctx.info.attempt,
-                _t: PhantomData,
-            },
-            next,
-        ))
-    })
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,14 +2,15 @@
 //! under failures and across a rescale.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use support::{Failures, inject};
 use weir_runtime::keyed::{Collector, KeyedContext, KeyedProcessFunction, KeyedStateRegistry};
-use weir_runtime::operator::{Chained, OneInputOperator, OpResult, Output};
 use weir_runtime::source::splitmix64;
 use weir_runtime::{
     CollectHandle, DataStream, JobError, RestartStrategy, StreamEnvironment, TaskError,
@@ -19,6 +20,10 @@ use weir_state::{
     ListStateDescriptor, MapState, MapStateDescriptor, ReducingState, ReducingStateDescriptor,
     ValueState, ValueStateDescriptor,
 };
+
+/// The failure injector sleeps 1 ms every this many records: slow enough for checkpoints to
+/// complete between failures.
+const PACE_EVERY: u64 = 4096;
 
 /// The number of keys: record `i` has key `i % KEYS`. A multiple of the generator's split count
 /// at source parallelism 1, 2 and 3 (4 splits per reader, split `s` of `n` holding the indices
@@ -254,89 +259,10 @@ fn verify(
         .collect()
 }
 
-/// Fails (panics) once at each threshold of records seen over all subtasks and attempts, and at
-/// most once per attempt, so that each injected failure is exactly one restart.
-#[derive(Default)]
-struct Failures {
-    seen: AtomicU64,
-    thresholds: Vec<u64>,
-    /// The next threshold's index (high 32 bits) and the attempt that failed last, plus one
-    /// (low 32 bits; 0: none), in one word so that both change together.
-    state: AtomicU64,
-}
-
-impl Failures {
-    fn at(mut thresholds: Vec<u64>) -> Arc<Self> {
-        thresholds.sort_unstable();
-        Arc::new(Failures {
-            thresholds,
-            ..Failures::default()
-        })
-    }
-
-    fn record(&self, attempt: u32) {
-        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        // Slow enough for checkpoints to complete between failures.
-        if n.is_multiple_of(4096) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let state = self.state.load(Ordering::SeqCst);
-        let (next, failed) = (state >> 32, state & 0xffff_ffff);
-        let this = u64::from(attempt) + 1;
-        if let Some(&t) = self.thresholds.get(next as usize)
-            && n >= t
-            && failed < this
-            && self
-                .state
-                .compare_exchange(
-                    state,
-                    ((next + 1) << 32) | this,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                )
-                .is_ok()
-        {
-            panic!(
-                "injected failure {} in attempt {attempt} after {n} records",
-                next + 1
-            );
-        }
-    }
-
-    fn injected(&self) -> usize {
-        (self.state.load(Ordering::SeqCst) >> 32) as usize
-    }
-}
-
-/// The identity on `u64` records that injects `failures` (an operator, to know its attempt).
-struct Inject {
-    failures: Arc<Failures>,
-    attempt: u32,
-}
-
-impl OneInputOperator<u64> for Inject {
-    type Out = u64;
-
-    fn process(&mut self, record: u64, out: &mut dyn Output<u64>) -> OpResult {
-        self.failures.record(self.attempt);
-        out.push(record)
-    }
-}
-
 /// generator → failure injection → key_by → the five-kind function → collect.
 fn job(env: &StreamEnvironment, records: u64, failures: &Arc<Failures>) -> CollectHandle<Summary> {
-    let failures = failures.clone();
     let source: DataStream<u64> = env.from_generator(Some(records), |i| i).uid("source");
-    source
-        .transform::<u64>("Inject", move |ctx, next| {
-            Box::new(Chained::new(
-                Inject {
-                    failures: failures.clone(),
-                    attempt: ctx.info.attempt,
-                },
-                next,
-            ))
-        })
+    inject(source, failures)
         .uid("inject")
         .map(|i: u64| (i % KEYS, i))
         .uid("pairs")
@@ -387,7 +313,7 @@ async fn all_five_kinds_are_exactly_once_under_failures() {
     for _ in 0..4 {
         let tmp = tempfile::tempdir().unwrap();
         let env = environment(tmp.path(), 2, fixed_delay());
-        let failures = Failures::at(vec![records / 4, records / 2, records * 3 / 4]);
+        let failures = Failures::paced(vec![records / 4, records / 2, records * 3 / 4], PACE_EVERY);
         let out = job(&env, records, &failures);
         let r = env.execute().await.unwrap();
         let ctx = format!("records={records}");
@@ -423,7 +349,7 @@ async fn all_five_kinds_restore_exactly_at_another_parallelism() {
         let first = tmp.path().join("first");
         let ctx = format!("records={records}");
         let env = environment(&first, 2, RestartStrategy::NoRestart);
-        let failures = Failures::at(vec![records / 2]);
+        let failures = Failures::paced(vec![records / 2], PACE_EVERY);
         let before = job(&env, records, &failures);
         match env.execute().await {
             Err(JobError::Failed { restarts, .. }) => assert_eq!(restarts, 0, "{ctx}"),
@@ -437,7 +363,7 @@ async fn all_five_kinds_restore_exactly_at_another_parallelism() {
 
         let env = environment(&tmp.path().join("second"), 3, fixed_delay());
         env.restore_from(&first);
-        let failures = Failures::at(vec![records / 4]);
+        let failures = Failures::paced(vec![records / 4], PACE_EVERY);
         let after = job(&env, records, &failures);
         let r = env
             .execute()

@@ -1,11 +1,14 @@
 //! Keyed timers: event-time and processing-time timers fire once each, when due and in order, through failures, deletes and restores at another parallelism.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+use support::{Failures, inject, test_seed};
 use weir_core::element::Watermark;
 use weir_core::handle::OperatorStateMode;
 use weir_core::keygroup::{assign_to_key_group, compute_key_group_range_for_operator_index};
@@ -165,74 +168,6 @@ impl SourceFunction<Event> for LaneSource {
             state.update(list, &[self.next])?;
         }
         Ok(())
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Failure injection (as in runtime/tests/pipeline.rs, for any record type).
-// ---------------------------------------------------------------------------------------------
-
-/// Fails (panics) once at each threshold of records seen over all subtasks and attempts, and at
-/// most once per attempt, so that each injected failure is exactly one restart.
-#[derive(Default)]
-struct Failures {
-    seen: AtomicU64,
-    thresholds: Vec<u64>,
-    /// The next threshold's index (high 32 bits) and the attempt that failed last, plus one.
-    state: AtomicU64,
-}
-
-impl Failures {
-    fn at(mut thresholds: Vec<u64>) -> Arc<Self> {
-        thresholds.sort_unstable();
-        Arc::new(Failures {
-            thresholds,
-            ..Failures::default()
-        })
-    }
-
-    fn record(&self, attempt: u32) {
-        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        let state = self.state.load(Ordering::SeqCst);
-        let (next, failed) = (state >> 32, state & 0xffff_ffff);
-        let this = u64::from(attempt) + 1;
-        if let Some(&t) = self.thresholds.get(next as usize)
-            && n >= t
-            && failed < this
-            && self
-                .state
-                .compare_exchange(
-                    state,
-                    ((next + 1) << 32) | this,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                )
-                .is_ok()
-        {
-            panic!(
-                "injected failure {} in attempt {attempt} after {n} records",
-                next + 1
-            );
-        }
-    }
-
-    fn injected(&self) -> usize {
-        (self.state.load(Ordering::SeqCst) >> 32) as usize
-    }
-}
-
-/// The identity that injects failures; an operator, to know its attempt.
-struct Inject {
-    failures: Arc<Failures>,
-    attempt: u32,
-}
-
-impl OneInputOperator<Event> for Inject {
-    type Out = Event;
-
-    fn process(&mut self, record: Event, out: &mut dyn Output<Event>) -> OpResult {
-        self.failures.record(self.attempt);
-        out.push(record)
     }
 }
 
@@ -418,16 +353,7 @@ fn timer_job(o: &JobOptions<'_>) -> (StreamEnvironment, DataStream<Fired>, Probe
         })
         .uid("lanes");
     if let Some(failures) = &o.failures {
-        let failures = failures.clone();
-        events = events.transform::<Event>("Inject", move |ctx, next| {
-            Box::new(Chained::new(
-                Inject {
-                    failures: failures.clone(),
-                    attempt: ctx.info.attempt,
-                },
-                next,
-            ))
-        });
+        events = inject(events, failures);
     }
     let events =
         events.assign_timestamps_and_watermarks(Duration::from_millis(BOUND_MS), |e: &Event| e.1);
@@ -528,21 +454,6 @@ fn by_subtask(commits: &[(u32, u64, Vec<Fired>)]) -> BTreeMap<u32, Vec<Fired>> {
         out.entry(*s).or_default().extend(records.iter().copied());
     }
     out
-}
-
-/// The test's seed: `WEIR_TEST_SEED` to reproduce, else a fresh one per run.
-fn test_seed() -> u64 {
-    let seed = std::env::var("WEIR_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(42)
-        });
-    eprintln!("seed={seed} (rerun with WEIR_TEST_SEED={seed})");
-    seed
 }
 
 const RECORDS: u64 = 20_000;
