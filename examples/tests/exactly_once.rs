@@ -2,153 +2,18 @@
 //! what a failure-free run (or `expected_totals`, computed without the engine) produces.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, HashMap};
+mod support;
+use support::*;
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use weir_examples::{WordCountOptions, build, expected_totals};
-use weir_runtime::operator::{Chained, OneInputOperator, OpResult, Output};
 use weir_runtime::source::splitmix64;
 use weir_runtime::{
-    CollectHandle, DataStream, JobError, JobResult, JobStatus, LatestHandle, RestartStrategy,
-    StreamEnvironment,
+    CollectHandle, JobError, JobResult, JobStatus, LatestHandle, RestartStrategy, StreamEnvironment,
 };
-
-/// SplitMix64 as a generator: the seeded source of failure points and intervals.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo)
-    }
-
-    /// `n` failure points in `1..=records`, sorted.
-    fn thresholds(&mut self, n: usize, records: u64) -> Vec<u64> {
-        let mut t: Vec<u64> = (0..n).map(|_| self.range(1, records + 1)).collect();
-        t.sort_unstable();
-        t
-    }
-
-    /// `n` failure points for `FailureInjector`, one in the middle half of each of `n` equal
-    /// slices of `1..=records`, so consecutive points are at least a quarter of `records / n`
-    /// apart. `FailureInjector` counts records over all subtasks, and the other subtasks go on
-    /// until the failed attempt is torn down; points closer than that could fail twice in one
-    /// attempt, which is one restart.
-    fn spaced_thresholds(&mut self, n: usize, records: u64) -> Vec<u64> {
-        let slice = records / n.max(1) as u64;
-        (0..n as u64)
-            .map(|k| k * slice + self.range(slice / 4, slice * 3 / 4) + 1)
-            .collect()
-    }
-}
-
-/// Fails (panics) once at each threshold of records seen over all subtasks and attempts, and at
-/// most once per attempt, so that each injected failure is exactly one restart. A threshold
-/// passed in an attempt that already failed fires at the start of the next one.
-#[derive(Default)]
-struct Failures {
-    seen: AtomicU64,
-    thresholds: Vec<u64>,
-    /// The next threshold's index (high 32 bits) and the attempt that failed last, plus one
-    /// (low 32 bits; 0: none), in one word so that both change together.
-    state: AtomicU64,
-}
-
-impl Failures {
-    fn at(mut thresholds: Vec<u64>) -> Arc<Self> {
-        thresholds.sort_unstable();
-        Arc::new(Failures {
-            thresholds,
-            ..Failures::default()
-        })
-    }
-
-    fn record(&self, attempt: u32) {
-        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        let state = self.state.load(Ordering::SeqCst);
-        let (next, failed) = (state >> 32, state & 0xffff_ffff);
-        let this = u64::from(attempt) + 1;
-        if let Some(&t) = self.thresholds.get(next as usize)
-            && n >= t
-            && failed < this
-            && self
-                .state
-                .compare_exchange(
-                    state,
-                    ((next + 1) << 32) | this,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                )
-                .is_ok()
-        {
-            panic!(
-                "injected failure {} in attempt {attempt} after {n} records",
-                next + 1
-            );
-        }
-    }
-
-    fn injected(&self) -> usize {
-        (self.state.load(Ordering::SeqCst) >> 32) as usize
-    }
-}
-
-/// The identity on `u64` records that injects `failures`; it knows its attempt, which a `map`
-/// closure does not.
-struct Inject {
-    failures: Arc<Failures>,
-    attempt: u32,
-}
-
-impl OneInputOperator<u64> for Inject {
-    type Out = u64;
-
-    fn process(&mut self, record: u64, out: &mut dyn Output<u64>) -> OpResult {
-        self.failures.record(self.attempt);
-        out.push(record)
-    }
-}
-
-/// Adds [`Inject`] behind `stream`.
-fn inject(stream: DataStream<u64>, failures: &Arc<Failures>) -> DataStream<u64> {
-    let failures = failures.clone();
-    stream
-        .transform::<u64>("Inject", move |ctx, next| {
-            Box::new(Chained::new(
-                Inject {
-                    failures: failures.clone(),
-                    attempt: ctx.info.attempt,
-                },
-                next,
-            ))
-        })
-        .uid("inject")
-}
-
-/// The test's seed: `WEIR_TEST_SEED` to reproduce a failure, else a fresh one per run.
-fn test_seed() -> u64 {
-    let seed = std::env::var("WEIR_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(42)
-        });
-    eprintln!("seed={seed} (rerun with WEIR_TEST_SEED={seed})");
-    seed
-}
 
 /// The complete checkpoints (`<job>/chk-<n>/_metadata`) under a checkpoint root.
 fn complete_checkpoints(root: &Path) -> Vec<PathBuf> {
@@ -358,25 +223,9 @@ async fn restore_at_lower_parallelism_4_to_1_gives_exact_totals() {
 // The exactly-once collect and file sinks, and reduce.
 // ---------------------------------------------------------------------------------------------
 
-const KEYS: u64 = 97;
-
-/// The key of record `i`: a hash, so keys interleave in no particular order.
-fn key_of(i: u64) -> u64 {
-    splitmix64(i ^ 0x5eed) % KEYS
-}
-
 /// A value of record `i` for the reduce.
 fn value_of(i: u64) -> i64 {
     (splitmix64(i.wrapping_mul(31) ^ 0xfeed) % 1_000_003) as i64
-}
-
-/// Each key's record count over `0..n`, computed without the engine.
-fn counts_per_key(n: u64) -> BTreeMap<u64, i64> {
-    let mut m = BTreeMap::new();
-    for i in 0..n {
-        *m.entry(key_of(i)).or_insert(0) += 1;
-    }
-    m
 }
 
 /// A checkpointed environment writing under `dir`.
@@ -413,35 +262,6 @@ fn keyed_sum_job(
 fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
     v.sort_unstable();
     v
-}
-
-/// Flink's VerifyingSink check: within each subtask's committed output, each key's running sums
-/// go `1, 2, 3, …` with no gap, duplicate or reordering, and each key lives in one subtask.
-/// Returns each key's last running sum.
-fn verify_running_sums(
-    by_subtask: &BTreeMap<u32, Vec<(u64, i64)>>,
-    ctx: &str,
-) -> BTreeMap<u64, i64> {
-    let mut owner: HashMap<u64, u32> = HashMap::new();
-    let mut last: BTreeMap<u64, i64> = BTreeMap::new();
-    for (subtask, records) in by_subtask {
-        for (pos, (key, sum)) in records.iter().enumerate() {
-            let o = *owner.entry(*key).or_insert(*subtask);
-            assert_eq!(
-                o, *subtask,
-                "{ctx}: key {key} in subtasks {o} and {subtask}"
-            );
-            let prev = last.entry(*key).or_insert(0);
-            assert_eq!(
-                *sum,
-                *prev + 1,
-                "{ctx}: subtask {subtask}, position {pos}: key {key} went from running sum {prev} \
-                 to {sum} (a gap, duplicate or reordering)"
-            );
-            *prev = *sum;
-        }
-    }
-    last
 }
 
 /// Each key's committed running sums must be a prefix of `1..=expected[key]`.

@@ -3,52 +3,19 @@
 //! rejected.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, HashMap};
+mod support;
+use support::*;
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use weir_core::element::SnapshotKind;
 use weir_examples::{WordCountOptions, build, expected_totals};
-use weir_runtime::operator::{Chained, OneInputOperator, OpResult, Output};
-use weir_runtime::source::splitmix64;
 use weir_runtime::{
-    CheckpointStats, CheckpointStatus, CheckpointingMode, CollectHandle, DataStream, JobClient,
-    JobError, JobResult, JobStatus, RestartStrategy, StreamEnvironment,
+    CheckpointStats, CheckpointStatus, CheckpointingMode, CollectHandle, JobClient, JobError,
+    JobResult, JobStatus, RestartStrategy, StreamEnvironment,
 };
-
-/// SplitMix64 as a generator: the seeded source of failure points.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo)
-    }
-}
-
-/// The test's seed: `WEIR_TEST_SEED` to reproduce a failure, else a fresh one per run.
-fn test_seed() -> u64 {
-    let seed = std::env::var("WEIR_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(42)
-        });
-    eprintln!("seed={seed} (rerun with WEIR_TEST_SEED={seed})");
-    seed
-}
 
 /// Busy-waits `d`: a sleep this short would take the scheduler's granularity instead.
 fn spin(d: Duration) {
@@ -334,133 +301,6 @@ async fn restore_in_flight_data_at_another_parallelism_is_an_error() {
 // ---------------------------------------------------------------------------------------------
 // Flink's VerifyingSink check through the exactly-once collect sink.
 // ---------------------------------------------------------------------------------------------
-
-/// Fails (panics) once at each threshold of records seen over all subtasks and attempts, and at
-/// most once per attempt, so that each injected failure is exactly one restart.
-#[derive(Default)]
-struct Failures {
-    seen: AtomicU64,
-    thresholds: Vec<u64>,
-    /// The next threshold's index (high 32 bits) and the attempt that failed last, plus one
-    /// (low 32 bits; 0: none).
-    state: AtomicU64,
-}
-
-impl Failures {
-    fn at(mut thresholds: Vec<u64>) -> Arc<Self> {
-        thresholds.sort_unstable();
-        Arc::new(Failures {
-            thresholds,
-            ..Failures::default()
-        })
-    }
-
-    fn record(&self, attempt: u32) {
-        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        let state = self.state.load(Ordering::SeqCst);
-        let (next, failed) = (state >> 32, state & 0xffff_ffff);
-        let this = u64::from(attempt) + 1;
-        if let Some(&t) = self.thresholds.get(next as usize)
-            && n >= t
-            && failed < this
-            && self
-                .state
-                .compare_exchange(
-                    state,
-                    ((next + 1) << 32) | this,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                )
-                .is_ok()
-        {
-            panic!(
-                "injected failure {} in attempt {attempt} after {n} records",
-                next + 1
-            );
-        }
-    }
-
-    fn injected(&self) -> usize {
-        (self.state.load(Ordering::SeqCst) >> 32) as usize
-    }
-}
-
-/// The identity on `u64` records that injects `failures`; it knows its attempt, which a `map`
-/// closure does not.
-struct Inject {
-    failures: Arc<Failures>,
-    attempt: u32,
-}
-
-impl OneInputOperator<u64> for Inject {
-    type Out = u64;
-
-    fn process(&mut self, record: u64, out: &mut dyn Output<u64>) -> OpResult {
-        self.failures.record(self.attempt);
-        out.push(record)
-    }
-}
-
-/// Adds [`Inject`] behind `stream`.
-fn inject(stream: DataStream<u64>, failures: &Arc<Failures>) -> DataStream<u64> {
-    let failures = failures.clone();
-    stream
-        .transform::<u64>("Inject", move |ctx, next| {
-            Box::new(Chained::new(
-                Inject {
-                    failures: failures.clone(),
-                    attempt: ctx.info.attempt,
-                },
-                next,
-            ))
-        })
-        .uid("inject")
-}
-
-const KEYS: u64 = 97;
-
-/// The key of record `i`: a hash, so keys interleave in no particular order.
-fn key_of(i: u64) -> u64 {
-    splitmix64(i ^ 0x5eed) % KEYS
-}
-
-/// Each key's record count over `0..n`, computed without the engine.
-fn counts_per_key(n: u64) -> BTreeMap<u64, i64> {
-    let mut m = BTreeMap::new();
-    for i in 0..n {
-        *m.entry(key_of(i)).or_insert(0) += 1;
-    }
-    m
-}
-
-/// Within each subtask's committed output, each key's running sums go `1, 2, 3, …` with no gap,
-/// duplicate or reordering, and each key lives in one subtask. Returns each key's last running
-/// sum.
-fn verify_running_sums(
-    by_subtask: &BTreeMap<u32, Vec<(u64, i64)>>,
-    ctx: &str,
-) -> BTreeMap<u64, i64> {
-    let mut owner: HashMap<u64, u32> = HashMap::new();
-    let mut last: BTreeMap<u64, i64> = BTreeMap::new();
-    for (subtask, records) in by_subtask {
-        for (pos, (key, sum)) in records.iter().enumerate() {
-            let o = *owner.entry(*key).or_insert(*subtask);
-            assert_eq!(
-                o, *subtask,
-                "{ctx}: key {key} in subtasks {o} and {subtask}"
-            );
-            let prev = last.entry(*key).or_insert(0);
-            assert_eq!(
-                *sum,
-                *prev + 1,
-                "{ctx}: subtask {subtask}, position {pos}: key {key} went from running sum {prev} \
-                 to {sum} (a gap, duplicate or reordering)"
-            );
-            *prev = *sum;
-        }
-    }
-    last
-}
 
 /// generator → inject → (key, 1) → key_by → sum → busy-wait → collect, at parallelism 3 with one
 /// buffer per channel and unaligned checkpoints every 10 ms.
