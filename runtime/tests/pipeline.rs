@@ -864,6 +864,24 @@ impl CheckpointStorage for TestStorage {
         self.inner.read_state(location, handle, range).await
     }
 
+    async fn write_shared_state(
+        &self,
+        location: &CheckpointLocation,
+        name: &str,
+        bytes: Bytes,
+    ) -> Result<StreamStateHandle, CheckpointError> {
+        self.check("write_state")?;
+        self.inner.write_shared_state(location, name, bytes).await
+    }
+
+    async fn discard_state(
+        &self,
+        location: &CheckpointLocation,
+        handle: &StreamStateHandle,
+    ) -> Result<(), CheckpointError> {
+        self.inner.discard_state(location, handle).await
+    }
+
     async fn write_metadata(
         &self,
         location: &CheckpointLocation,

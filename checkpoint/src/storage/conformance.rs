@@ -35,6 +35,7 @@ pub async fn run_all(storage: &dyn CheckpointStorage) {
     check_inline_is_monotonic(storage).await;
     check_state_corruption_detected(storage).await;
     check_discard_idempotent(storage).await;
+    check_shared_state(storage).await;
     check_list_and_find(storage).await;
     check_name_validation(storage).await;
 }
@@ -739,6 +740,127 @@ pub async fn check_state_corruption_detected(storage: &dyn CheckpointStorage) {
         "read of a missing file",
         storage.read_state(&loc, &missing, None).await,
     );
+}
+
+/// Shared state: a file written beside one checkpoint's location is read through the handle from
+/// another's, outlives the discard of the location it was written from, and goes only with
+/// [`CheckpointStorage::discard_state`], which is idempotent.
+pub async fn check_shared_state(storage: &dyn CheckpointStorage) {
+    let check = "shared_state";
+    let job = fresh_job(storage, check).await;
+    let first = ok(
+        storage,
+        check,
+        "init_location",
+        storage.init_location(job, CheckpointId(5)).await,
+    );
+    let second = ok(
+        storage,
+        check,
+        "init_location",
+        storage.init_location(job, CheckpointId(6)).await,
+    );
+    let data = pattern(FILE_STATE_LEN, 41);
+    let handle = ok(
+        storage,
+        check,
+        "write_shared_state",
+        storage
+            .write_shared_state(&first, "base-keyed", data.clone())
+            .await,
+    );
+    match &handle {
+        StreamStateHandle::File { path, size, crc32 } => {
+            must(storage, check, path == "../shared/base-keyed", || {
+                format!("a shared file's path must be ../shared/<name>, got {path:?}")
+            });
+            must(
+                storage,
+                check,
+                *size == data.len() as u64 && *crc32 == crc32fast::hash(&data),
+                || "the shared file's handle has the wrong size or CRC-32".to_string(),
+            );
+        }
+        StreamStateHandle::Inline(_) => fail(
+            storage,
+            check,
+            "state this large must be written as a shared file, not inlined".to_string(),
+        ),
+    }
+    must(storage, check, super::is_shared(&handle), || {
+        format!("is_shared should recognise {handle:?}")
+    });
+    let read = ok(
+        storage,
+        check,
+        "read_state of a shared file from another checkpoint's location",
+        storage.read_state(&second, &handle, None).await,
+    );
+    must(storage, check, read == data, || {
+        "a shared file read back other bytes".to_string()
+    });
+    ok(storage, check, "discard", storage.discard(&first).await);
+    let read = ok(
+        storage,
+        check,
+        "read_state of a shared file after the location it was written from was discarded",
+        storage.read_state(&second, &handle, None).await,
+    );
+    must(storage, check, read == data, || {
+        "a shared file changed when a checkpoint location was discarded".to_string()
+    });
+    ok(
+        storage,
+        check,
+        "discard_state",
+        storage.discard_state(&second, &handle).await,
+    );
+    expect_not_found(
+        storage,
+        check,
+        "read_state after discard_state",
+        storage.read_state(&second, &handle, None).await,
+    );
+    ok(
+        storage,
+        check,
+        "discard_state (again)",
+        storage.discard_state(&second, &handle).await,
+    );
+    let small = ok(
+        storage,
+        check,
+        "write_shared_state (small)",
+        storage
+            .write_shared_state(&second, "tiny-keyed", Bytes::from_static(b"tiny"))
+            .await,
+    );
+    // Inlined below the storage's threshold, or a shared file: either way it reads back.
+    must(
+        storage,
+        check,
+        match &small {
+            StreamStateHandle::Inline(b) => b == b"tiny" && !super::is_shared(&small),
+            StreamStateHandle::File { .. } => super::is_shared(&small),
+        },
+        || format!("four bytes of shared state: unexpected handle {small:?}"),
+    );
+    let read = ok(
+        storage,
+        check,
+        "read_state of small shared state",
+        storage.read_state(&second, &small, None).await,
+    );
+    must(storage, check, read.as_ref() == b"tiny", || {
+        "small shared state read back other bytes".to_string()
+    });
+    ok(
+        storage,
+        check,
+        "discard_state of small shared state",
+        storage.discard_state(&second, &small).await,
+    );
+    ok(storage, check, "discard", storage.discard(&second).await);
 }
 
 /// Discarding removes the checkpoint and everything in it; discarding again, or discarding a

@@ -449,6 +449,29 @@ impl CheckpointStorage for FaultInjectingStorage {
         self.inner.write_state(location, name, bytes).await
     }
 
+    async fn write_shared_state(
+        &self,
+        location: &CheckpointLocation,
+        name: &str,
+        bytes: Bytes,
+    ) -> Result<StreamStateHandle, CheckpointError> {
+        self.enter(Some(OpKind::Write), "write_shared_state", || {
+            format!("{}../shared/{name}", dir_of(location))
+        })
+        .await?;
+        self.inner.write_shared_state(location, name, bytes).await
+    }
+
+    async fn discard_state(
+        &self,
+        location: &CheckpointLocation,
+        handle: &StreamStateHandle,
+    ) -> Result<(), CheckpointError> {
+        self.enter(None, "discard_state", || dir_of(location))
+            .await?;
+        self.inner.discard_state(location, handle).await
+    }
+
     async fn read_state(
         &self,
         location: &CheckpointLocation,

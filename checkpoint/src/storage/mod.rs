@@ -87,6 +87,26 @@ pub trait CheckpointStorage: Send + Sync + 'static {
         bytes: Bytes,
     ) -> Result<StreamStateHandle, CheckpointError>;
 
+    /// Writes one state file called `name` into the `shared/` directory beside `location`
+    /// (`<job-id>/shared/` for `<job-id>/chk-<n>/`): state that later checkpoints may reference
+    /// too (incremental snapshots). The handle's path is relative to `location`
+    /// (`../shared/<name>`), so `_metadata` refers to it as to any other file. Small state is
+    /// inlined, as by [`write_state`](Self::write_state).
+    async fn write_shared_state(
+        &self,
+        location: &CheckpointLocation,
+        name: &str,
+        bytes: Bytes,
+    ) -> Result<StreamStateHandle, CheckpointError>;
+
+    /// Deletes the one file a handle in `location`'s `_metadata` refers to: a shared file that no
+    /// retained checkpoint needs any more. An inline handle has nothing to delete. Idempotent.
+    async fn discard_state(
+        &self,
+        location: &CheckpointLocation,
+        handle: &StreamStateHandle,
+    ) -> Result<(), CheckpointError>;
+
     /// Reads the bytes of a handle found in `location`'s `_metadata`. `range` reads part of a
     /// file (and skips the whole-file checksum, which the caller's format must cover); `None`
     /// reads and verifies all of it. Inline handles are served from memory.
@@ -125,6 +145,16 @@ pub trait CheckpointStorage: Send + Sync + 'static {
 }
 
 pub use opendal_impl::OpendalCheckpointStorage;
+
+/// The directory shared files are written to, relative to a checkpoint's location.
+pub const SHARED_DIR_FROM_LOCATION: &str = "../shared/";
+
+/// Whether `handle` is a file in the job's `shared/` directory, as
+/// [`CheckpointStorage::write_shared_state`] writes them: owned by no single checkpoint, and
+/// deleted only when no retained checkpoint refers to it.
+pub fn is_shared(handle: &StreamStateHandle) -> bool {
+    matches!(handle, StreamStateHandle::File { path, .. } if path.starts_with(SHARED_DIR_FROM_LOCATION))
+}
 
 pub mod conformance;
 pub mod faults;

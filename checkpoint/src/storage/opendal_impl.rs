@@ -1,7 +1,7 @@
 //! [`CheckpointStorage`](super::CheckpointStorage) over an opendal `Operator`: Flink's layout on
 //! any opendal service (fs and memory here; s3 and others through [`OpendalCheckpointStorage::from_operator`]).
 
-use super::{CheckpointListing, CheckpointLocation, CheckpointStorage};
+use super::{CheckpointListing, CheckpointLocation, CheckpointStorage, SHARED_DIR_FROM_LOCATION};
 use crate::{CheckpointError, CheckpointMetadata};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -377,6 +377,51 @@ impl CheckpointStorage for OpendalCheckpointStorage {
             size,
             crc32,
         })
+    }
+
+    async fn write_shared_state(
+        &self,
+        location: &CheckpointLocation,
+        name: &str,
+        bytes: Bytes,
+    ) -> Result<StreamStateHandle, CheckpointError> {
+        validate_state_name(name)?;
+        let dir = dir_of(location);
+        let shared = resolve(&dir, &format!("{SHARED_DIR_FROM_LOCATION}{name}"))?;
+        if bytes.len() <= self.inline_threshold {
+            debug!(path = %self.full_path(&shared), size = bytes.len(), "inlined shared state");
+            return Ok(StreamStateHandle::Inline(bytes.to_vec()));
+        }
+        let size = bytes.len() as u64;
+        let crc32 = crc32fast::hash(&bytes);
+        self.op
+            .write(&shared, bytes)
+            .await
+            .map_err(self.storage_err(&shared))?;
+        debug!(path = %self.full_path(&shared), size, crc32, "wrote shared state file");
+        Ok(StreamStateHandle::File {
+            path: format!("{SHARED_DIR_FROM_LOCATION}{name}"),
+            size,
+            crc32,
+        })
+    }
+
+    async fn discard_state(
+        &self,
+        location: &CheckpointLocation,
+        handle: &StreamStateHandle,
+    ) -> Result<(), CheckpointError> {
+        let StreamStateHandle::File { path, .. } = handle else {
+            return Ok(());
+        };
+        let rel = resolve(&dir_of(location), path)?;
+        match self.op.delete(&rel).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(self.storage_err(&rel)(e)),
+        }
+        debug!(path = %self.full_path(&rel), "discarded state file");
+        Ok(())
     }
 
     async fn read_state(
