@@ -83,12 +83,20 @@ pub const FORMAT_VERSION_V1: u16 = 1;
 pub const FORMAT_VERSION_V2: u16 = 2;
 /// The newest format version this build writes. Uncompressed snapshots are still written as
 /// [`FORMAT_VERSION_V1`], byte for byte as before; see [`SnapshotHeader::version`].
-pub const FORMAT_VERSION: u16 = FORMAT_VERSION_V2;
+pub const FORMAT_VERSION: u16 = FORMAT_VERSION_V3;
+/// The format version of snapshots with overlay blocks: tombstones, and several blocks of one
+/// state in a section, applied in order. Incremental snapshots (deltas) are written in it, and so
+/// is a full snapshot that carries a restored delta chain of a state not registered yet.
+pub const FORMAT_VERSION_V3: u16 = 3;
 /// The format versions this build reads.
-pub const READABLE_VERSIONS: &[u16] = &[FORMAT_VERSION_V1, FORMAT_VERSION_V2];
+pub const READABLE_VERSIONS: &[u16] = &[FORMAT_VERSION_V1, FORMAT_VERSION_V2, FORMAT_VERSION_V3];
 /// Header flag bit 0: key-group sections may be compressed, with the codec the header names.
 /// Never set in version 1, always set in version 2.
 pub const FLAG_KEY_GROUP_COMPRESSION: u16 = 1;
+/// Header flag bit 1 (version 3): the snapshot is a delta. It holds only what changed since an
+/// earlier snapshot of the same key groups, and a restore applies it on top of that snapshot
+/// (and the deltas between), in order.
+pub const FLAG_DELTA: u16 = 2;
 /// Bit 15 of a section's block count: the section's blocks are compressed.
 pub const SECTION_COMPRESSED: u16 = 0x8000;
 /// The most a compressed section's blocks may hold uncompressed (1 GiB). The writer stores larger
@@ -288,6 +296,12 @@ pub struct SnapshotHeader {
     pub flags: u16,
     /// The codec the sections were compressed with; [`Compression::None`] in version 1.
     pub compression: Compression,
+    /// Whether sections may hold overlay blocks (tombstones, several blocks of one state),
+    /// which makes the snapshot format version 3.
+    pub overlays: bool,
+    /// Whether the snapshot is a delta on top of earlier ones ([`FLAG_DELTA`]); implies
+    /// `overlays`.
+    pub delta: bool,
     /// The key groups the snapshot has sections for.
     pub key_group_range: KeyGroupRange,
     /// The max parallelism the keys were hashed with.
@@ -366,22 +380,44 @@ fn seal_with_flags(version: u16, flags: u16, payload: &[u8]) -> Vec<u8> {
 }
 
 impl SnapshotHeader {
-    /// The format version [`encode`](Self::encode) writes: 1 without compression, 2 with.
+    /// The format version [`encode`](Self::encode) writes: 3 with overlays (or as a delta),
+    /// else 1 without compression and 2 with.
     pub fn version(&self) -> u16 {
-        self.compression.format_version()
+        if self.overlays || self.delta {
+            FORMAT_VERSION_V3
+        } else {
+            self.compression.format_version()
+        }
+    }
+
+    /// The envelope flags this header is written with.
+    pub fn expected_flags(&self) -> u16 {
+        let delta = if self.delta { FLAG_DELTA } else { 0 };
+        self.compression.header_flags() | delta
+    }
+
+    /// Checks and parses the section of `key_group` by this header's version: overlay blocks
+    /// are allowed in version 3 only. See [`parse_section`].
+    pub fn parse_section<'a>(
+        &self,
+        key_group: KeyGroup,
+        bytes: &'a [u8],
+    ) -> Result<Section<'a>, StateError> {
+        parse_section_with(key_group, bytes, self.version() == FORMAT_VERSION_V3)
     }
 
     /// Encodes the header in its envelope.
     pub fn encode(&self) -> Result<Vec<u8>, StateError> {
-        let flags = self.compression.header_flags();
+        let flags = self.expected_flags();
         if self.flags != flags {
             return Err(StateError::Core(CoreError::Encode {
                 what: HEADER_WHAT.to_string(),
                 reason: format!(
-                    "flags {:#06x} do not fit compression {}, which is written as format \
-                     version {} with flags {flags:#06x}",
+                    "flags {:#06x} do not fit compression {} (delta: {}), which is written as \
+                     format version {} with flags {flags:#06x}",
                     self.flags,
                     self.compression,
+                    self.delta,
                     self.version()
                 ),
             }));
@@ -413,7 +449,7 @@ impl SnapshotHeader {
                 })
                 .collect(),
         };
-        let payload = if self.compression.is_enabled() {
+        let payload = if self.version() == FORMAT_VERSION_V3 || self.compression.is_enabled() {
             codec::encode(
                 HEADER_WHAT,
                 &HeaderV2WireRef {
@@ -446,6 +482,28 @@ impl SnapshotHeader {
                 }
                 let wire: HeaderWire = codec::decode(HEADER_WHAT, payload)?;
                 (wire, Compression::None)
+            }
+            FORMAT_VERSION_V3 => {
+                if flags & !(FLAG_KEY_GROUP_COMPRESSION | FLAG_DELTA) != 0 {
+                    return Err(header_corrupt(format!(
+                        "flags {flags:#06x} are not supported by format version 3, which knows \
+                         bit 0 (key-group compression) and bit 1 (delta)"
+                    )));
+                }
+                let wire: HeaderV2Wire = codec::decode(HEADER_WHAT, payload)?;
+                let compression = Compression::from_id(wire.codec).ok_or_else(|| {
+                    header_corrupt(format!(
+                        "unknown compression codec id {} (0 is none, 1 is lz4, 2 is zstd)",
+                        wire.codec
+                    ))
+                })?;
+                if (flags & FLAG_KEY_GROUP_COMPRESSION != 0) != compression.is_enabled() {
+                    return Err(header_corrupt(format!(
+                        "flags {flags:#06x} disagree with the codec {compression}: bit 0 is set \
+                         exactly when sections may be compressed"
+                    )));
+                }
+                (wire.v1, compression)
             }
             _ => {
                 if flags != FLAG_KEY_GROUP_COMPRESSION {
@@ -515,6 +573,8 @@ impl SnapshotHeader {
         Ok(SnapshotHeader {
             flags,
             compression,
+            overlays: version == FORMAT_VERSION_V3,
+            delta: flags & FLAG_DELTA != 0,
             key_group_range: range,
             max_parallelism: wire.max_parallelism,
             states,
@@ -531,6 +591,8 @@ pub struct SectionWriter {
     blocks: u16,
     last_id: Option<i16>,
     compression: Compression,
+    /// Whether overlay blocks may be written (format version 3).
+    overlays: bool,
     /// The compressed form of the section, when `finish` stores it so.
     packed: Vec<u8>,
     zstd: Option<zstd::bulk::Compressor<'static>>,
@@ -561,6 +623,16 @@ impl SectionWriter {
         }
     }
 
+    /// A writer for the sections `header` describes: its codec, and overlay blocks when it is
+    /// format version 3.
+    pub fn for_header(header: &SnapshotHeader) -> SectionWriter {
+        SectionWriter {
+            compression: header.compression,
+            overlays: header.version() == FORMAT_VERSION_V3,
+            ..SectionWriter::default()
+        }
+    }
+
     /// Starts the section of `key_group`, discarding any unfinished one.
     pub fn begin(&mut self, key_group: KeyGroup) {
         self.buf.clear();
@@ -571,9 +643,32 @@ impl SectionWriter {
     }
 
     /// Appends a state's block: `entries` holds `entry_count` encoded entries. Blocks must come
-    /// in ascending state id, at most [`MAX_STATES`] of them.
+    /// in ascending state id, at most [`MAX_STATES`] of them; with overlays (format version 3),
+    /// in non-decreasing state id, several blocks of one state applied in order.
     pub fn block(
         &mut self,
+        state_id: i16,
+        entry_count: u32,
+        entries: &[u8],
+    ) -> Result<(), StateError> {
+        self.any_block(BlockKind::Entries, state_id, entry_count, entries)
+    }
+
+    /// Appends a tombstone block (format version 3 only): `keys` holds `key_count` encoded keys
+    /// whose entries of state `state_id` are removed.
+    pub fn tombstones(
+        &mut self,
+        state_id: i16,
+        key_count: u32,
+        keys: &[u8],
+    ) -> Result<(), StateError> {
+        self.any_block(BlockKind::Tombstones, state_id, key_count, keys)
+    }
+
+    /// Appends a block of `kind`.
+    pub fn any_block(
+        &mut self,
+        kind: BlockKind,
         state_id: i16,
         entry_count: u32,
         entries: &[u8],
@@ -584,11 +679,21 @@ impl SectionWriter {
                 reason,
             })
         };
-        if state_id < 0 || self.last_id.is_some_and(|last| last >= state_id) {
+        let out_of_order = match self.last_id {
+            Some(last) if self.overlays => last > state_id,
+            Some(last) => last >= state_id,
+            None => false,
+        };
+        if state_id < 0 || out_of_order {
             return Err(encode_err(format!(
                 "state id {state_id} is negative or not above the previous block's {:?}",
                 self.last_id
             )));
+        }
+        if kind == BlockKind::Tombstones && !self.overlays {
+            return Err(encode_err(
+                "tombstone blocks need format version 3 (a header with overlays)".to_string(),
+            ));
         }
         if self.buf.len() < EMPTY_SECTION_LEN - 4 {
             return Err(encode_err("no section begun".to_string()));
@@ -601,7 +706,11 @@ impl SectionWriter {
             .ok_or_else(|| encode_err("too many blocks in one section".to_string()))?;
         self.last_id = Some(state_id);
         self.buf.reserve(BLOCK_HEADER_LEN + entries.len());
-        self.buf.extend_from_slice(&state_id.to_le_bytes());
+        let wire_id = match kind {
+            BlockKind::Entries => state_id,
+            BlockKind::Tombstones => !state_id,
+        };
+        self.buf.extend_from_slice(&wire_id.to_le_bytes());
         self.buf.extend_from_slice(&entry_count.to_le_bytes());
         self.buf
             .extend_from_slice(&(entries.len() as u64).to_le_bytes());
@@ -687,11 +796,24 @@ impl SectionWriter {
     }
 }
 
+/// What a block holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockKind {
+    /// Entries: `(postcard(key) postcard(value))*`. In a delta, or after earlier blocks of the
+    /// same state, each replaces the key's entry.
+    Entries,
+    /// Keys whose entries are removed: `postcard(key)*` (format version 3; written with the
+    /// state id bitwise negated, `!id`, so a negative id on the wire).
+    Tombstones,
+}
+
 /// One state's entries in one key group, as read from a section.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StateBlock<'a> {
     /// The state's id in the snapshot's header.
     pub state_id: i16,
+    /// Entries or tombstones.
+    pub kind: BlockKind,
     /// How many entries `entries` holds.
     pub entry_count: u32,
     /// The encoded entries (see [`decode_entries`]).
@@ -719,6 +841,7 @@ impl Body<'_> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Span {
     state_id: i16,
+    kind: BlockKind,
     entry_count: u32,
     start: usize,
     end: usize,
@@ -728,6 +851,7 @@ impl Span {
     fn block<'s>(&self, body: &'s [u8]) -> StateBlock<'s> {
         StateBlock {
             state_id: self.state_id,
+            kind: self.kind,
             entry_count: self.entry_count,
             entries: body.get(self.start..self.end).unwrap_or_default(),
         }
@@ -822,6 +946,8 @@ impl<'s> IntoIterator for &'s Section<'_> {
 pub struct SectionBlock<'a> {
     /// The state's id in the snapshot's header.
     pub state_id: i16,
+    /// Entries or tombstones.
+    pub kind: BlockKind,
     /// How many entries [`entries`](Self::entries) holds.
     pub entry_count: u32,
     body: Body<'a>,
@@ -842,6 +968,7 @@ impl SectionBlock<'_> {
     pub fn as_block(&self) -> StateBlock<'_> {
         StateBlock {
             state_id: self.state_id,
+            kind: self.kind,
             entry_count: self.entry_count,
             entries: self.entries(),
         }
@@ -861,6 +988,7 @@ impl<'a> Iterator for SectionBlocks<'a> {
     fn next(&mut self) -> Option<SectionBlock<'a>> {
         self.spans.next().map(|span| SectionBlock {
             state_id: span.state_id,
+            kind: span.kind,
             entry_count: span.entry_count,
             body: self.body.clone(),
             start: span.start,
@@ -905,7 +1033,19 @@ fn take<const N: usize>(bytes: &mut &[u8]) -> Option<[u8; N]> {
 /// including a codec's on damaged or forged input, is a [`CoreError::Corrupt`] naming the key
 /// group; none panics, and none allocates more than [`MAX_COMPRESSED_BLOCKS_LEN`] or than the
 /// codec could expand the stored bytes to.
+///
+/// This reads sections of format versions 1 and 2; [`SnapshotHeader::parse_section`] reads
+/// those of any version by the header's.
 pub fn parse_section(key_group: KeyGroup, bytes: &[u8]) -> Result<Section<'_>, StateError> {
+    parse_section_with(key_group, bytes, false)
+}
+
+/// [`parse_section`], allowing overlay blocks when `overlays` (format version 3).
+fn parse_section_with(
+    key_group: KeyGroup,
+    bytes: &[u8],
+    overlays: bool,
+) -> Result<Section<'_>, StateError> {
     let corrupt = |reason: String| section_corrupt(key_group, reason);
     if bytes.len() < EMPTY_SECTION_LEN {
         return Err(corrupt(format!(
@@ -931,7 +1071,7 @@ pub fn parse_section(key_group: KeyGroup, bytes: &[u8]) -> Result<Section<'_>, S
     }
     let count = u16::from_le_bytes(take::<2>(&mut rest).ok_or_else(truncated)?);
     if count & SECTION_COMPRESSED == 0 {
-        let blocks = parse_blocks(key_group, count, rest)?;
+        let blocks = parse_blocks(key_group, count, rest, overlays)?;
         return Ok(Section {
             key_group,
             compression: Compression::None,
@@ -957,7 +1097,7 @@ pub fn parse_section(key_group: KeyGroup, bytes: &[u8]) -> Result<Section<'_>, S
             ))
         })?;
     let decompressed = decompress(key_group, compression, rest, blocks_len)?;
-    let blocks = parse_blocks(key_group, count, &decompressed)?;
+    let blocks = parse_blocks(key_group, count, &decompressed, overlays)?;
     Ok(Section {
         key_group,
         compression,
@@ -1013,19 +1153,34 @@ fn decompress(
 }
 
 /// Reads `count` blocks that must fill `body` exactly.
-fn parse_blocks(key_group: KeyGroup, count: u16, body: &[u8]) -> Result<Vec<Span>, StateError> {
+fn parse_blocks(
+    key_group: KeyGroup,
+    count: u16,
+    body: &[u8],
+    overlays: bool,
+) -> Result<Vec<Span>, StateError> {
     let corrupt = |reason: String| section_corrupt(key_group, reason);
     let truncated = || corrupt("truncated block".to_string());
     let mut rest = body;
     let mut blocks = Vec::with_capacity(usize::from(count).min(rest.len() / BLOCK_HEADER_LEN));
     let mut last: Option<i16> = None;
     for _ in 0..count {
-        let state_id = i16::from_le_bytes(take::<2>(&mut rest).ok_or_else(truncated)?);
+        let wire_id = i16::from_le_bytes(take::<2>(&mut rest).ok_or_else(truncated)?);
         let entry_count = u32::from_le_bytes(take::<4>(&mut rest).ok_or_else(truncated)?);
         let len = u64::from_le_bytes(take::<8>(&mut rest).ok_or_else(truncated)?);
-        if state_id < 0 || last.is_some_and(|l| l >= state_id) {
+        let (state_id, kind) = if wire_id < 0 && overlays {
+            (!wire_id, BlockKind::Tombstones)
+        } else {
+            (wire_id, BlockKind::Entries)
+        };
+        let out_of_order = match last {
+            Some(l) if overlays => l > state_id,
+            Some(l) => l >= state_id,
+            None => false,
+        };
+        if state_id < 0 || out_of_order {
             return Err(corrupt(format!(
-                "state id {state_id} is negative or out of order"
+                "state id {wire_id} is negative or out of order"
             )));
         }
         last = Some(state_id);
@@ -1042,6 +1197,7 @@ fn parse_blocks(key_group: KeyGroup, count: u16, body: &[u8]) -> Result<Vec<Span
         rest = &rest[len..];
         blocks.push(Span {
             state_id,
+            kind,
             entry_count,
             start,
             end: start + len,
@@ -1090,6 +1246,29 @@ impl EntryEncoder {
             codec::encode_into("state value", value, &mut self.buf)?;
             self.index.push((key_start, key_end, self.buf.len()));
         }
+        self.sort_into_sorted()
+    }
+
+    /// Encodes `keys` (a tombstone block's) and returns their number and bytes, sorted.
+    pub fn encode_keys<'a, K>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'a K>,
+    ) -> Result<(u32, &[u8]), StateError>
+    where
+        K: Serialize + 'a,
+    {
+        self.buf.clear();
+        self.index.clear();
+        self.sorted.clear();
+        for key in keys {
+            let key_start = self.buf.len();
+            codec::encode_into("state key", key, &mut self.buf)?;
+            self.index.push((key_start, self.buf.len(), self.buf.len()));
+        }
+        self.sort_into_sorted()
+    }
+
+    fn sort_into_sorted(&mut self) -> Result<(u32, &[u8]), StateError> {
         let count = u32::try_from(self.index.len()).map_err(|_| {
             StateError::Core(CoreError::Encode {
                 what: "keyed snapshot block".to_string(),
@@ -1154,6 +1333,40 @@ where
             what: what(),
             reason: format!(
                 "{} bytes left after the {entry_count} entries the block declares",
+                rest.len()
+            ),
+        })),
+        Err(e) => Err(StateError::Core(CoreError::Decode {
+            what: what(),
+            reason: e.to_string(),
+        })),
+    }
+}
+
+/// Decodes the `key_count` keys of a tombstone block, handing each to `f`, as
+/// [`decode_entries_with`] does entries.
+pub(crate) fn decode_keys_with<K>(
+    what: impl Fn() -> String,
+    key_count: u32,
+    bytes: &[u8],
+    mut f: impl FnMut(K) -> Result<(), StateError>,
+) -> Result<(), StateError>
+where
+    K: DeserializeOwned,
+{
+    let mut de = postcard::Deserializer::from_bytes(bytes);
+    for i in 0..key_count {
+        match K::deserialize(&mut de) {
+            Ok(key) => f(key)?,
+            Err(e) => return Err(entry_error(what(), i, e)),
+        }
+    }
+    match de.finalize() {
+        Ok([]) => Ok(()),
+        Ok(rest) => Err(StateError::Core(CoreError::Decode {
+            what: what(),
+            reason: format!(
+                "{} bytes left after the {key_count} tombstones the block declares",
                 rest.len()
             ),
         })),
@@ -1264,6 +1477,8 @@ mod tests {
         SnapshotHeader {
             flags: 0,
             compression: Compression::None,
+            overlays: false,
+            delta: false,
             key_group_range: KeyGroupRange::new(3, 9),
             max_parallelism: 128,
             states: vec![StateMeta {
@@ -1541,9 +1756,127 @@ mod tests {
         let sealed = seal_with_flags(FORMAT_VERSION_V1, 1, &v1[16..v1.len() - 4]);
         let e = SnapshotHeader::decode(&sealed).unwrap_err().to_string();
         assert!(e.contains("format version 1"), "{e}");
+        // Version 3: the compression flag must agree with the codec (0 is none), unknown flags
+        // are refused.
+        for (flags, codec, expect) in [
+            (FLAG_KEY_GROUP_COMPRESSION, 0, "disagree"),
+            (FLAG_DELTA, 1, "disagree"),
+            (FLAG_DELTA | 8, 0, "flags 0x000a"),
+            (FLAG_DELTA, 9, "codec id 9"),
+        ] {
+            let sealed = seal_with_flags(FORMAT_VERSION_V3, flags, &wire(codec));
+            let e = SnapshotHeader::decode(&sealed).unwrap_err().to_string();
+            assert!(e.contains(expect) && e.contains(HEADER_WHAT), "{e}");
+        }
+        let sealed = seal_with_flags(FORMAT_VERSION_V3, FLAG_DELTA, &wire(0));
+        let h = SnapshotHeader::decode(&sealed).unwrap();
+        assert!(h.delta && h.overlays && h.compression == Compression::None);
         // A version this build does not read.
-        let sealed = seal_with_flags(3, 1, &wire(1));
+        let sealed = seal_with_flags(4, 1, &wire(1));
         assert!(SnapshotHeader::decode(&sealed).is_err());
+    }
+
+    #[test]
+    fn version_3_headers_round_trip_and_are_written_only_with_overlays() {
+        for c in Compression::ALL {
+            for delta in [false, true] {
+                let h = SnapshotHeader {
+                    flags: 0,
+                    compression: c,
+                    overlays: true,
+                    delta,
+                    ..header()
+                };
+                let h = SnapshotHeader {
+                    flags: h.expected_flags(),
+                    ..h
+                };
+                let bytes = h.encode().unwrap();
+                assert_eq!(u16::from_le_bytes([bytes[4], bytes[5]]), FORMAT_VERSION_V3);
+                assert_eq!(
+                    SnapshotHeader::decode(&bytes).unwrap(),
+                    h,
+                    "{c} delta={delta}"
+                );
+            }
+        }
+        // Without overlays the versions stay 1 and 2, byte for byte.
+        assert_eq!(header().version(), FORMAT_VERSION_V1);
+        assert_eq!(
+            compressed_header(Compression::Lz4).version(),
+            FORMAT_VERSION_V2
+        );
+    }
+
+    #[test]
+    fn overlay_sections_carry_tombstones_and_repeated_states_only_in_version_3() {
+        let mut enc = EntryEncoder::new();
+        let (n, entries) = enc.encode([(&1u64, &10u64), (&2, &20)]).unwrap();
+        let entries = entries.to_vec();
+        let (k, keys) = enc.encode_keys([&3u64, &1]).unwrap();
+        let keys = keys.to_vec();
+        let v3 = SnapshotHeader {
+            flags: FLAG_DELTA,
+            overlays: true,
+            delta: true,
+            ..header()
+        };
+        for c in Compression::ALL {
+            let mut w = SectionWriter::for_header(&SnapshotHeader {
+                compression: c,
+                flags: c.header_flags() | FLAG_DELTA,
+                ..v3.clone()
+            });
+            w.begin(4);
+            w.block(0, n, &entries).unwrap();
+            w.tombstones(0, k, &keys).unwrap();
+            w.block(0, n, &entries).unwrap();
+            w.tombstones(2, k, &keys).unwrap();
+            assert!(
+                w.block(1, n, &entries).is_err(),
+                "state ids must not go down"
+            );
+            let section = w.finish().unwrap().to_vec();
+            let parsed = v3.parse_section(4, &section).unwrap();
+            let kinds: Vec<(i16, BlockKind, u32)> = parsed
+                .iter()
+                .map(|b| (b.state_id, b.kind, b.entry_count))
+                .collect();
+            assert_eq!(
+                kinds,
+                [
+                    (0, BlockKind::Entries, 2),
+                    (0, BlockKind::Tombstones, 2),
+                    (0, BlockKind::Entries, 2),
+                    (2, BlockKind::Tombstones, 2),
+                ]
+            );
+            let mut decoded = Vec::new();
+            let block = parsed.get(1).unwrap();
+            decode_keys_with(
+                || "t".to_string(),
+                block.entry_count,
+                block.entries,
+                |k: u64| {
+                    decoded.push(k);
+                    Ok(())
+                },
+            )
+            .unwrap();
+            assert_eq!(
+                decoded,
+                [1, 3],
+                "tombstone keys are sorted by their encoding"
+            );
+            // A reader of versions 1 and 2 refuses the overlays.
+            assert!(parse_section(4, &section).is_err(), "{c}");
+        }
+        // A version 1 or 2 writer refuses tombstones and repeated states.
+        let mut w = SectionWriter::new();
+        w.begin(4);
+        assert!(w.tombstones(0, k, &keys).is_err());
+        w.block(0, n, &entries).unwrap();
+        assert!(w.block(0, n, &entries).is_err());
     }
 
     #[test]

@@ -15,12 +15,12 @@
 
 use crate::StateError;
 use crate::format::{
-    self, Compression, EntryEncoder, MAX_STATES, SERIALIZER_VERSION, SectionWriter, SnapshotHeader,
-    StateKind, StateMeta,
+    self, BlockKind, Compression, EntryEncoder, MAX_STATES, SERIALIZER_VERSION, SectionWriter,
+    SnapshotHeader, StateKind, StateMeta,
 };
 use crate::keyed::{
-    Expiry, ExpiryFn, KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart, StateKey,
-    StateOptions, StateValue, ValueState,
+    Expiry, ExpiryFn, KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart,
+    SnapshotScope, StateKey, StateOptions, StateValue, ValueState,
 };
 use hashbrown::hash_map::EntryRef;
 use rustc_hash::{FxBuildHasher, FxHashMap};
@@ -35,6 +35,13 @@ use weir_core::keygroup::{KeyGroup, KeyGroupRange, KeyHash, murmur_hash};
 /// One state's entries in one key group.
 type Group<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
 
+/// The keys of one state written or removed in one key group since a snapshot took the set
+/// (incremental checkpoints).
+type Changed<K> = hashbrown::HashSet<K, FxBuildHasher>;
+
+/// The changed keys one incremental snapshot took, per key group.
+type ChangeSet<K> = Arc<Vec<Changed<K>>>;
+
 /// A value state's table: one copy-on-write map per key group, indexed by `kg - range.start`.
 struct ValueTable<K, V> {
     groups: Vec<Arc<Group<K, V>>>,
@@ -47,6 +54,12 @@ struct ValueTable<K, V> {
     /// Incremental cleanup: the next key group to check, and the entries owed so far.
     cleanup_cursor: usize,
     cleanup_budget: usize,
+    /// Incremental checkpoints: the keys written or removed per key group since the last
+    /// incremental snapshot took them; `None` when changes are not tracked.
+    changed: Option<Vec<Changed<K>>>,
+    /// The changed keys of each incremental snapshot taken since the confirmed base, oldest
+    /// first, by checkpoint id.
+    history: Vec<(u64, ChangeSet<K>)>,
 }
 
 impl<K: StateKey, V: StateValue> ValueTable<K, V> {
@@ -58,6 +71,16 @@ impl<K: StateKey, V: StateValue> ValueTable<K, V> {
             cleanup_full_snapshot: false,
             cleanup_cursor: 0,
             cleanup_budget: 0,
+            changed: None,
+            history: Vec::new(),
+        }
+    }
+
+    /// Records that `key` in the key group at `index` was written or removed.
+    #[inline]
+    fn touch(&mut self, index: usize, key: &K) {
+        if let Some(set) = self.changed.as_mut().and_then(|c| c.get_mut(index)) {
+            set.get_or_insert_with(key, K::clone);
         }
     }
 
@@ -84,11 +107,20 @@ impl<K: StateKey, V: StateValue> ValueTable<K, V> {
                 .values()
                 .any(|v| !matches!(expiry(v, now_ms), Expiry::Keep));
             if stale {
-                Arc::make_mut(group).retain(|_, v| match expiry(v, now_ms) {
+                let mut changed = self.changed.as_mut().and_then(|c| c.get_mut(index));
+                Arc::make_mut(group).retain(|k, v| match expiry(v, now_ms) {
                     Expiry::Keep => true,
-                    Expiry::Drop => false,
+                    Expiry::Drop => {
+                        if let Some(set) = changed.as_deref_mut() {
+                            set.get_or_insert_with(k, K::clone);
+                        }
+                        false
+                    }
                     Expiry::Replace(new) => {
                         *v = new;
+                        if let Some(set) = changed.as_deref_mut() {
+                            set.get_or_insert_with(k, K::clone);
+                        }
                         true
                     }
                 });
@@ -110,6 +142,19 @@ trait ErasedTable<K>: Send + Sync {
     /// Removes `key` from the key group at `index`; a group shared with a snapshot is copied
     /// only if the key is there.
     fn remove(&mut self, index: usize, key: &K);
+    /// Starts tracking changed keys, for incremental snapshots.
+    fn track_changes(&mut self);
+    /// The synchronous part of incremental checkpoint `checkpoint`: takes the changed keys into
+    /// the history, and freezes a delta (every key changed since the confirmed base) or, when
+    /// `delta` is false, the whole table.
+    fn freeze_incremental(
+        &mut self,
+        checkpoint: u64,
+        now_ms: i64,
+        delta: bool,
+    ) -> Box<dyn FrozenTable>;
+    /// Checkpoint `checkpoint` is the new base: the history up to it is no longer needed.
+    fn confirm(&mut self, checkpoint: u64);
 }
 
 impl<K: StateKey, V: StateValue> ErasedTable<K> for ValueTable<K, V> {
@@ -140,11 +185,55 @@ impl<K: StateKey, V: StateValue> ErasedTable<K> for ValueTable<K, V> {
         let Some(group) = self.groups.get_mut(index) else {
             return;
         };
-        if let Some(map) = Arc::get_mut(group) {
-            map.remove(key);
+        let removed = if let Some(map) = Arc::get_mut(group) {
+            map.remove(key).is_some()
         } else if group.contains_key(key) {
-            Arc::make_mut(group).remove(key);
+            Arc::make_mut(group).remove(key).is_some()
+        } else {
+            false
+        };
+        if removed {
+            self.touch(index, key);
         }
+    }
+
+    fn track_changes(&mut self) {
+        if self.changed.is_none() {
+            self.changed = Some((0..self.groups.len()).map(|_| Changed::default()).collect());
+        }
+    }
+
+    fn freeze_incremental(
+        &mut self,
+        checkpoint: u64,
+        now_ms: i64,
+        delta: bool,
+    ) -> Box<dyn FrozenTable> {
+        let fresh = || (0..self.groups.len()).map(|_| Changed::default()).collect();
+        let taken = match &mut self.changed {
+            Some(changed) => std::mem::replace(changed, fresh()),
+            None => {
+                self.changed = Some(fresh());
+                fresh()
+            }
+        };
+        self.history.push((checkpoint, Arc::new(taken)));
+        if !delta {
+            return self.freeze(now_ms);
+        }
+        let expiry = match &self.expiry {
+            Some(e) if self.cleanup_full_snapshot => Some((e.clone(), now_ms)),
+            _ => None,
+        };
+        Box::new(FrozenDelta {
+            groups: self.groups.clone(),
+            changes: self.history.iter().map(|(_, c)| Arc::clone(c)).collect(),
+            expiry,
+        })
+    }
+
+    fn confirm(&mut self, checkpoint: u64) {
+        self.history.retain(|(id, _)| *id > checkpoint);
     }
 }
 
@@ -198,11 +287,94 @@ impl<K: StateKey, V: StateValue> FrozenTable for FrozenValueTable<K, V> {
     }
 }
 
+/// A table as an incremental snapshot froze it: the values of the keys changed since the base.
+struct FrozenDelta<K, V> {
+    groups: Vec<Arc<Group<K, V>>>,
+    /// The changed keys of every snapshot since the base (this one's last).
+    changes: Vec<ChangeSet<K>>,
+    /// TTL's full-snapshot cleanup, applied to the changed values: an expired one is written as
+    /// a tombstone.
+    expiry: Option<(ExpiryFn<V>, i64)>,
+}
+
+impl<K: StateKey, V: StateValue> FrozenTable for FrozenDelta<K, V> {
+    fn write_group(
+        &self,
+        index: usize,
+        state_id: i16,
+        encoder: &mut EntryEncoder,
+        section: &mut SectionWriter,
+    ) -> Result<(), StateError> {
+        let Some(group) = self.groups.get(index) else {
+            return Ok(());
+        };
+        let sets: Vec<&Changed<K>> = self
+            .changes
+            .iter()
+            .filter_map(|c| c.get(index))
+            .filter(|set| !set.is_empty())
+            .collect();
+        if sets.is_empty() {
+            return Ok(());
+        }
+        let mut seen: hashbrown::HashSet<&K, FxBuildHasher> = hashbrown::HashSet::default();
+        let mut upserts: Vec<(&K, std::borrow::Cow<'_, V>)> = Vec::new();
+        let mut removed: Vec<&K> = Vec::new();
+        for key in sets.iter().flat_map(|set| set.iter()) {
+            if sets.len() > 1 && !seen.insert(key) {
+                continue;
+            }
+            match (group.get(key), &self.expiry) {
+                (None, _) => removed.push(key),
+                (Some(v), None) => upserts.push((key, std::borrow::Cow::Borrowed(v))),
+                (Some(v), Some((expiry, now))) => match expiry(v, *now) {
+                    Expiry::Keep => upserts.push((key, std::borrow::Cow::Borrowed(v))),
+                    Expiry::Drop => removed.push(key),
+                    Expiry::Replace(new) => upserts.push((key, std::borrow::Cow::Owned(new))),
+                },
+            }
+        }
+        if !upserts.is_empty() {
+            let (count, bytes) = encoder.encode(upserts.iter().map(|(k, v)| (*k, v.as_ref())))?;
+            section.block(state_id, count, bytes)?;
+        }
+        if !removed.is_empty() {
+            let (count, bytes) = encoder.encode_keys(removed.iter().copied())?;
+            section.tombstones(state_id, count, bytes)?;
+        }
+        Ok(())
+    }
+}
+
+/// A table with nothing to write: a restored state not registered yet, in a delta (it has not
+/// changed since it was restored).
+struct FrozenUnchanged;
+
+impl FrozenTable for FrozenUnchanged {
+    fn write_group(
+        &self,
+        _index: usize,
+        _state_id: i16,
+        _encoder: &mut EntryEncoder,
+        _section: &mut SectionWriter,
+    ) -> Result<(), StateError> {
+        Ok(())
+    }
+}
+
 /// A state's bytes in one key group, restored but not decoded yet.
 #[derive(Clone)]
 struct RawGroup {
     entry_count: u32,
     entries: Arc<[u8]>,
+}
+
+/// One restored block: entries or tombstones. A key group of a restored incremental chain has
+/// several, applied in order.
+#[derive(Clone)]
+struct RawBlock {
+    kind: BlockKind,
+    raw: RawGroup,
 }
 
 /// A key group's section as a restore reads it: checked, and its blocks copied out of the
@@ -211,14 +383,18 @@ struct RawGroup {
 struct ReadSection {
     /// How the section was stored.
     compression: Compression,
-    /// The blocks, by state id in the snapshot's header.
-    blocks: Vec<(i16, RawGroup)>,
+    /// The blocks, by state id in the snapshot's header, in order.
+    blocks: Vec<(i16, RawBlock)>,
 }
 
-/// Checks (and decompresses) the section of `kg` and copies its blocks, to be kept until their
-/// states are registered.
-fn read_section(kg: KeyGroup, bytes: &[u8]) -> Result<ReadSection, StateError> {
-    let section = format::parse_section(kg, bytes)?;
+/// Checks (and decompresses) the section of `kg` by `header`'s version and copies its blocks,
+/// to be kept until their states are registered.
+fn read_section(
+    header: &SnapshotHeader,
+    kg: KeyGroup,
+    bytes: &[u8],
+) -> Result<ReadSection, StateError> {
+    let section = header.parse_section(kg, bytes)?;
     Ok(ReadSection {
         compression: section.compression(),
         blocks: section
@@ -228,7 +404,13 @@ fn read_section(kg: KeyGroup, bytes: &[u8]) -> Result<ReadSection, StateError> {
                     entry_count: block.entry_count,
                     entries: Arc::from(block.entries),
                 };
-                (block.state_id, raw)
+                (
+                    block.state_id,
+                    RawBlock {
+                        kind: block.kind,
+                        raw,
+                    },
+                )
             })
             .collect(),
     })
@@ -241,11 +423,20 @@ struct PendingState {
     key_type: String,
     value_type: String,
     serializer_version: u32,
-    /// By `kg - range.start`.
-    groups: Vec<Option<RawGroup>>,
+    /// By `kg - range.start`: the blocks restored for the key group, in order (one for a full
+    /// snapshot; more from an incremental chain).
+    groups: Vec<Vec<RawBlock>>,
 }
 
 impl PendingState {
+    /// Whether any key group has more than one block, or a tombstone: writing the state back
+    /// then needs format version 3.
+    fn has_overlays(&self) -> bool {
+        self.groups.iter().any(|blocks| {
+            blocks.len() > 1 || blocks.iter().any(|b| b.kind == BlockKind::Tombstones)
+        })
+    }
+
     fn meta(&self, id: i16, name: &str) -> StateMeta {
         StateMeta {
             id,
@@ -269,12 +460,13 @@ impl FrozenTable for FrozenPending {
         _encoder: &mut EntryEncoder,
         section: &mut SectionWriter,
     ) -> Result<(), StateError> {
-        match self.0.groups.get(index) {
-            Some(Some(raw)) if raw.entry_count > 0 => {
-                section.block(state_id, raw.entry_count, &raw.entries)
+        for block in self.0.groups.get(index).into_iter().flatten() {
+            let raw = &block.raw;
+            if raw.entry_count > 0 {
+                section.any_block(block.kind, state_id, raw.entry_count, &raw.entries)?;
             }
-            _ => Ok(()),
         }
+        Ok(())
     }
 }
 
@@ -301,6 +493,19 @@ pub struct HeapKeyedStateBackend<K> {
     compression: Compression,
     /// Processing time (ms since the Unix epoch), for TTL's full-snapshot cleanup.
     clock: TtlClock,
+    /// Incremental checkpoints, when enabled.
+    incremental: Option<Incremental>,
+}
+
+/// The bookkeeping of incremental checkpoints.
+#[derive(Clone, Debug)]
+struct Incremental {
+    /// The most snapshots in a chain: a full one and its deltas.
+    max_chain: u32,
+    /// The latest confirmed checkpoint, the base of the next delta, and its chain's length.
+    confirmed: Option<(u64, u32)>,
+    /// Incremental snapshots taken and not confirmed yet, with the length their chain has.
+    taken: Vec<(u64, u32)>,
 }
 
 /// A processing-time clock in ms since the Unix epoch (TTL's time provider).
@@ -346,7 +551,30 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
             restored: Vec::new(),
             compression: Compression::None,
             clock: Arc::new(wall_clock_ms),
+            incremental: None,
         }
+    }
+
+    /// This backend, with incremental checkpoints: it tracks the keys each write or removal
+    /// changes, and [`KeyedStateBackend::snapshot_incremental`] writes a delta of those since the
+    /// latest confirmed checkpoint, or a full snapshot when there is none or its chain already
+    /// holds `max_chain` snapshots (a full one and its deltas; 1 makes every snapshot full).
+    /// [`KeyedStateBackend::snapshot`] (savepoints) stays full and self-contained.
+    pub fn with_incremental(mut self, max_chain: u32) -> Self {
+        for s in &mut self.states {
+            s.table.track_changes();
+        }
+        self.incremental = Some(Incremental {
+            max_chain: max_chain.max(1),
+            confirmed: None,
+            taken: Vec::new(),
+        });
+        self
+    }
+
+    /// Whether incremental checkpoints are enabled.
+    pub fn is_incremental(&self) -> bool {
+        self.incremental.is_some()
     }
 
     /// This backend, with `clock` as the processing time of TTL's full-snapshot cleanup (tests
@@ -429,12 +657,13 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
         (key_group - self.range.start) as usize
     }
 
+    /// The table of `state` and the index of `key_group` in it.
     #[inline]
-    fn group_mut<V: StateValue>(
+    fn table_mut<V: StateValue>(
         &mut self,
         state: ValueState<V>,
         key_group: KeyGroup,
-    ) -> &mut Arc<Group<K, V>> {
+    ) -> (&mut ValueTable<K, V>, usize) {
         let index = self.index(key_group);
         let table = match self
             .states
@@ -448,10 +677,10 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
                 type_name::<V>()
             )),
         };
-        match table.groups.get_mut(index) {
-            Some(g) => g,
-            None => misuse(format!("key group {key_group} has no table")),
+        if index >= table.groups.len() {
+            misuse(format!("key group {key_group} has no table"));
         }
+        (table, index)
     }
 
     /// Decodes a restored state's bytes into a fresh table, checking that each key belongs to
@@ -469,16 +698,23 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
         let start = self.range.start;
         let key_groups = KeyGroupOf::new(self.max_parallelism);
         let decode = |index: usize| -> Result<Group<K, V>, StateError> {
-            match raws.get(index) {
-                Some(Some(raw)) => decode_group(name, start + index as u32, key_groups, raw),
-                _ => Ok(Group::default()),
+            let kg = start + index as u32;
+            match raws.get(index).map(Vec::as_slice) {
+                None | Some([]) => Ok(Group::default()),
+                Some([only]) if only.kind == BlockKind::Entries => {
+                    decode_group(name, kg, key_groups, &only.raw)
+                }
+                Some(blocks) => apply_blocks(name, kg, key_groups, blocks),
             }
         };
-        let bytes = raws.iter().flatten().map(|raw| raw.entries.len()).sum();
-        let busy = raws
+        let bytes = raws
             .iter()
             .flatten()
-            .filter(|raw| raw.entry_count > 0)
+            .map(|block| block.raw.entries.len())
+            .sum();
+        let busy = raws
+            .iter()
+            .filter(|blocks| blocks.iter().any(|b| b.raw.entry_count > 0))
             .count();
         let groups = in_order_until_error(raws.len(), threads_for(bytes, busy), decode)
             .into_iter()
@@ -644,6 +880,50 @@ fn decode_group<K: StateKey, V: StateValue>(
     Ok(map)
 }
 
+/// Decodes a key group restored from an incremental chain: the first block (the full
+/// snapshot's, if it has entries there), then each later block in order, entries replacing and
+/// tombstones removing.
+fn apply_blocks<K: StateKey, V: StateValue>(
+    name: &str,
+    kg: KeyGroup,
+    key_groups: KeyGroupOf,
+    blocks: &[RawBlock],
+) -> Result<Group<K, V>, StateError> {
+    let (mut map, rest) = match blocks.split_first() {
+        Some((first, rest)) if first.kind == BlockKind::Entries => {
+            (decode_group(name, kg, key_groups, &first.raw)?, rest)
+        }
+        _ => (Group::<K, V>::default(), blocks),
+    };
+    let what = || format!("state '{name}' in key group {kg}");
+    for block in rest {
+        let raw = &block.raw;
+        match block.kind {
+            BlockKind::Entries => {
+                format::decode_entries_with(what, raw.entry_count, &raw.entries, |k: K, v: V| {
+                    let actual = key_groups.of(&k);
+                    if actual != kg {
+                        return Err(misplaced(what(), actual, kg));
+                    }
+                    map.insert(k, v);
+                    Ok(())
+                })?
+            }
+            BlockKind::Tombstones => {
+                format::decode_keys_with(what, raw.entry_count, &raw.entries, |k: K| {
+                    let actual = key_groups.of(&k);
+                    if actual != kg {
+                        return Err(misplaced(what(), actual, kg));
+                    }
+                    map.remove(&k);
+                    Ok(())
+                })?
+            }
+        }
+    }
+    Ok(map)
+}
+
 #[cold]
 #[inline(never)]
 fn misplaced(what: String, actual: KeyGroup, kg: KeyGroup) -> StateError {
@@ -673,6 +953,7 @@ fn incompatible(name: &str, reason: String) -> StateError {
 struct HeapSnapshot {
     header: SnapshotHeader,
     tables: Vec<Box<dyn FrozenTable>>,
+    scope: SnapshotScope,
 }
 
 impl KeyedSnapshot for HeapSnapshot {
@@ -685,7 +966,7 @@ impl KeyedSnapshot for HeapSnapshot {
         let mut pos = header.len() as u64;
         let range = self.header.key_group_range;
         let mut offsets = Vec::with_capacity(range.len() as usize);
-        let mut section = SectionWriter::with_compression(self.header.compression);
+        let mut section = SectionWriter::for_header(&self.header);
         let mut encoder = EntryEncoder::new();
         for (index, kg) in range.iter().enumerate() {
             offsets.push(pos);
@@ -703,6 +984,10 @@ impl KeyedSnapshot for HeapSnapshot {
             offsets,
             end: pos,
         })
+    }
+
+    fn scope(&self) -> SnapshotScope {
+        self.scope
     }
 }
 
@@ -785,12 +1070,15 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                 self.decode_pending::<V>(name, p)?
             }
         };
-        let table = ValueTable {
+        let mut table = ValueTable {
             default: options.default,
             expiry: options.expiry,
             cleanup_full_snapshot: options.cleanup_full_snapshot,
             ..table
         };
+        if self.incremental.is_some() {
+            table.track_changes();
+        }
         let id = u16::try_from(self.states.len()).map_err(|_| StateError::TooManyStates {
             name: name.to_string(),
             count,
@@ -829,7 +1117,9 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         key_group: KeyGroup,
         init: impl FnOnce() -> V,
     ) -> &mut V {
-        match Arc::make_mut(self.group_mut(state, key_group)).entry_ref(key) {
+        let (table, index) = self.table_mut(state, key_group);
+        table.touch(index, key);
+        match Arc::make_mut(&mut table.groups[index]).entry_ref(key) {
             EntryRef::Occupied(e) => e.into_mut(),
             EntryRef::Vacant(e) => e.insert_with_key(key.clone(), init()),
         }
@@ -843,7 +1133,9 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         key_group: KeyGroup,
         value: V,
     ) {
-        match Arc::make_mut(self.group_mut(state, key_group)).entry_ref(key) {
+        let (table, index) = self.table_mut(state, key_group);
+        table.touch(index, key);
+        match Arc::make_mut(&mut table.groups[index]).entry_ref(key) {
             EntryRef::Occupied(mut e) => {
                 e.insert(value);
             }
@@ -877,6 +1169,57 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
     }
 
     fn snapshot(&mut self) -> Result<Box<dyn KeyedSnapshot>, StateError> {
+        self.freeze(Freeze::Full)
+    }
+
+    fn snapshot_incremental(
+        &mut self,
+        checkpoint_id: u64,
+    ) -> Result<Box<dyn KeyedSnapshot>, StateError> {
+        let Some(inc) = &mut self.incremental else {
+            return self.freeze(Freeze::Full);
+        };
+        let base = inc.confirmed.filter(|&(_, len)| len < inc.max_chain);
+        let chain = base.map_or(1, |(_, len)| len + 1);
+        inc.taken.push((checkpoint_id, chain));
+        self.freeze(Freeze::Incremental {
+            checkpoint: checkpoint_id,
+            base: base.map(|(id, _)| id),
+        })
+    }
+
+    fn notify_checkpoint_complete(&mut self, checkpoint_id: u64) {
+        let Some(inc) = &mut self.incremental else {
+            return;
+        };
+        let Some(&(id, chain)) = inc.taken.iter().find(|(id, _)| *id == checkpoint_id) else {
+            // A savepoint, or a checkpoint this backend took no incremental snapshot for.
+            return;
+        };
+        inc.confirmed = Some((id, chain));
+        inc.taken.retain(|(taken, _)| *taken > id);
+        for s in &mut self.states {
+            s.table.confirm(id);
+        }
+    }
+
+    fn restore(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError> {
+        self.restore_parts(parts)
+    }
+}
+
+/// What [`HeapKeyedStateBackend::freeze`] takes.
+#[derive(Clone, Copy, Debug)]
+enum Freeze {
+    /// A full, self-contained snapshot (a savepoint, or a checkpoint without incremental mode).
+    Full,
+    /// A link of an incremental chain: a delta on `base`, or a full one when `base` is `None`.
+    Incremental { checkpoint: u64, base: Option<u64> },
+}
+
+impl<K: StateKey> HeapKeyedStateBackend<K> {
+    /// The synchronous part of every snapshot: the header and each table's frozen view.
+    fn freeze(&mut self, how: Freeze) -> Result<Box<dyn KeyedSnapshot>, StateError> {
         let now_ms = (self.clock)();
         let total = self.states.len() + self.pending.len();
         if total > MAX_STATES {
@@ -900,25 +1243,51 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                 value_type: registered.value_type.to_string(),
                 serializer_version: SERIALIZER_VERSION,
             });
-            tables.push(registered.table.freeze(now_ms));
         }
+        let delta = matches!(how, Freeze::Incremental { base: Some(_), .. });
+        for registered in &mut self.states {
+            tables.push(match how {
+                Freeze::Full => registered.table.freeze(now_ms),
+                Freeze::Incremental { checkpoint, .. } => registered
+                    .table
+                    .freeze_incremental(checkpoint, now_ms, delta),
+            });
+        }
+        let mut overlays = delta;
         for ((name, pending), id) in self.pending.iter().zip(&mut ids) {
             metas.push(pending.meta(id, name));
-            tables.push(Box::new(FrozenPending(Arc::clone(pending))));
+            if delta {
+                tables.push(Box::new(FrozenUnchanged));
+            } else {
+                overlays |= pending.has_overlays();
+                tables.push(Box::new(FrozenPending(Arc::clone(pending))));
+            }
         }
+        let header = SnapshotHeader {
+            flags: 0,
+            compression: self.compression,
+            overlays,
+            delta,
+            key_group_range: self.range,
+            max_parallelism: self.max_parallelism,
+            states: metas,
+        };
+        let scope = match how {
+            Freeze::Full => SnapshotScope::SelfContained,
+            Freeze::Incremental { base, .. } => SnapshotScope::Incremental { base },
+        };
         Ok(Box::new(HeapSnapshot {
             header: SnapshotHeader {
-                flags: self.compression.header_flags(),
-                compression: self.compression,
-                key_group_range: self.range,
-                max_parallelism: self.max_parallelism,
-                states: metas,
+                flags: header.expected_flags(),
+                ..header
             },
             tables,
+            scope,
         }))
     }
 
-    fn restore(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError> {
+    /// [`KeyedStateBackend::restore`].
+    fn restore_parts(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError> {
         if !self.states.is_empty() {
             return Err(StateError::Restore(format!(
                 "restore must come before any state is registered, and {:?} already are",
@@ -989,7 +1358,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                                 key_type: meta.key_type.clone(),
                                 value_type: meta.value_type.clone(),
                                 serializer_version: meta.serializer_version,
-                                groups: vec![None; n],
+                                groups: vec![Vec::new(); n],
                             }),
                         );
                     }
@@ -1011,17 +1380,23 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
             let threads = threads_for(bytes, sections.len());
             let mut read =
                 in_order_until_error(sections.len(), threads, |i| match sections.get(i) {
-                    Some(&(kg, bytes)) => read_section(kg, bytes),
+                    Some(&(kg, bytes)) => read_section(&header, kg, bytes),
                     None => Ok(ReadSection::default()),
                 })
                 .into_iter();
             for &(kg, _) in &sections {
                 let index = (kg - self.range.start) as usize;
                 match restored.get_mut(index) {
-                    Some(seen) if *seen => {
+                    Some(seen) if *seen && !header.delta => {
                         return Err(StateError::Restore(format!(
                             "key group {kg} is restored twice: two snapshots (or two restores) \
                              hand it over"
+                        )));
+                    }
+                    Some(seen) if !*seen && header.delta => {
+                        return Err(StateError::Restore(format!(
+                            "key group {kg} comes in a delta (an incremental snapshot) before \
+                             any full snapshot of it: the chain is incomplete or out of order"
                         )));
                     }
                     Some(seen) => *seen = true,
@@ -1045,7 +1420,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                         ),
                     }));
                 }
-                for (state_id, raw) in section.blocks {
+                for (state_id, block) in section.blocks {
                     let meta = usize::try_from(state_id)
                         .ok()
                         .and_then(|i| header.states.get(i))
@@ -1068,7 +1443,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                                 meta.name
                             ))
                         })?;
-                    *slot = Some(raw);
+                    slot.push(block);
                 }
             }
         }
@@ -1118,6 +1493,8 @@ mod tests {
         let header = SnapshotHeader {
             flags: 0,
             compression: Compression::None,
+            overlays: false,
+            delta: false,
             key_group_range: range,
             max_parallelism,
             states: vec![StateMeta {

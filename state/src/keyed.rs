@@ -1073,6 +1073,22 @@ impl KeyedSnapshotLayout {
     }
 }
 
+/// How a keyed snapshot relates to the snapshots before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SnapshotScope {
+    /// Self-contained and owned by one checkpoint or savepoint: a full snapshot taken by
+    /// [`KeyedStateBackend::snapshot`].
+    SelfContained,
+    /// A link of an incremental chain, taken by [`KeyedStateBackend::snapshot_incremental`]:
+    /// later checkpoints may reference it, so it is stored as shared state.
+    Incremental {
+        /// `None`: a full snapshot that starts a chain. `Some(b)`: a delta holding only what
+        /// changed since checkpoint `b`; a restore applies it after every snapshot of `b`'s
+        /// chain, in order.
+        base: Option<u64>,
+    },
+}
+
 /// The frozen view a snapshot's synchronous part returns. Writing it happens later, on another
 /// thread, while processing goes on and changes the live state.
 pub trait KeyedSnapshot: Send + 'static {
@@ -1081,6 +1097,11 @@ pub trait KeyedSnapshot: Send + 'static {
         self: Box<Self>,
         out: &mut dyn std::io::Write,
     ) -> Result<KeyedSnapshotLayout, StateError>;
+
+    /// Whether this is a self-contained snapshot or a link of an incremental chain.
+    fn scope(&self) -> SnapshotScope {
+        SnapshotScope::SelfContained
+    }
 }
 
 /// Bytes of one snapshot handed to a restore: the header, and a contiguous run of key-group
@@ -1109,7 +1130,16 @@ pub struct RestorePart<'a> {
 ///   is the state at the moment of the call, unaffected by later updates. Its cost must not grow
 ///   with the amount of state.
 /// - [`restore`](Self::restore) is called before any state is registered, with every part that
-///   overlaps this backend's key groups; it keeps only the key groups in range.
+///   overlaps this backend's key groups; it keeps only the key groups in range. An incremental
+///   chain comes as its snapshots in order: the full one, then each delta, which applies on
+///   top (a delta for a key group not restored before it is an error naming the key group).
+/// - Incremental checkpoints ([`snapshot_incremental`](Self::snapshot_incremental)), for a
+///   backend that supports them: a snapshot is a delta on the chain of the latest checkpoint
+///   confirmed by [`notify_checkpoint_complete`](Self::notify_checkpoint_complete), holding
+///   every key changed (written or removed) since that checkpoint's snapshot, including the
+///   changes of snapshots taken since but never confirmed. With no confirmed checkpoint, or
+///   when the chain is at its length limit, it is a full snapshot that starts a new chain.
+///   Restoring a chain gives the same state as a full snapshot taken at the same moment.
 /// - A restore refuses, with an error and never a panic: a snapshot of another max parallelism
 ///   or key type, corrupt bytes (naming the header or the key group), a key group handed over
 ///   twice (naming it), and any call after a state is registered.
@@ -1300,4 +1330,27 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
 
     /// Loads state from snapshots, keeping the key groups in this backend's range.
     fn restore(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError>;
+
+    /// The synchronous part of checkpoint `checkpoint_id`'s snapshot in incremental mode: a
+    /// delta on the latest confirmed checkpoint's chain, or a full snapshot that starts a chain
+    /// (see [`SnapshotScope`]). A backend without incremental snapshots (the default) takes a
+    /// full, self-contained one.
+    fn snapshot_incremental(
+        &mut self,
+        checkpoint_id: u64,
+    ) -> Result<Box<dyn KeyedSnapshot>, StateError> {
+        let _ = checkpoint_id;
+        self.snapshot()
+    }
+
+    /// Checkpoint `checkpoint_id` completed: its snapshot becomes the base of later deltas.
+    fn notify_checkpoint_complete(&mut self, checkpoint_id: u64) {
+        let _ = checkpoint_id;
+    }
+
+    /// Checkpoint `checkpoint_id` was aborted: its snapshot never becomes a base, and what it
+    /// held goes into the next delta.
+    fn notify_checkpoint_aborted(&mut self, checkpoint_id: u64) {
+        let _ = checkpoint_id;
+    }
 }

@@ -1,5 +1,6 @@
 //! Runs the keyed-state conformance suite against the heap backend, and the suite's model checks
-//! (value states, and every state kind) on operations generated (and shrunk) by proptest.
+//! (value states, and every state kind) on operations generated (and shrunk) by proptest, in full
+//! and in incremental mode.
 //!
 //! The heap's own internals (copy-on-write sharing, its inspection methods, its error wording)
 //! are tested in `src/heap.rs`.
@@ -13,6 +14,19 @@ use weir_state::conformance::{
 #[test]
 fn heap_passes_the_keyed_conformance_suite() {
     conformance::run_all(HeapKeyedStateBackend::new, HeapKeyedStateBackend::new);
+}
+
+/// The same backend in incremental mode: the whole suite (whose snapshots are the full,
+/// self-contained ones savepoints take), and the incremental checks.
+#[test]
+fn heap_passes_the_keyed_conformance_suite_in_incremental_mode() {
+    let make_string =
+        |max_p, range| HeapKeyedStateBackend::<String>::new(max_p, range).with_incremental(4);
+    let make_u64 =
+        |max_p, range| HeapKeyedStateBackend::<u64>::new(max_p, range).with_incremental(4);
+    conformance::run_all(make_string, make_u64);
+    conformance::run_incremental_checks(make_string);
+    conformance::run_incremental_checks(make_u64);
 }
 
 fn op() -> impl Strategy<Value = ModelOp> {
