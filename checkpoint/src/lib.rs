@@ -7,6 +7,8 @@
 //! - [`coordinator`]: the CheckpointCoordinator as a state machine: events in, actions out.
 //! - [`barrier`]: barrier handlers (the aligner) as state machines.
 //! - [`store`]: the completed-checkpoint store: retention and what is subsumed.
+//! - [`shared`]: the shared-state registry: which checkpoints reference each file of an
+//!   incremental chain, and when a file may go.
 //!
 //! Architecture invariant: no tokio runtime, no threads, no network here. Storage is async code
 //! over opendal; the coordinator and handlers are pure and testable without any I/O. This crate
@@ -17,6 +19,7 @@ pub mod barrier;
 pub mod coordinator;
 pub mod error;
 pub mod metadata;
+pub mod shared;
 pub mod storage;
 pub mod store;
 

@@ -58,6 +58,8 @@ pub struct WordCountOptions {
     pub aligned_checkpoint_timeout: Duration,
     /// How keyed-state snapshots compress each key group.
     pub snapshot_compression: weir_runtime::Compression,
+    /// Incremental checkpoints of keyed state.
+    pub incremental: bool,
 }
 
 impl Default for WordCountOptions {
@@ -84,6 +86,7 @@ impl Default for WordCountOptions {
             unaligned: false,
             aligned_checkpoint_timeout: Duration::ZERO,
             snapshot_compression: weir_runtime::Compression::None,
+            incremental: false,
         }
     }
 }
@@ -175,6 +178,7 @@ pub fn build(
         config.checkpoint.unaligned = opts.unaligned;
         config.checkpoint.aligned_checkpoint_timeout = opts.aligned_checkpoint_timeout;
         config.snapshot_compression = opts.snapshot_compression;
+        config.incremental = opts.incremental;
     }
     let generator = RandomIntGenerator::new(opts.seed, 1, 9);
     let injector = Arc::new(FailureInjector::new(opts.fail_after.clone()));

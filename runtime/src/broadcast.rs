@@ -191,7 +191,7 @@ where
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<O>) -> OpResult {
         match event {
             Lifecycle::Open(ctx) => self.state.open(ctx)?,
-            Lifecycle::Snapshot(_, parts) => parts.push(OperatorSnapshotParts {
+            Lifecycle::Snapshot(_, _, parts) => parts.push(OperatorSnapshotParts {
                 operator_id: self.state.operator_id,
                 keyed: None,
                 operator: Some(self.state.snapshot()?),
@@ -309,7 +309,7 @@ where
                 self.function
                     .open(&mut KeyedStateRegistry::new(&mut self.base.backend))?;
             }
-            Lifecycle::Snapshot(_, parts) => {
+            Lifecycle::Snapshot(_, _, parts) => {
                 let keyed = self.base.backend_snapshot()?;
                 parts.push(OperatorSnapshotParts {
                     operator_id: self.state.operator_id,

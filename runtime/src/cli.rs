@@ -46,7 +46,7 @@ use weir_core::handle::{
 use weir_core::ids::{JobId, OperatorId};
 use weir_core::keygroup::KeyGroupRange;
 use weir_state::OperatorStateBackend;
-use weir_state::format::{SnapshotHeader, parse_section, part_sections, whole_stream_part};
+use weir_state::format::{SnapshotHeader, part_sections, whole_stream_part};
 
 /// The most section failures reported per keyed-state stream (the rest are counted).
 const MAX_SECTION_PROBLEMS: usize = 5;
@@ -1555,11 +1555,12 @@ impl Checker<'_> {
 /// or what failed (at most [`MAX_SECTION_PROBLEMS`] section failures, then a count).
 fn check_sections(h: &KeyedStateHandle, stream: &[u8]) -> Result<usize, Vec<String>> {
     let part = whole_stream_part(h, stream).map_err(|e| vec![e.to_string()])?;
+    let header = SnapshotHeader::decode(part.header).map_err(|e| vec![e.to_string()])?;
     let sections = part_sections(&part, &h.key_group_range).map_err(|e| vec![e.to_string()])?;
     let mut errors = Vec::new();
     let mut failed = 0usize;
     for (kg, bytes) in &sections {
-        if let Err(e) = parse_section(*kg, bytes) {
+        if let Err(e) = header.parse_section(*kg, bytes) {
             failed += 1;
             if errors.len() < MAX_SECTION_PROBLEMS {
                 errors.push(e.to_string());

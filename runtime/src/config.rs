@@ -56,7 +56,17 @@ pub struct JobConfig {
     /// How keyed-state snapshots compress each key group (Flink's
     /// `execution.checkpointing.snapshot-compression`; default none).
     pub snapshot_compression: weir_state::Compression,
+    /// Incremental checkpoints of keyed state (Flink's `state.backend.incremental`): each
+    /// checkpoint writes only what changed since the latest completed one, into shared files
+    /// that later checkpoints reference. Savepoints stay full. Off by default.
+    pub incremental: bool,
+    /// With `incremental`, the most snapshots a chain holds (a full one and its deltas) before
+    /// a checkpoint is full again, which bounds what a restore reads.
+    pub incremental_max_chain: u32,
 }
+
+/// The default [`JobConfig::incremental_max_chain`].
+pub const DEFAULT_INCREMENTAL_MAX_CHAIN: u32 = 10;
 
 impl Default for JobConfig {
     fn default() -> Self {
@@ -73,6 +83,8 @@ impl Default for JobConfig {
             savepoint_dir: None,
             allow_non_restored_state: false,
             snapshot_compression: weir_state::Compression::None,
+            incremental: false,
+            incremental_max_chain: DEFAULT_INCREMENTAL_MAX_CHAIN,
         }
     }
 }

@@ -33,6 +33,8 @@ pub(crate) struct BuildContext<'a> {
     /// The task's processing-time service, shared by its operators.
     pub processing_time: crate::operator::ProcessingTimeService,
     pub snapshot_compression: weir_state::Compression,
+    /// Incremental keyed snapshots: the chain limit, or `None` for full snapshots.
+    pub incremental: Option<u32>,
 }
 
 impl BuildContext<'_> {
@@ -40,6 +42,7 @@ impl BuildContext<'_> {
         SubtaskInfo {
             processing_time: self.processing_time.clone(),
             snapshot_compression: self.snapshot_compression,
+            incremental: self.incremental,
             index: self.subtask,
             parallelism: node.parallelism,
             max_parallelism: node.max_parallelism,

@@ -28,6 +28,7 @@ use weir_checkpoint::coordinator::{
     TaskKey,
 };
 use weir_checkpoint::metadata::SubtaskInFlight;
+use weir_checkpoint::shared::SharedStateRegistry;
 use weir_checkpoint::storage::CheckpointLocation;
 use weir_checkpoint::store::{CompletedCheckpoint, CompletedCheckpointStore};
 use weir_checkpoint::{
@@ -36,7 +37,7 @@ use weir_checkpoint::{
 use weir_core::config::ExternalizedRetention;
 use weir_core::element::{CheckpointBarrier, SnapshotKind};
 use weir_core::graph::{ExecutionGraph, ExecutionState, JobGraph};
-use weir_core::handle::TaskStateSnapshot;
+use weir_core::handle::{StreamStateHandle, TaskStateSnapshot};
 use weir_core::ids::{CheckpointId, JobId, NodeId, OperatorId, VertexId};
 use weir_network::{ChannelConfig, LocalTransport, Transport};
 
@@ -318,6 +319,30 @@ struct Finalized {
     result: Result<CompletedCheckpoint, String>,
 }
 
+/// Deletes shared state files no checkpoint references any more, beside the job (awaited
+/// before the job returns, with the other discards).
+fn discard_shared(
+    discards: &mut tokio::task::JoinSet<()>,
+    storage: &Arc<dyn CheckpointStorage>,
+    job_id: JobId,
+    files: Vec<StreamStateHandle>,
+) {
+    if files.is_empty() {
+        return;
+    }
+    let storage = storage.clone();
+    // Shared paths are relative to any checkpoint location of the job (`../shared/<name>`).
+    let location = CheckpointLocation::for_checkpoint(job_id, CheckpointId(0));
+    discards.spawn(async move {
+        for file in files {
+            match storage.discard_state(&location, &file).await {
+                Ok(()) => debug!(?file, "deleted an unreferenced shared state file"),
+                Err(e) => warn!(error = %e, "cannot delete an unreferenced shared state file"),
+            }
+        }
+    });
+}
+
 fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -439,6 +464,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         let mut stopped_with: Option<String> = None;
         let mut refused = 0u64;
         let mut store = CompletedCheckpointStore::new(config.checkpoint.num_retained);
+        // Which pending and retained checkpoints reference each shared (incremental) file.
+        let mut registry = SharedStateRegistry::new();
         let mut restart = RestartTracker::new(config.restart_strategy());
         let mut execution = ExecutionGraph::new(&job);
         // Ids continue past every checkpoint already in this job's directory (a rerun of the same
@@ -545,6 +572,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             let mut coordinator_states: HashMap<CheckpointId, BTreeMap<OperatorId, Vec<u8>>> = HashMap::new();
             // Deploy every subtask of this generation.
             let (report_tx, mut report_rx) = mpsc::channel::<TaskReport>(1024);
+            // Asynchronous snapshot uploads of this generation still running.
+            let uploads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             let mut mailboxes: HashMap<TaskKey, mpsc::Sender<TaskMessage>> = HashMap::new();
             let mut handles = Vec::new();
             for v in &job.vertices {
@@ -568,6 +597,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         key_hashes: &key_hashes,
                         processing_time: processing_time.clone(),
                         snapshot_compression: config.snapshot_compression,
+                        incremental: config.incremental.then_some(config.incremental_max_chain),
                     };
                     let input = build_task(&ctx, &factories).map_err(|e| JobError::Invalid(e.to_string()))?;
                     let (mtx, mrx) = mpsc::channel(256);
@@ -586,6 +616,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         is_source: v.is_source,
                         targets: targets.clone(),
                         processing_time,
+                        chains: Default::default(),
+                        uploads: uploads.clone(),
                     };
                     let reports = report_tx.clone();
                     handles.push(tokio::spawn(async move {
@@ -631,6 +663,11 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                             break Outcome::Failed("every task ended without reporting".into());
                         };
                         if report.generation != generation {
+                            // An earlier attempt's upload finished after its failure: the
+                            // shared files it wrote are referenced by no checkpoint.
+                            if let TaskEvent::Acknowledge { state, .. } = &report.event {
+                                discard_shared(&mut discards, &storage, job_id, registry.unreferenced_in(state));
+                            }
                             continue;
                         }
                         let task = report.task;
@@ -648,7 +685,15 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 if let Some(span) = spans.get(&id) {
                                     span.in_scope(|| debug!(%task, sync = ?metrics.sync_duration, async_ = ?metrics.async_duration, alignment = ?metrics.alignment, size = metrics.state_size, "acknowledged"));
                                 }
+                                // Registered before the coordinator takes it: the checkpoint's
+                                // shared files stay while it is pending or retained.
+                                let live = coordinator.pending_ids().contains(&id);
+                                registry.register(id, &state);
                                 coordinator.acknowledge(task, id, state, metrics, now, &mut actions);
+                                if !live {
+                                    // A late acknowledgement of an aborted checkpoint.
+                                    discard_shared(&mut discards, &storage, job_id, registry.release(id));
+                                }
                             }
                             TaskEvent::Decline { id, reason } => {
                                 if let Some(span) = spans.get(&id) {
@@ -717,6 +762,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                             Ok(cp) => {
                                 coordinator.finalized(f.id, Ok(()), now, &mut actions);
                                 for old in store.add(cp) {
+                                    discard_shared(&mut discards, &storage, job_id, registry.release(old.id));
                                     let s = storage.clone();
                                     discards.spawn(async move {
                                         if let Err(e) = s.discard(&old.location).await {
@@ -904,6 +950,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                     let _ = m.try_send(TaskMessage::NotifyAborted(id));
                                 }
                             }
+                            discard_shared(&mut discards, &storage, job_id, registry.release(id));
                             let s = storage.clone();
                             discards.spawn(async move {
                                 let _ = s.discard(&CheckpointLocation::for_checkpoint(job_id, id)).await;
@@ -965,6 +1012,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                     Ok(cp) => {
                         coordinator.finalized(f.id, Ok(()), started.elapsed(), &mut ignored);
                         for old in store.add(cp) {
+                            discard_shared(&mut discards, &storage, job_id, registry.release(old.id));
                             let s = storage.clone();
                             discards.spawn(async move {
                                 let _ = s.discard(&old.location).await;
@@ -980,11 +1028,27 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                 if let CoordinatorAction::NotifyAborted { id, .. } = a
                     && !finalizing.contains(&id)
                 {
+                    discard_shared(&mut discards, &storage, job_id, registry.release(id));
                     let s = storage.clone();
                     discards.spawn(async move {
                         let _ = s.discard(&CheckpointLocation::for_checkpoint(job_id, id)).await;
                     });
                 }
+            }
+            // Uploads of this generation still running finish (or are given up on): what they
+            // acknowledge now belongs to no checkpoint, and their shared files go.
+            let give_up = Instant::now() + FINALIZE_WAIT;
+            loop {
+                let idle = uploads.load(Ordering::Acquire) == 0;
+                while let Ok(report) = report_rx.try_recv() {
+                    if let TaskEvent::Acknowledge { state, .. } = &report.event {
+                        discard_shared(&mut discards, &storage, job_id, registry.unreferenced_in(state));
+                    }
+                }
+                if idle || Instant::now() >= give_up {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
             }
             let (c, f) = coordinator.counts();
             completed += c;
@@ -1011,6 +1075,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                             if let Err(e) = storage.discard(&c.location).await {
                                 warn!(checkpoint = c.id.0, error = %e, "cannot delete the checkpoint on cancellation");
                             }
+                            discard_shared(&mut discards, &storage, job_id, registry.release(c.id));
                         }
                     }
                     for (_, mut t) in requested.drain() {

@@ -12,7 +12,7 @@ use crate::operator::{
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Add;
 use std::sync::Arc;
-use weir_core::element::Watermark;
+use weir_core::element::{SnapshotKind, Watermark};
 use weir_core::ids::OperatorId;
 use weir_core::keygroup::{KeyGroup, assign_to_key_group};
 use weir_state::{
@@ -36,8 +36,11 @@ pub struct KeyedBase<K: StateKey> {
 impl<K: StateKey> KeyedBase<K> {
     /// For subtask `info`; the backend owns the subtask's key-group range.
     pub fn new(operator_id: OperatorId, info: SubtaskInfo) -> Self {
-        let backend = HeapKeyedStateBackend::new(info.max_parallelism, info.key_group_range())
+        let mut backend = HeapKeyedStateBackend::new(info.max_parallelism, info.key_group_range())
             .with_compression(info.snapshot_compression);
+        if let Some(max_chain) = info.incremental {
+            backend = backend.with_incremental(max_chain);
+        }
         KeyedBase {
             operator_id,
             info,
@@ -88,12 +91,28 @@ impl<K: StateKey> KeyedBase<K> {
                 }
                 Ok(true)
             }
-            Lifecycle::Snapshot(_, parts) => {
+            Lifecycle::Snapshot(id, kind, parts) => {
+                // A savepoint is full and self-contained; a checkpoint is a link of the
+                // incremental chain when the backend is in incremental mode.
+                let snapshot = match kind {
+                    SnapshotKind::Checkpoint => self.backend.snapshot_incremental(id.0)?,
+                    SnapshotKind::Savepoint | SnapshotKind::SynchronousSavepoint => {
+                        self.backend.snapshot()?
+                    }
+                };
                 parts.push(OperatorSnapshotParts {
                     operator_id: self.operator_id,
-                    keyed: Some(self.backend.snapshot()?),
+                    keyed: Some(snapshot),
                     operator: None,
                 });
+                Ok(false)
+            }
+            Lifecycle::NotifyComplete(id) => {
+                self.backend.notify_checkpoint_complete(id.0);
+                Ok(false)
+            }
+            Lifecycle::NotifyAborted(id) => {
+                self.backend.notify_checkpoint_aborted(id.0);
                 Ok(false)
             }
             _ => Ok(false),

@@ -10,7 +10,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::task::{Context, Poll};
 use weir_core::channel_state::{ChannelDirection, ChannelInfo, ChannelSection};
-use weir_core::element::{CheckpointBarrier, Watermark};
+use weir_core::element::{CheckpointBarrier, SnapshotKind, Watermark};
 use weir_core::handle::KeyedStateHandle;
 use weir_core::ids::{CheckpointId, OperatorId, SubtaskIndex};
 use weir_core::keygroup::{KeyGroupRange, compute_key_group_range_for_operator_index};
@@ -131,6 +131,8 @@ pub struct SubtaskInfo {
     pub processing_time: ProcessingTimeService,
     /// How keyed-state snapshots compress each key group.
     pub snapshot_compression: weir_state::Compression,
+    /// Incremental keyed snapshots: the most snapshots in a chain, or `None` for full ones.
+    pub incremental: Option<u32>,
 }
 
 /// A task's processing-time service: the earliest processing-time timer (ms since the Unix
@@ -231,8 +233,13 @@ pub enum Lifecycle<'a> {
     EmitPriorityBarrier(CheckpointBarrier, &'a mut Vec<ChannelSection>),
     /// Writers broadcast a cancel marker for an aborted checkpoint.
     EmitCancelMarker(CheckpointId),
-    /// Step 4, synchronous part: each stateful operator freezes its state into the list.
-    Snapshot(CheckpointId, &'a mut Vec<OperatorSnapshotParts>),
+    /// Step 4, synchronous part: each stateful operator freezes its state into the list. A
+    /// savepoint's snapshot is full and self-contained; a checkpoint's may be incremental.
+    Snapshot(
+        CheckpointId,
+        SnapshotKind,
+        &'a mut Vec<OperatorSnapshotParts>,
+    ),
     /// The checkpoint completed.
     NotifyComplete(CheckpointId),
     /// The checkpoint was aborted.

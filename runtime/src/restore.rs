@@ -17,7 +17,7 @@ use weir_core::handle::StreamStateHandle;
 use weir_core::ids::{SubtaskIndex, VertexId};
 use weir_core::keygroup::KeyGroupRange;
 use weir_core::keygroup::compute_key_group_range_for_operator_index;
-use weir_state::format::{SnapshotHeader, parse_section, part_sections};
+use weir_state::format::{SnapshotHeader, part_sections};
 use weir_state::{RestorePart, StateError};
 
 /// A checkpoint chosen for a restore.
@@ -49,8 +49,18 @@ pub(crate) async fn candidates_at(
             reason: "no such directory".into(),
         });
     }
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(OpendalCheckpointStorage::fs(path)?);
-    let mut found = storage.find_checkpoints("").await?;
+    // A `chk-<n>` directory is opened from its parent (the job directory), so that the files
+    // its chains share with other checkpoints (`../shared/`) are inside the storage root.
+    let chk_name = path.file_name().and_then(|n| n.to_str()).filter(|n| {
+        n.strip_prefix("chk-")
+            .is_some_and(|id| id.parse::<u64>().is_ok())
+    });
+    let (root, rel) = match (chk_name, path.parent()) {
+        (Some(name), Some(parent)) if parent.is_dir() => (parent, format!("{name}/")),
+        _ => (path, String::new()),
+    };
+    let storage: Arc<dyn CheckpointStorage> = Arc::new(OpendalCheckpointStorage::fs(root)?);
+    let mut found = storage.find_checkpoints(&rel).await?;
     found.retain(|l| l.complete);
     if found.is_empty() {
         return Err(JobError::Restore {
@@ -319,7 +329,7 @@ async fn assign_in_flight(
 /// that a corrupt checkpoint is skipped in favour of the previous one instead of failing every
 /// restart.
 fn verify_keyed(r: &RestoredKeyed, range: &KeyGroupRange) -> Result<(), StateError> {
-    SnapshotHeader::decode(&r.header)?;
+    let header = SnapshotHeader::decode(&r.header)?;
     let part = RestorePart {
         handle: &r.handle,
         header: &r.header,
@@ -327,7 +337,7 @@ fn verify_keyed(r: &RestoredKeyed, range: &KeyGroupRange) -> Result<(), StateErr
         sections_offset: r.sections_offset,
     };
     for (kg, bytes) in part_sections(&part, range)? {
-        parse_section(kg, bytes)?;
+        header.parse_section(kg, bytes)?;
     }
     Ok(())
 }

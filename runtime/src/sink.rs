@@ -232,7 +232,7 @@ where
                 self.state.update(&legacy, &[])?;
                 self.list = Some(list);
             }
-            Lifecycle::Snapshot(id, parts) => {
+            Lifecycle::Snapshot(id, _, parts) => {
                 let txn = std::mem::take(&mut self.open);
                 self.pending.insert(id.0, txn);
                 if let Some(list) = &self.list {

@@ -343,7 +343,7 @@ impl<T: Send + 'static> SourceDriver<T> {
                     ctx.restore_operator_state(self.operator_id, &mut self.state)?;
                 self.source.open(&self.info, &mut self.state)?;
             }
-            Lifecycle::Snapshot(_, parts) => {
+            Lifecycle::Snapshot(_, _, parts) => {
                 self.source.snapshot_state(&mut self.state)?;
                 parts.push(OperatorSnapshotParts::operator_state(
                     self.operator_id,
@@ -385,6 +385,7 @@ mod tests {
         SubtaskInfo {
             processing_time: Default::default(),
             snapshot_compression: Default::default(),
+            incremental: None,
             index,
             parallelism,
             max_parallelism: 128,

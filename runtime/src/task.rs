@@ -11,10 +11,10 @@ use crate::error::TaskError;
 use crate::operator::{Lifecycle, OpResult, OperatorSnapshotParts, Output, RestoreContext};
 use crate::source::{SourceDriver, SourceStatus, SplitAssignment};
 use bytes::Bytes;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::poll_fn;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
@@ -26,10 +26,13 @@ use weir_checkpoint::storage::CheckpointLocation;
 use weir_core::channel_state::{ChannelDirection, ChannelInfo, ChannelSection};
 use weir_core::config::CheckpointingMode;
 use weir_core::element::{CheckpointBarrier, Event, SnapshotKind, StreamElement, Watermark};
-use weir_core::handle::{OperatorStateHandle, OperatorSubtaskState, TaskStateSnapshot};
-use weir_core::ids::{CheckpointId, JobId};
+use weir_core::handle::{
+    KeyedStateHandle, OperatorStateHandle, OperatorSubtaskState, TaskStateSnapshot,
+};
+use weir_core::ids::{CheckpointId, JobId, OperatorId};
 use weir_network::gate::GateItem;
 use weir_network::{Data, InputGate};
+use weir_state::SnapshotScope;
 
 /// A message from the job master to a task, served by its mailbox.
 #[derive(Debug)]
@@ -106,7 +109,34 @@ pub(crate) struct TaskEnv {
     pub targets: Arc<Targets>,
     /// The chain's processing-time timers.
     pub processing_time: crate::operator::ProcessingTimeService,
+    /// Incremental keyed state: the chain of handles each checkpoint's snapshot completes, per
+    /// operator, from the latest confirmed checkpoint on.
+    pub chains: Arc<Mutex<IncrementalChains>>,
+    /// Uploads of this generation still running, so that the job master can wait for their
+    /// acknowledgements before it lets the generation go.
+    pub uploads: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// Counts one running upload until dropped.
+struct UploadGuard(Arc<std::sync::atomic::AtomicUsize>);
+
+impl UploadGuard {
+    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> UploadGuard {
+        count.fetch_add(1, Ordering::AcqRel);
+        UploadGuard(count.clone())
+    }
+}
+
+impl Drop for UploadGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Per operator, by checkpoint: the keyed-state handles of an incremental chain (a full
+/// snapshot, then its deltas in order), as the subtask's acknowledgement carries them.
+pub(crate) type IncrementalChains =
+    HashMap<OperatorId, BTreeMap<CheckpointId, Vec<KeyedStateHandle>>>;
 
 impl TaskEnv {
     async fn report(&self, event: TaskEvent) -> Result<(), TaskError> {
@@ -885,6 +915,14 @@ async fn handle_message(
         }
         TaskMessage::NotifyComplete(id) => {
             input.lifecycle(&mut Lifecycle::NotifyComplete(id))?;
+            // Later deltas extend this checkpoint's chains: the older ones are not needed.
+            if let Ok(mut chains) = env.chains.lock() {
+                for by_checkpoint in chains.values_mut() {
+                    if by_checkpoint.contains_key(&id) {
+                        by_checkpoint.retain(|c, _| *c >= id);
+                    }
+                }
+            }
             // After a synchronous savepoint the sources end their input (with or without drain:
             // they emitted nothing after its barrier), and the job finishes normally.
             if cps.suspended.is_some_and(|(sid, _)| sid == id) {
@@ -1020,7 +1058,11 @@ async fn checkpoint_state(
     // Step 4, synchronous part: freeze every operator's state.
     let sync_start = Instant::now();
     let mut parts = Vec::new();
-    input.lifecycle(&mut Lifecycle::Snapshot(id, &mut parts))?;
+    input.lifecycle(&mut Lifecycle::Snapshot(
+        id,
+        barrier.options.kind,
+        &mut parts,
+    ))?;
     let metrics = SubtaskCheckpointMetrics {
         start_delay,
         alignment,
@@ -1061,7 +1103,11 @@ fn snapshot_finished(
     cps.last = Some(id);
     let sync_start = Instant::now();
     let mut parts = Vec::new();
-    input.lifecycle(&mut Lifecycle::Snapshot(id, &mut parts))?;
+    input.lifecycle(&mut Lifecycle::Snapshot(
+        id,
+        barrier.options.kind,
+        &mut parts,
+    ))?;
     let metrics = SubtaskCheckpointMetrics {
         start_delay: Duration::ZERO,
         alignment: Duration::ZERO,
@@ -1094,9 +1140,46 @@ fn spawn_upload(
         });
     let reports = env.reports.clone();
     let (generation, task) = (env.generation, env.task);
+    // The chain each delta extends, looked up now, in the task: a later completion may prune
+    // it before the upload ends.
+    let bases = parts
+        .iter()
+        .map(|p| match p.keyed.as_ref().map(|k| k.scope()) {
+            Some(SnapshotScope::Incremental { base: Some(base) }) => env
+                .chains
+                .lock()
+                .ok()
+                .and_then(|c| c.get(&p.operator_id)?.get(&CheckpointId(base)).cloned())
+                .ok_or_else(|| {
+                    format!(
+                        "operator {}: the incremental chain of checkpoint {base}, which this \
+                         delta extends, is unknown",
+                        p.operator_id
+                    )
+                }),
+            _ => Ok(Vec::new()),
+        })
+        .collect::<Result<Vec<_>, String>>();
+    let chains = env.chains.clone();
+    let guard = UploadGuard::new(&env.uploads);
     tokio::spawn(async move {
+        let _guard = guard;
         let async_start = Instant::now();
-        let result = upload(storage, location, task, generation, parts, in_flight).await;
+        let result = match bases {
+            Ok(bases) => {
+                let parts = Upload {
+                    id,
+                    task,
+                    generation,
+                    parts,
+                    bases,
+                    in_flight,
+                    chains,
+                };
+                upload(storage, location, parts).await
+            }
+            Err(reason) => Err(reason),
+        };
         let event = match result {
             Ok(state) => TaskEvent::Acknowledge {
                 id,
@@ -1130,25 +1213,51 @@ fn spawn_upload(
 /// The names and redistribution modes of an operator snapshot's states.
 type StateNames = Vec<(String, weir_core::handle::OperatorStateMode)>;
 
-/// Serializes the frozen parts and writes them to checkpoint storage.
-async fn upload(
-    storage: Arc<dyn CheckpointStorage>,
-    location: CheckpointLocation,
+/// What one subtask's checkpoint uploads.
+struct Upload {
+    id: CheckpointId,
     task: TaskKey,
     generation: u64,
     parts: Vec<OperatorSnapshotParts>,
+    /// Per part: the chain its keyed delta extends (empty for anything else).
+    bases: Vec<Vec<KeyedStateHandle>>,
     in_flight: Vec<ChannelSection>,
+    chains: Arc<Mutex<IncrementalChains>>,
+}
+
+/// Serializes the frozen parts and writes them to checkpoint storage. Incremental keyed
+/// snapshots go to the job's shared directory, and the acknowledgement carries their whole
+/// chain, which is remembered for the deltas that will extend it.
+async fn upload(
+    storage: Arc<dyn CheckpointStorage>,
+    location: CheckpointLocation,
+    upload: Upload,
 ) -> Result<TaskStateSnapshot, String> {
     struct Serialized {
         operator_id: weir_core::ids::OperatorId,
         keyed: Option<(weir_state::KeyedSnapshotLayout, Vec<u8>)>,
+        /// For an incremental snapshot: the chain it extends.
+        chain: Option<Vec<KeyedStateHandle>>,
         operator: Option<(StateNames, Vec<u8>)>,
     }
+    let Upload {
+        id,
+        task,
+        generation,
+        parts,
+        bases,
+        in_flight,
+        chains,
+    } = upload;
     let serialized = tokio::task::spawn_blocking(move || -> Result<Vec<Serialized>, String> {
         let mut out = Vec::with_capacity(parts.len());
-        for p in parts {
+        for (p, base) in parts.into_iter().zip(bases) {
+            let mut chain = None;
             let keyed = match p.keyed {
                 Some(k) => {
+                    if let SnapshotScope::Incremental { .. } = k.scope() {
+                        chain = Some(base);
+                    }
                     let mut buf = Vec::new();
                     let layout = k.write_to(&mut buf).map_err(|e| e.to_string())?;
                     Some((layout, buf))
@@ -1167,6 +1276,7 @@ async fn upload(
             out.push(Serialized {
                 operator_id: p.operator_id,
                 keyed,
+                chain,
                 operator,
             });
         }
@@ -1197,16 +1307,39 @@ async fn upload(
         let short = format!("{}", s.operator_id);
         let short = &short[..8];
         let mut state = OperatorSubtaskState::default();
-        if let Some((layout, buf)) = s.keyed {
-            let name = format!(
-                "v{}-{}-g{generation}-{short}-keyed",
-                task.vertex.0, task.subtask
-            );
-            let stream = storage
-                .write_state(&location, &name, Bytes::from(buf))
-                .await
-                .map_err(|e| e.to_string())?;
-            state.keyed.push(layout.into_handle(stream));
+        match (s.keyed, s.chain) {
+            (Some((layout, buf)), None) => {
+                let name = format!(
+                    "v{}-{}-g{generation}-{short}-keyed",
+                    task.vertex.0, task.subtask
+                );
+                let stream = storage
+                    .write_state(&location, &name, Bytes::from(buf))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                state.keyed.push(layout.into_handle(stream));
+            }
+            (Some((layout, buf)), Some(mut chain)) => {
+                // Shared: later checkpoints' chains reference it. The name is unique per job:
+                // the checkpoint id and generation tell attempts apart.
+                let name = format!(
+                    "v{}-{}-g{generation}-{short}-c{}-keyed",
+                    task.vertex.0, task.subtask, id.0
+                );
+                let stream = storage
+                    .write_shared_state(&location, &name, Bytes::from(buf))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                chain.push(layout.into_handle(stream));
+                if let Ok(mut chains) = chains.lock() {
+                    chains
+                        .entry(s.operator_id)
+                        .or_default()
+                        .insert(id, chain.clone());
+                }
+                state.keyed.extend(chain);
+            }
+            (None, _) => {}
         }
         if let Some((states, buf)) = s.operator {
             let name = format!(

@@ -290,7 +290,7 @@ impl<T: Send + 'static> OneInputOperator<T> for WatchOp<T> {
                     .entry(self.at)
                     .or_insert_with(now_ms);
             }
-            Lifecycle::Snapshot(id, _) if self.ended => {
+            Lifecycle::Snapshot(id, _, _) if self.ended => {
                 self.watch
                     .after_end
                     .lock()

@@ -90,6 +90,10 @@ struct Args {
     /// Compression of each key group in keyed-state snapshots: none, lz4 or zstd.
     #[arg(long, default_value = "none")]
     snapshot_compression: weir_runtime::Compression,
+    /// Incremental checkpoints: each checkpoint writes only the keyed state that changed since
+    /// the latest completed one (savepoints stay full).
+    #[arg(long)]
+    incremental: bool,
 }
 
 /// `--mode`.
@@ -163,6 +167,7 @@ async fn main() -> Result<()> {
         unaligned: args.unaligned || args.aligned_checkpoint_timeout.is_some(),
         aligned_checkpoint_timeout: args.aligned_checkpoint_timeout.unwrap_or_default(),
         snapshot_compression: args.snapshot_compression,
+        incremental: args.incremental,
     };
     let (env, totals, _injector) = build(&opts);
     let client = JobClient::default();
