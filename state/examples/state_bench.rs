@@ -10,21 +10,25 @@
 //!    and while the snapshot is held (as if its asynchronous part were still writing) 1% of the
 //!    keys, picked at random, are updated. The first write into each key group after a snapshot
 //!    copies that group's table (copy-on-write); those first writes are timed one by one;
-//! 2. writes one full snapshot with `write_to` into a `BufWriter<File>` under `--dir` (no
+//! 2. switches the backend to incremental mode, takes a full incremental snapshot (checkpoint
+//!    1, confirmed), updates the same share of keys, and takes checkpoint 2: a delta on 1. It
+//!    reports the bytes of that delta (`incremental_bytes`, and `incremental_ratio` over the
+//!    full one), its synchronous pause, and the update batch's time with change tracking on;
+//! 3. writes one full snapshot with `write_to` into a `BufWriter<File>` under `--dir` (no
 //!    fsync): the asynchronous part, as MB/s of snapshot bytes;
-//! 3. drops the backend, reads the file back and restores it into a fresh backend, registering
+//! 4. drops the backend, reads the file back and restores it into a fresh backend, registering
 //!    the state so that every entry is decoded: restore MB/s over the file size.
 //!
 //! It prints one line per key count (MB = 10^6 bytes):
 //! `keys=N sync_pause_p50_us=.. sync_pause_p99_us=.. upload_mb_s=.. restore_mb_s=..
-//! full_bytes=.. incremental_bytes=n/a cow_first_write_p50_us=.. cow_first_write_p99_us=..
+//! full_bytes=.. incremental_bytes=.. incremental_ratio=.. incremental_sync_pause_us=..
+//! update_batch_tracked_ms=.. cow_first_write_p50_us=.. cow_first_write_p99_us=..
 //! cow_copy_ms_per_checkpoint=.. update_batch_ms=.. restore_read_ms=.. restore_parse_ms=..
 //! restore_decode_ms=.. upload_cpu_mb_s=.. restore_cpu_mb_s=.. restore_process_cpu_mb_s=..`; the
 //! `_cpu_` speeds divide by the thread's CPU time instead of wall time, which tells on a loaded
 //! machine. A large restore also works on helper threads, which `restore_cpu_mb_s` does not
 //! count: `restore_process_cpu_mb_s` divides by the whole process's CPU time instead (in clock
-//! ticks, 10 ms on Linux, so coarse for a short restore). The heap backend has no incremental
-//! snapshots, so `incremental_bytes` is `n/a`.
+//! ticks, 10 ms on Linux, so coarse for a short restore).
 
 use std::error::Error;
 use std::fs::File;
@@ -139,6 +143,23 @@ fn opt_mb_s(bytes: u64, d: Option<Duration>) -> String {
     d.map_or_else(|| "n/a".to_string(), |d| format!("{:.1}", mb_s(bytes, d)))
 }
 
+/// Writes a snapshot nowhere, counting its bytes.
+fn count_bytes(snapshot: Box<dyn weir_state::KeyedSnapshot>) -> Res<u64> {
+    struct Counter(u64);
+    impl Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    snapshot.write_to(&mut counter)?;
+    Ok(counter.0)
+}
+
 fn mb_s(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / 1e6 / d.as_secs_f64().max(1e-9)
 }
@@ -192,7 +213,24 @@ fn run(keys: u64, o: &Options) -> Res<String> {
         drop(snapshot);
     }
 
-    // 2. The asynchronous part: a full snapshot written to a file.
+    // 2. Incremental: a full snapshot starts the chain, the same share of keys changes, and the
+    // next checkpoint's delta holds only those keys.
+    let mut backend = backend.with_incremental(u32::MAX);
+    let chain_start = count_bytes(backend.snapshot_incremental(1)?)?;
+    backend.notify_checkpoint_complete(1);
+    let batch = Instant::now();
+    for _ in 0..updates {
+        let k = rng.below(keys);
+        backend.update(state, &k, assign_to_key_group(&k, MAX_PARALLELISM), k + 7);
+    }
+    let tracked_batch_ms = batch.elapsed().as_secs_f64() * 1e3;
+    let start = Instant::now();
+    let delta = backend.snapshot_incremental(2)?;
+    let delta_pause = us(start.elapsed());
+    let incremental_bytes = count_bytes(delta)?;
+    backend.notify_checkpoint_complete(2);
+
+    // 3. The asynchronous part: a full snapshot written to a file.
     std::fs::create_dir_all(&o.dir)?;
     let path = o
         .dir
@@ -203,7 +241,8 @@ fn run(keys: u64, o: &Options) -> Res<String> {
 
     Ok(format!(
         "keys={keys} sync_pause_p50_us={:.1} sync_pause_p99_us={:.1} upload_mb_s={:.1} \
-         restore_mb_s={:.1} full_bytes={} incremental_bytes=n/a cow_first_write_p50_us={:.1} \
+         restore_mb_s={:.1} full_bytes={} incremental_bytes={} incremental_ratio={:.4} \
+         incremental_sync_pause_us={:.1} update_batch_tracked_ms={:.2} cow_first_write_p50_us={:.1} \
          cow_first_write_p99_us={:.1} cow_copy_ms_per_checkpoint={:.2} update_batch_ms={:.2} \
          restore_read_ms={:.1} restore_parse_ms={:.1} restore_decode_ms={:.1} \
          upload_cpu_mb_s={} restore_cpu_mb_s={} restore_process_cpu_mb_s={}",
@@ -212,6 +251,10 @@ fn run(keys: u64, o: &Options) -> Res<String> {
         mb_s(r.bytes, r.upload),
         mb_s(r.bytes, r.read + r.parse + r.decode),
         r.bytes,
+        incremental_bytes,
+        incremental_bytes as f64 / chain_start.max(1) as f64,
+        delta_pause,
+        tracked_batch_ms,
         percentile(&first_writes, 50.0),
         percentile(&first_writes, 99.0),
         percentile(&cow_per_checkpoint, 50.0),
