@@ -1164,7 +1164,10 @@ impl Checker<'_> {
             }
             let mut keyed = Vec::with_capacity(state.keyed.len());
             for h in &state.keyed {
-                ranges.push((h.key_group_range, index));
+                // An incremental chain's links (a full snapshot and its deltas) share one range.
+                if !ranges.contains(&(h.key_group_range, index)) {
+                    ranges.push((h.key_group_range, index));
+                }
                 keyed.push(self.keyed(op, h, &who).await);
             }
             let mut operator = Vec::with_capacity(state.operator.len());

@@ -136,6 +136,7 @@ fn summary(r: &JobResult) -> String {
 /// Without failures: deltas are taken (some retained checkpoint is a chain longer than one),
 /// the shared directory holds exactly what the retained checkpoints reference, and the latest
 /// one restores at another parallelism, with every file its chain needs, to exact totals.
+/// `verify` checks every link; a damaged link is named, and a restore falls back past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deltas_are_retained_exactly_and_restore_after_subsumed_ones_are_deleted() {
     let tmp = tempfile::tempdir().unwrap();
@@ -175,6 +176,54 @@ async fn deltas_are_retained_exactly_and_restore_after_subsumed_ones_are_deleted
     assert_eq!(again.status, JobStatus::Finished, "{}", summary(&again));
     assert!(again.restored_from.is_some(), "{}", summary(&again));
     assert_eq!(totals.get(), expected(records), "{}", summary(&again));
+
+    // `weir checkpoints verify` checks every link of every chain.
+    let latest_dir = Path::new(latest.trim_start_matches("file://"));
+    let report = weir_runtime::cli::verify(latest_dir).await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    let newest = kept.last().unwrap();
+    assert!(
+        report.files_verified > shared_files(newest).len() as u64,
+        "{ctx}: {} files verified, the chains hold {}",
+        report.files_verified,
+        shared_files(newest).len()
+    );
+
+    // Damage the newest link of the latest checkpoint (a file only it references): verify names
+    // it, and a restore from the job directory falls back to the checkpoint before.
+    let last_link = newest
+        .operators
+        .iter()
+        .flat_map(|o| o.subtasks.values())
+        .filter_map(|s| s.keyed.last())
+        .find_map(|k| match &k.stream {
+            StreamStateHandle::File { path, .. } => Some(path.clone()),
+            StreamStateHandle::Inline(_) => None,
+        })
+        .unwrap();
+    let name = last_link.trim_start_matches("../shared/");
+    let file = root.join(r.job_id.to_string()).join("shared").join(name);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x5a;
+    std::fs::write(&file, bytes).unwrap();
+    let report = weir_runtime::cli::verify(latest_dir).await.unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.file.contains(name)),
+        "verify should name {name}: {:?}",
+        report.problems
+    );
+    let tmp3 = tempfile::tempdir().unwrap();
+    let (env, totals) = job(tmp3.path(), 2, records, &Failures::at(Vec::new()), 1);
+    env.restore_from(root.join(r.job_id.to_string()));
+    let fallback = env.execute().await.unwrap();
+    let restored = fallback.restored_from.clone().unwrap_or_default();
+    let previous = format!("chk-{}", kept[kept.len() - 2].checkpoint_id.0);
+    assert!(
+        restored.ends_with(&previous),
+        "the restore should fall back to {previous}, it used {restored:?}"
+    );
+    assert_eq!(totals.get(), expected(records), "{}", summary(&fallback));
 }
 
 /// With failures between checkpoints: each restore reads a chain, the first checkpoint after it
