@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use tracing::warn;
-use weir_checkpoint::storage::{CheckpointListing, CheckpointLocation};
+use weir_checkpoint::storage::{CheckpointListing, CheckpointLocation, S3Config, is_s3_url};
 use weir_checkpoint::{
     CheckpointError, CheckpointMetadata, CheckpointStorage, OpendalCheckpointStorage,
 };
@@ -37,19 +37,28 @@ impl RestorePoint {
     }
 }
 
-/// The complete checkpoints under a user-given path, newest first: the path itself if it is a
-/// checkpoint, else its `chk-<n>` children, else those of its job directories.
+/// The complete checkpoints under a user-given path (a local directory or `s3://bucket/prefix`),
+/// newest first: the path itself if it is a checkpoint, else its `chk-<n>` children, else those
+/// of its job directories.
 pub(crate) async fn candidates_at(
     path: &Path,
 ) -> Result<(Arc<dyn CheckpointStorage>, Vec<CheckpointListing>), JobError> {
     let shown = path.display().to_string();
-    if !path.is_dir() {
-        return Err(JobError::Restore {
-            path: shown,
-            reason: "no such directory".into(),
-        });
-    }
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(OpendalCheckpointStorage::fs(path)?);
+    let storage: Arc<dyn CheckpointStorage> = match path.to_str().filter(|p| is_s3_url(p)) {
+        // `s3://bucket/prefix`: the prefix is the path, configured from the AWS variables.
+        Some(url) => Arc::new(OpendalCheckpointStorage::s3(S3Config::from_url_and_env(
+            url,
+        )?)?),
+        None => {
+            if !path.is_dir() {
+                return Err(JobError::Restore {
+                    path: shown,
+                    reason: "no such directory".into(),
+                });
+            }
+            Arc::new(OpendalCheckpointStorage::fs(path)?)
+        }
+    };
     let mut found = storage.find_checkpoints("").await?;
     found.retain(|l| l.complete);
     if found.is_empty() {
