@@ -1,7 +1,7 @@
 //! Weir's checkpointing: where checkpoints go, what they record, and the pure decisions of the
 //! protocol.
 //!
-//! - [`storage`]: the [`CheckpointStorage`] seam and its opendal implementation (fs, memory, …),
+//! - [`storage`]: the [`CheckpointStorage`] seam and its opendal implementation (fs, memory, s3),
 //!   with Flink's layout `<root>/<job-id>/chk-<n>/_metadata`.
 //! - [`metadata`]: the `_metadata` format: versioned, checksummed, self-describing.
 //! - [`coordinator`]: the CheckpointCoordinator as a state machine: events in, actions out.

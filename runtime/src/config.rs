@@ -3,7 +3,8 @@
 use crate::restart::RestartStrategy;
 use std::path::PathBuf;
 use std::sync::Arc;
-use weir_checkpoint::CheckpointStorage;
+use weir_checkpoint::storage::{S3Config, is_s3_url};
+use weir_checkpoint::{CheckpointError, CheckpointStorage};
 use weir_core::config::CheckpointConfig;
 
 /// Where checkpoints go.
@@ -11,16 +12,33 @@ use weir_core::config::CheckpointConfig;
 pub enum StorageConfig {
     /// A local directory through opendal's fs service (the default: `./weir-checkpoints`).
     Filesystem(PathBuf),
+    /// An S3 bucket and prefix through opendal's s3 service.
+    S3(S3Config),
     /// opendal's memory service: gone with the process, for tests.
     Memory,
     /// Any other implementation of the storage seam.
     Custom(Arc<dyn CheckpointStorage>),
 }
 
+impl StorageConfig {
+    /// The storage a user's `--checkpoint-dir` names: `s3://bucket/prefix` is S3, configured
+    /// from the AWS environment variables ([`S3Config::from_url_and_env`]); anything else is a
+    /// local directory. A bad `s3://` URL or missing credentials is a
+    /// [`CheckpointError::Config`] naming the problem.
+    pub fn from_location(location: &str) -> Result<StorageConfig, CheckpointError> {
+        if is_s3_url(location) {
+            Ok(StorageConfig::S3(S3Config::from_url_and_env(location)?))
+        } else {
+            Ok(StorageConfig::Filesystem(PathBuf::from(location)))
+        }
+    }
+}
+
 impl std::fmt::Debug for StorageConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StorageConfig::Filesystem(p) => write!(f, "Filesystem({})", p.display()),
+            StorageConfig::S3(c) => write!(f, "S3({})", c.describe()),
             StorageConfig::Memory => write!(f, "Memory"),
             StorageConfig::Custom(s) => write!(f, "Custom({})", s.describe()),
         }
@@ -42,7 +60,8 @@ pub struct JobConfig {
     pub storage: StorageConfig,
     /// Restart strategy; `None`: fixed delay when checkpointing is on, no restart otherwise.
     pub restart: Option<RestartStrategy>,
-    /// A checkpoint (or a checkpoint root) to start from, like `flink run -s`.
+    /// A checkpoint (or a checkpoint root) to start from, like `flink run -s`: a local path or
+    /// `s3://bucket/prefix`.
     pub restore_from: Option<PathBuf>,
     /// Records per batch that sources emit and writers send.
     pub batch_size: usize,
@@ -96,6 +115,27 @@ impl JobConfig {
             Some(r) => r.clone(),
             None if self.checkpoint.is_enabled() => RestartStrategy::default_with_checkpointing(),
             None => RestartStrategy::NoRestart,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_location_is_a_directory_unless_it_is_an_s3_url() {
+        assert!(matches!(
+            StorageConfig::from_location("weir-checkpoints"),
+            Ok(StorageConfig::Filesystem(p)) if p == std::path::Path::new("weir-checkpoints")
+        ));
+        assert!(matches!(
+            StorageConfig::from_location("/tmp/s3:/x"),
+            Ok(StorageConfig::Filesystem(_))
+        ));
+        match StorageConfig::from_location("s3:///prefix") {
+            Err(CheckpointError::Config(msg)) => assert!(msg.contains("no bucket"), "{msg}"),
+            other => panic!("expected a Config error, got {other:?}"),
         }
     }
 }

@@ -139,7 +139,9 @@ impl StreamEnvironment {
         self
     }
 
-    /// Checkpoints into a local directory (opendal's fs service).
+    /// Checkpoints into a local directory (opendal's fs service). For S3, use
+    /// [`set_checkpoint_storage`](Self::set_checkpoint_storage) with [`StorageConfig::S3`] (or
+    /// [`StorageConfig::from_location`]).
     pub fn set_checkpoint_dir(&self, dir: impl Into<PathBuf>) -> &Self {
         self.set_checkpoint_storage(StorageConfig::Filesystem(dir.into()))
     }
@@ -163,7 +165,8 @@ impl StreamEnvironment {
     }
 
     /// Starts the job from a checkpoint directory, or from the latest complete checkpoint under
-    /// a checkpoint root (like `flink run -s`).
+    /// a checkpoint root (like `flink run -s`). An `s3://bucket/prefix` path is read from S3,
+    /// configured from the AWS environment variables as [`StorageConfig::from_location`] does.
     pub fn restore_from(&self, path: impl Into<PathBuf>) -> &Self {
         self.config_mut().restore_from = Some(path.into());
         self

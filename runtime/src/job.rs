@@ -353,6 +353,7 @@ fn wall_ms() -> u64 {
 fn build_storage(config: &JobConfig) -> Result<Arc<dyn CheckpointStorage>, JobError> {
     Ok(match &config.storage {
         StorageConfig::Filesystem(p) => Arc::new(OpendalCheckpointStorage::fs(p)?),
+        StorageConfig::S3(c) => Arc::new(OpendalCheckpointStorage::s3(c.clone())?),
         StorageConfig::Memory => Arc::new(OpendalCheckpointStorage::memory()?),
         StorageConfig::Custom(s) => s.clone(),
     })

@@ -44,6 +44,7 @@ pub use sink::{CollectHandle, LatestHandle};
 pub use weir_checkpoint::coordinator::{
     CheckpointFailureReason, CheckpointStats, CheckpointStatus, SubtaskCheckpointMetrics,
 };
+pub use weir_checkpoint::storage::S3Config;
 pub use weir_core::config::{CheckpointConfig, CheckpointingMode, ExternalizedRetention};
 pub use weir_state::Compression;
 pub use weir_state::{StateKey, StateValue, ValueState, ValueStateDescriptor};

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use tracing::warn;
-use weir_checkpoint::storage::{CheckpointListing, CheckpointLocation};
+use weir_checkpoint::storage::{CheckpointListing, CheckpointLocation, S3Config, is_s3_url};
 use weir_checkpoint::{
     CheckpointError, CheckpointMetadata, CheckpointStorage, OpendalCheckpointStorage,
 };
@@ -37,29 +37,51 @@ impl RestorePoint {
     }
 }
 
-/// The complete checkpoints under a user-given path, newest first: the path itself if it is a
-/// checkpoint, else its `chk-<n>` children, else those of its job directories.
+/// The complete checkpoints under a user-given path (a local directory or `s3://bucket/prefix`),
+/// newest first: the path itself if it is a checkpoint, else its `chk-<n>` children, else those
+/// of its job directories.
 pub(crate) async fn candidates_at(
     path: &Path,
 ) -> Result<(Arc<dyn CheckpointStorage>, Vec<CheckpointListing>), JobError> {
     let shown = path.display().to_string();
-    if !path.is_dir() {
-        return Err(JobError::Restore {
-            path: shown,
-            reason: "no such directory".into(),
-        });
-    }
-    // A `chk-<n>` directory is opened from its parent (the job directory), so that the files
-    // its chains share with other checkpoints (`../shared/`) are inside the storage root.
-    let chk_name = path.file_name().and_then(|n| n.to_str()).filter(|n| {
-        n.strip_prefix("chk-")
+    // A `chk-<n>` directory (or prefix) is opened from its parent, the job directory, so that
+    // the files its chains share with other checkpoints (`../shared/`) are inside the root.
+    let is_chk = |name: &str| {
+        name.strip_prefix("chk-")
             .is_some_and(|id| id.parse::<u64>().is_ok())
-    });
-    let (root, rel) = match (chk_name, path.parent()) {
-        (Some(name), Some(parent)) if parent.is_dir() => (parent, format!("{name}/")),
-        _ => (path, String::new()),
     };
-    let storage: Arc<dyn CheckpointStorage> = Arc::new(OpendalCheckpointStorage::fs(root)?);
+    let (storage, rel): (Arc<dyn CheckpointStorage>, String) =
+        match path.to_str().filter(|p| is_s3_url(p)) {
+            // `s3://bucket/prefix`: the prefix is the path, configured from the AWS variables.
+            Some(url) => {
+                let trimmed = url.trim_end_matches('/');
+                let (root, rel) = match trimmed.rsplit_once('/') {
+                    Some((parent, name)) if is_chk(name) && parent.len() > "s3://".len() => {
+                        (parent, format!("{name}/"))
+                    }
+                    _ => (trimmed, String::new()),
+                };
+                let config = S3Config::from_url_and_env(root)?;
+                (Arc::new(OpendalCheckpointStorage::s3(config)?), rel)
+            }
+            None => {
+                if !path.is_dir() {
+                    return Err(JobError::Restore {
+                        path: shown,
+                        reason: "no such directory".into(),
+                    });
+                }
+                let chk_name = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .filter(|n| is_chk(n));
+                let (root, rel) = match (chk_name, path.parent()) {
+                    (Some(name), Some(parent)) if parent.is_dir() => (parent, format!("{name}/")),
+                    _ => (path, String::new()),
+                };
+                (Arc::new(OpendalCheckpointStorage::fs(root)?), rel)
+            }
+        };
     let mut found = storage.find_checkpoints(&rel).await?;
     found.retain(|l| l.complete);
     if found.is_empty() {

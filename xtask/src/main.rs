@@ -3,12 +3,16 @@
 //! - `ci`: the single CI entry point: fmt check, tidy, clippy, the tests, the doc tests.
 //! - `tidy`: the workspace's dependency direction and the `//!` first line of every `.rs` file.
 //! - `test [args]`: the tests only (nextest when installed, else `cargo test`), args passed on.
+//!
+//! `ci` and `test` first make sure the S3 server the storage tests use is installed
+//! ([`s3::ensure_s3s_fs`]) and pass its path to the tests as `WEIR_S3FS_BIN`.
 //! - `bench [name]`: release-build the examples and run a named benchmark (default `wordcount`).
 //! - `chaos`: the heavy `#[ignore]`d scenarios, in release mode.
 //!
 //! Plain `std::process::Command` throughout; no shell scripts.
 
 mod bench;
+mod s3;
 mod testcount;
 mod tidy;
 
@@ -27,6 +31,9 @@ commands:
   ci            fmt check, tidy, clippy, tests, doc tests (fails fast)
   tidy          dependency direction and `//!` first lines
   test [args]   the tests only (nextest if installed, else cargo test); args are passed on
+
+ci and test install s3s-fs (the S3 server of the storage tests) once, into $WEIR_TOOLS_DIR or
+~/.cache/weir/tools, and pass it to the tests as WEIR_S3FS_BIN (set it to use your own)
   bench [name]  release benchmarks; names: {benches}
   chaos         cargo test --workspace --release -- --ignored";
 
@@ -115,23 +122,54 @@ fn has_nextest(root: &Path) -> bool {
     cmd.status().is_ok_and(|s| s.success())
 }
 
-/// The test commands of CI step 4: nextest (or `cargo test`) with `extra` args, then doc tests.
-fn test_commands(root: &Path, extra: &[String]) -> Vec<(&'static str, Command)> {
+/// The package selection in `args` (`-p X`, `-pX`, `--package X`, `--package=X`) before any
+/// `--`, as given.
+fn package_args(args: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "--" {
+            break;
+        }
+        if arg == "-p" || arg == "--package" {
+            out.push(arg.clone());
+            out.extend(it.next().cloned());
+        } else if arg.starts_with("--package=") || (arg.starts_with("-p") && arg.len() > 2) {
+            out.push(arg.clone());
+        }
+    }
+    out
+}
+
+/// The test commands of CI step 4: nextest (or `cargo test`) with `extra` args, then doc tests,
+/// over the workspace or, when `extra` names packages (`-p`), over those. Both get
+/// `WEIR_S3FS_BIN=s3s_fs`.
+fn test_commands(root: &Path, extra: &[String], s3s_fs: &Path) -> Vec<(&'static str, Command)> {
+    let packages = package_args(extra);
+    let scope = if packages.is_empty() {
+        vec!["--workspace".to_string()]
+    } else {
+        Vec::new()
+    };
     let mut main = cargo(root);
     if has_nextest(root) {
-        main.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
+        main.args(["nextest", "run", "--no-fail-fast"]);
     } else {
-        main.args(["test", "--workspace"]);
+        main.arg("test");
     }
-    main.args(extra);
+    main.args(&scope).args(extra);
     let mut doc = cargo(root);
-    doc.args(["test", "--workspace", "--doc"]);
+    doc.arg("test").args(&scope).args(&packages).arg("--doc");
+    for cmd in [&mut main, &mut doc] {
+        cmd.env(s3::BIN_VAR, s3s_fs);
+    }
     vec![("test", main), ("doctest", doc)]
 }
 
 fn tests(root: &Path, extra: &[String]) -> Result<()> {
+    let s3s_fs = s3::ensure_s3s_fs()?;
     let mut counts = testcount::Counts::default();
-    let result = test_commands(root, extra)
+    let result = test_commands(root, extra, &s3s_fs)
         .into_iter()
         .try_for_each(|(_, cmd)| testcount::run_counting(cmd, &mut counts));
     println!("{}", counts.line());
@@ -165,8 +203,10 @@ fn ci(root: &Path) -> Result<()> {
         "warnings",
     ]);
     steps.push(("clippy", Box::new(move || run_cmd(clippy))));
+    // Before the steps, so that a missing tool fails CI at once, not after clippy.
+    let s3s_fs = s3::ensure_s3s_fs()?;
     let counts = Rc::new(Cell::new(testcount::Counts::default()));
-    for (name, cmd) in test_commands(root, &[]) {
+    for (name, cmd) in test_commands(root, &[], &s3s_fs) {
         let counts = Rc::clone(&counts);
         steps.push((
             name,
@@ -212,4 +252,41 @@ fn ci(root: &Path) -> Result<()> {
 
 fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::package_args;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn package_selection_is_found_in_any_spelling() {
+        let args = strings(&[
+            "-p",
+            "weir-checkpoint",
+            "--test",
+            "storage_s3",
+            "-pweir-core",
+            "--package=weir-state",
+            "--package",
+            "weir-runtime",
+            "--",
+            "--nocapture",
+        ]);
+        assert_eq!(
+            package_args(&args),
+            strings(&[
+                "-p",
+                "weir-checkpoint",
+                "-pweir-core",
+                "--package=weir-state",
+                "--package",
+                "weir-runtime"
+            ])
+        );
+        assert!(package_args(&strings(&["--test", "x", "--profile", "ci"])).is_empty());
+    }
 }

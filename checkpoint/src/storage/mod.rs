@@ -1,5 +1,6 @@
 //! The checkpoint-storage seam: [`CheckpointStorage`], and [`OpendalCheckpointStorage`], which
-//! runs it over any opendal service (fs and memory here; s3 and others plug in the same way).
+//! runs it over any opendal service (fs, memory and s3 here, the last configured by
+//! [`S3Config`]; others plug in the same way).
 //! [`faults::FaultInjectingStorage`] wraps any storage and injects seeded faults, for tests.
 //!
 //! Layout, as Flink's, relative to the storage root:
@@ -145,6 +146,7 @@ pub trait CheckpointStorage: Send + Sync + 'static {
 }
 
 pub use opendal_impl::OpendalCheckpointStorage;
+pub use s3::{S3Config, is_s3_url};
 
 /// The directory shared files are written to, relative to a checkpoint's location.
 pub const SHARED_DIR_FROM_LOCATION: &str = "../shared/";
@@ -160,3 +162,4 @@ pub mod conformance;
 pub mod faults;
 
 mod opendal_impl;
+mod s3;

@@ -1,7 +1,9 @@
 //! [`CheckpointStorage`](super::CheckpointStorage) over an opendal `Operator`: Flink's layout on
-//! any opendal service (fs and memory here; s3 and others through [`OpendalCheckpointStorage::from_operator`]).
+//! any opendal service (fs, memory and s3 here; others through [`OpendalCheckpointStorage::from_operator`]).
 
-use super::{CheckpointListing, CheckpointLocation, CheckpointStorage, SHARED_DIR_FROM_LOCATION};
+use super::{
+    CheckpointListing, CheckpointLocation, CheckpointStorage, S3Config, SHARED_DIR_FROM_LOCATION,
+};
 use crate::{CheckpointError, CheckpointMetadata};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -17,18 +19,31 @@ const METADATA_FILE: &str = "_metadata";
 const METADATA_INPROGRESS_FILE: &str = "_metadata.inprogress";
 /// How many `_metadata` stats a listing runs at once.
 const LIST_CONCURRENCY: usize = 16;
+/// The part size of multipart uploads, on services that have them (S3's minimum is 5 MiB).
+const MULTIPART_CHUNK: usize = 8 * 1024 * 1024;
+/// How many parts of one file are uploaded at once.
+const MULTIPART_CONCURRENCY: usize = 4;
 
 /// Checkpoint storage over any opendal service.
 ///
 /// State at or below the inline threshold is returned as [`StreamStateHandle::Inline`] and ends up
 /// inside `_metadata`; larger state becomes a file `<location>/<name>`. `_metadata` is written to
 /// `_metadata.inprogress` and renamed into place where the service can rename (fs); elsewhere it
-/// is one write, which object stores and the memory service make atomic.
+/// is one write, which object stores and the memory service make atomic. On services that
+/// upload in parts (S3), a file larger than one part is a multipart upload of 8 MiB parts, four
+/// at a time.
 #[derive(Clone, Debug)]
 pub struct OpendalCheckpointStorage {
     op: Operator,
+    /// What [`describe`](CheckpointStorage::describe) says.
     description: String,
+    /// What paths in errors and logs start with (the description without any remarks).
+    path_base: String,
     inline_threshold: usize,
+    /// Whether `init_location` creates the location's directory. Not on S3: it has no
+    /// directories, and opendal would write an empty marker object per checkpoint (one more
+    /// request, and an object in every listing); a location appears with its first object.
+    create_dirs: bool,
 }
 
 impl OpendalCheckpointStorage {
@@ -75,11 +90,28 @@ impl OpendalCheckpointStorage {
         Ok(Self::from_operator(op, description))
     }
 
-    /// Storage over an operator built elsewhere (s3, gcs, …). `description` says where its root
-    /// is (`s3://bucket/prefix`); it is shown to users and prefixes every path in errors.
+    /// Storage in an S3 bucket (opendal's s3 service), under the configured prefix: objects
+    /// `<prefix>/<job-id>/chk-<n>/_metadata` and so on. Only `config` is read (no credential
+    /// files, profiles or instance metadata). A configuration that cannot work is a
+    /// [`CheckpointError::Config`] naming the problem; nothing is sent until the first
+    /// operation ([`check_writable`](CheckpointStorage::check_writable) at job start). The
+    /// bucket must exist. [`describe`](CheckpointStorage::describe) gives
+    /// `s3://bucket/prefix (endpoint …, region …)`.
+    pub fn s3(config: S3Config) -> Result<Self, CheckpointError> {
+        let op = config.operator()?;
+        let mut storage = Self::from_operator(op, config.describe());
+        storage.path_base = config.url();
+        storage.create_dirs = false;
+        Ok(storage)
+    }
+
+    /// Storage over an operator built elsewhere (gcs, azblob, …). `description` says where its
+    /// root is (`gs://bucket/prefix`); it is shown to users and prefixes every path in errors.
     pub fn from_operator(op: Operator, description: String) -> Self {
         OpendalCheckpointStorage {
+            create_dirs: op.info().capability().create_dir,
             op,
+            path_base: description.clone(),
             description,
             inline_threshold: Self::DEFAULT_INLINE_THRESHOLD,
         }
@@ -102,14 +134,30 @@ impl OpendalCheckpointStorage {
         &self.op
     }
 
-    /// The user-facing name of `rel` (a path relative to the root): the description followed by
+    /// The user-facing name of `rel` (a path relative to the root): the root's URL followed by
     /// the path, for example `file:///tmp/ckpt/<job>/chk-3/_metadata`.
     fn full_path(&self, rel: &str) -> String {
-        if rel.is_empty() || self.description.ends_with('/') {
-            format!("{}{rel}", self.description)
+        if rel.is_empty() || self.path_base.ends_with('/') {
+            format!("{}{rel}", self.path_base)
         } else {
-            format!("{}/{rel}", self.description)
+            format!("{}/{rel}", self.path_base)
         }
+    }
+
+    /// Writes a state file: in one request, or as a multipart upload when the service has them
+    /// and the file is larger than one part.
+    async fn write_file(&self, path: &str, bytes: Bytes) -> Result<(), CheckpointError> {
+        let result = if self.op.info().capability().write_can_multi && bytes.len() > MULTIPART_CHUNK
+        {
+            self.op
+                .write_with(path, bytes)
+                .chunk(MULTIPART_CHUNK)
+                .concurrent(MULTIPART_CONCURRENCY)
+                .await
+        } else {
+            self.op.write(path, bytes).await
+        };
+        result.map(|_| ()).map_err(self.storage_err(path))
     }
 
     /// Wraps an opendal error on `rel` with the full path.
@@ -120,10 +168,6 @@ impl OpendalCheckpointStorage {
 
     fn can_rename(&self) -> bool {
         self.op.info().capability().rename
-    }
-
-    fn can_create_dir(&self) -> bool {
-        self.op.info().capability().create_dir
     }
 
     /// The immediate children of directory `dir` (`""` or ending in `/`): each child's name
@@ -342,7 +386,7 @@ impl CheckpointStorage for OpendalCheckpointStorage {
         id: CheckpointId,
     ) -> Result<CheckpointLocation, CheckpointError> {
         let location = CheckpointLocation::for_checkpoint(job, id);
-        if self.can_create_dir() {
+        if self.create_dirs {
             self.op
                 .create_dir(&location.dir)
                 .await
@@ -367,10 +411,7 @@ impl CheckpointStorage for OpendalCheckpointStorage {
         let path = format!("{dir}{name}");
         let size = bytes.len() as u64;
         let crc32 = crc32fast::hash(&bytes);
-        self.op
-            .write(&path, bytes)
-            .await
-            .map_err(self.storage_err(&path))?;
+        self.write_file(&path, bytes).await?;
         debug!(path = %self.full_path(&path), size, crc32, "wrote state file");
         Ok(StreamStateHandle::File {
             path: name.to_string(),
@@ -394,10 +435,7 @@ impl CheckpointStorage for OpendalCheckpointStorage {
         }
         let size = bytes.len() as u64;
         let crc32 = crc32fast::hash(&bytes);
-        self.op
-            .write(&shared, bytes)
-            .await
-            .map_err(self.storage_err(&shared))?;
+        self.write_file(&shared, bytes).await?;
         debug!(path = %self.full_path(&shared), size, crc32, "wrote shared state file");
         Ok(StreamStateHandle::File {
             path: format!("{SHARED_DIR_FROM_LOCATION}{name}"),

@@ -4,10 +4,10 @@
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use weir_examples::{WordCountOptions, build};
-use weir_runtime::{CheckpointingMode, JobClient, JobStatus};
+use weir_runtime::{CheckpointingMode, JobClient, JobStatus, StorageConfig};
 
 /// Records cross threads (made by a source, freed by a sink): mimalloc frees them without the
 /// lock contention glibc's allocator shows here (measured: 60% of the time in malloc/free).
@@ -33,13 +33,15 @@ struct Args {
     /// Checkpoint interval, e.g. 100ms or 1s; absent: checkpoints off.
     #[arg(long, value_parser = humantime::parse_duration)]
     checkpoint_interval: Option<Duration>,
-    /// Checkpoint directory.
+    /// Checkpoint directory, or s3://bucket/prefix for S3 (endpoint, region and credentials from
+    /// AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
     #[arg(long, default_value = "weir-checkpoints")]
     checkpoint_dir: PathBuf,
     /// Inject one failure when the map has seen K records in total.
     #[arg(long)]
     fail_after: Option<u64>,
-    /// Start from a checkpoint directory, or the latest complete checkpoint under a root.
+    /// Start from a checkpoint directory, or the latest complete checkpoint under a root (a local
+    /// path or s3://bucket/prefix).
     #[arg(long)]
     from: Option<PathBuf>,
     /// Write the final total per key as `key,total` lines sorted by key.
@@ -113,6 +115,16 @@ fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
+/// The storage `--checkpoint-dir` names: `s3://bucket/prefix` (configured from the AWS
+/// variables) or a local directory.
+fn checkpoint_storage(dir: &Path) -> Result<StorageConfig> {
+    match dir.to_str() {
+        Some(location) => StorageConfig::from_location(location)
+            .with_context(|| format!("--checkpoint-dir {location}")),
+        None => Ok(StorageConfig::Filesystem(dir.to_path_buf())),
+    }
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
 }
@@ -142,6 +154,7 @@ async fn main() -> Result<()> {
     if args.checkpoint_every_records == Some(0) {
         bail!("--checkpoint-every-records must be at least 1");
     }
+    let storage = checkpoint_storage(&args.checkpoint_dir)?;
     let opts = WordCountOptions {
         records: (args.records > 0).then_some(args.records),
         parallelism: args.parallelism,
@@ -170,6 +183,7 @@ async fn main() -> Result<()> {
         incremental: args.incremental,
     };
     let (env, totals, _injector) = build(&opts);
+    env.set_checkpoint_storage(storage);
     let client = JobClient::default();
     let c = client.clone();
     tokio::spawn(async move {
