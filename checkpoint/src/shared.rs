@@ -60,11 +60,28 @@ impl SharedStateRegistry {
 
     /// Records that `checkpoint` references every shared file of `state` (one subtask's
     /// acknowledgement). Registering a file twice for one checkpoint counts it once.
-    pub fn register(&mut self, checkpoint: CheckpointId, state: &TaskStateSnapshot) {
+    ///
+    /// A file the acknowledgement did not write (`state.new_shared`) must be registered
+    /// already: one that is not may have been deleted (a delta on a checkpoint subsumed
+    /// meanwhile). Those are returned as `Err`, and the checkpoint must not complete; the files
+    /// that are registered or new are recorded anyway, so that releasing the checkpoint deletes
+    /// the new ones.
+    pub fn register(
+        &mut self,
+        checkpoint: CheckpointId,
+        state: &TaskStateSnapshot,
+    ) -> Result<(), Vec<String>> {
+        let mut unknown = Vec::new();
         for handle in shared_handles(state) {
             let Some(path) = shared_path(handle) else {
                 continue;
             };
+            if !self.files.contains_key(path) && !state.new_shared.iter().any(|n| n == path) {
+                if !unknown.iter().any(|u| u == path) {
+                    unknown.push(path.to_string());
+                }
+                continue;
+            }
             self.files
                 .entry(path.to_string())
                 .or_insert_with(|| Entry {
@@ -77,6 +94,11 @@ impl SharedStateRegistry {
                 .entry(checkpoint)
                 .or_default()
                 .insert(path.to_string());
+        }
+        if unknown.is_empty() {
+            Ok(())
+        } else {
+            Err(unknown)
         }
     }
 
@@ -146,7 +168,16 @@ mod tests {
         }
     }
 
+    /// An acknowledgement referencing `paths`, all of which it wrote.
     fn ack(paths: &[&str]) -> TaskStateSnapshot {
+        TaskStateSnapshot {
+            new_shared: paths.iter().map(|p| p.to_string()).collect(),
+            ..referencing(paths)
+        }
+    }
+
+    /// An acknowledgement referencing `paths`, none of which it wrote.
+    fn referencing(paths: &[&str]) -> TaskStateSnapshot {
         let keyed = paths
             .iter()
             .map(|p| KeyedStateHandle {
@@ -184,19 +215,23 @@ mod tests {
     fn a_file_goes_when_the_last_checkpoint_referencing_it_goes() {
         let mut r = SharedStateRegistry::new();
         // Checkpoint 1: a full snapshot; 2 and 3: deltas on it; 4: a full one again.
-        r.register(CheckpointId(1), &ack(&["../shared/full-1"]));
+        r.register(CheckpointId(1), &ack(&["../shared/full-1"]))
+            .unwrap();
         r.register(
             CheckpointId(2),
             &ack(&["../shared/full-1", "../shared/delta-2"]),
-        );
+        )
+        .unwrap();
         r.register(
             CheckpointId(3),
             &ack(&["../shared/full-1", "../shared/delta-2", "../shared/delta-3"]),
-        );
+        )
+        .unwrap();
         assert_eq!(r.references("../shared/full-1"), 3);
         assert!(r.release(CheckpointId(1)).is_empty());
         assert!(r.release(CheckpointId(2)).is_empty());
-        r.register(CheckpointId(4), &ack(&["../shared/full-4"]));
+        r.register(CheckpointId(4), &ack(&["../shared/full-4"]))
+            .unwrap();
         assert_eq!(
             paths(r.release(CheckpointId(3))),
             ["../shared/delta-2", "../shared/delta-3", "../shared/full-1"]
@@ -210,23 +245,59 @@ mod tests {
     #[test]
     fn a_pending_checkpoint_protects_the_files_it_will_reference() {
         let mut r = SharedStateRegistry::new();
-        r.register(CheckpointId(1), &ack(&["../shared/full-1"]));
+        r.register(CheckpointId(1), &ack(&["../shared/full-1"]))
+            .unwrap();
         // Checkpoint 3 (a delta on 1) acknowledged, still pending, when 2 (a full one)
         // completes and subsumes 1.
         r.register(
             CheckpointId(3),
             &ack(&["../shared/full-1", "../shared/delta-3"]),
-        );
-        r.register(CheckpointId(2), &ack(&["../shared/full-2"]));
+        )
+        .unwrap();
+        r.register(CheckpointId(2), &ack(&["../shared/full-2"]))
+            .unwrap();
         assert!(r.release(CheckpointId(1)).is_empty());
         assert_eq!(r.references("../shared/full-1"), 1);
     }
 
     #[test]
+    fn a_file_neither_registered_nor_new_is_refused() {
+        let mut r = SharedStateRegistry::new();
+        r.register(CheckpointId(1), &ack(&["../shared/full-1"]))
+            .unwrap();
+        r.register(CheckpointId(2), &ack(&["../shared/full-2"]))
+            .unwrap();
+        // 1 is subsumed and its file deleted; then a delta on 1 arrives for checkpoint 3.
+        assert_eq!(paths(r.release(CheckpointId(1))), ["../shared/full-1"]);
+        let mut delta = referencing(&["../shared/full-1", "../shared/delta-3"]);
+        delta.new_shared = vec!["../shared/delta-3".to_string()];
+        assert_eq!(
+            r.register(CheckpointId(3), &delta),
+            Err(vec!["../shared/full-1".to_string()])
+        );
+        // The new file is recorded, so that releasing the refused checkpoint deletes it.
+        assert_eq!(paths(r.release(CheckpointId(3))), ["../shared/delta-3"]);
+        // A delta on a registered file is fine.
+        let mut delta = referencing(&["../shared/full-2", "../shared/delta-4"]);
+        delta.new_shared = vec!["../shared/delta-4".to_string()];
+        assert_eq!(r.register(CheckpointId(4), &delta), Ok(()));
+        assert!(is_shared(&file("../shared/x")));
+        for bad in [
+            "../shared/",
+            "../shared/../chk-7/_metadata",
+            "../shared/a/b",
+            "shared/x",
+        ] {
+            assert!(!is_shared(&file(bad)), "{bad}");
+        }
+    }
+
+    #[test]
     fn subtasks_of_one_checkpoint_count_once_and_non_shared_files_are_ignored() {
         let mut r = SharedStateRegistry::new();
-        r.register(CheckpointId(5), &ack(&["../shared/a", "own-file"]));
-        r.register(CheckpointId(5), &ack(&["../shared/a"]));
+        r.register(CheckpointId(5), &ack(&["../shared/a", "own-file"]))
+            .unwrap();
+        r.register(CheckpointId(5), &ack(&["../shared/a"])).unwrap();
         assert_eq!(r.references("../shared/a"), 1);
         assert_eq!(r.references("own-file"), 0);
         assert_eq!(r.checkpoints().collect::<Vec<_>>(), [CheckpointId(5)]);

@@ -130,6 +130,11 @@ pub struct TaskStateSnapshot {
     pub operators: BTreeMap<OperatorId, OperatorSubtaskState>,
     /// The in-flight data an unaligned checkpoint persisted for the subtask.
     pub in_flight: Option<crate::channel_state::ChannelStateHandle>,
+    /// The paths of the shared files (incremental state) this acknowledgement wrote for its
+    /// checkpoint. Every other shared file it references belongs to an earlier checkpoint, and
+    /// the job manager checks that it still holds it.
+    #[serde(default)]
+    pub new_shared: Vec<String>,
 }
 
 impl TaskStateSnapshot {

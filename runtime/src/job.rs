@@ -24,8 +24,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tracing::{Instrument, debug, info, info_span, warn};
 use weir_checkpoint::coordinator::{
-    CheckpointCoordinator, CheckpointStats, CheckpointStatus, CoordinatorAction, CoordinatorSetup,
-    TaskKey,
+    CheckpointCoordinator, CheckpointFailureReason, CheckpointStats, CheckpointStatus,
+    CoordinatorAction, CoordinatorSetup, TaskKey,
 };
 use weir_checkpoint::metadata::SubtaskInFlight;
 use weir_checkpoint::shared::SharedStateRegistry;
@@ -689,8 +689,21 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 // Registered before the coordinator takes it: the checkpoint's
                                 // shared files stay while it is pending or retained.
                                 let live = coordinator.pending_ids().contains(&id);
-                                registry.register(id, &state);
-                                coordinator.acknowledge(task, id, state, metrics, now, &mut actions);
+                                if let Err(unknown) = registry.register(id, &state) {
+                                    // A delta on a checkpoint whose files are gone (subsumed while
+                                    // the task still built on it): it must not complete. The abort
+                                    // makes the tasks start new chains.
+                                    let reason = format!(
+                                        "it references shared state files no checkpoint holds any more: {}",
+                                        unknown.join(", ")
+                                    );
+                                    if let Some(span) = spans.get(&id) {
+                                        span.in_scope(|| warn!(%task, %reason, "acknowledgement refused"));
+                                    }
+                                    coordinator.decline(task, id, CheckpointFailureReason::Declined { task, reason }, now, &mut actions);
+                                } else {
+                                    coordinator.acknowledge(task, id, state, metrics, now, &mut actions);
+                                }
                                 if !live {
                                     // A late acknowledgement of an aborted checkpoint.
                                     discard_shared(&mut discards, &storage, job_id, registry.release(id));

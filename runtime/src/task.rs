@@ -27,7 +27,8 @@ use weir_core::channel_state::{ChannelDirection, ChannelInfo, ChannelSection};
 use weir_core::config::CheckpointingMode;
 use weir_core::element::{CheckpointBarrier, Event, SnapshotKind, StreamElement, Watermark};
 use weir_core::handle::{
-    KeyedStateHandle, OperatorStateHandle, OperatorSubtaskState, TaskStateSnapshot,
+    KeyedStateHandle, OperatorStateHandle, OperatorSubtaskState, StreamStateHandle,
+    TaskStateSnapshot,
 };
 use weir_core::ids::{CheckpointId, JobId, OperatorId};
 use weir_network::gate::GateItem;
@@ -649,7 +650,7 @@ struct SubtaskCheckpoints {
 /// A snapshot taken (synchronous part done) but not yet uploaded.
 struct PendingSnapshot {
     id: CheckpointId,
-    parts: Vec<OperatorSnapshotParts>,
+    parts: FrozenParts,
     output: Vec<ChannelSection>,
     metrics: SubtaskCheckpointMetrics,
 }
@@ -1070,6 +1071,7 @@ async fn checkpoint_state(
         async_duration: Duration::ZERO,
         state_size: 0,
     };
+    let parts = FrozenParts::new(env, parts);
     if barrier.options.is_unaligned() && !env.is_source {
         // The input channel state is complete once every channel's barrier has been read.
         cps.pending_unaligned = Some(PendingSnapshot {
@@ -1115,15 +1117,50 @@ fn snapshot_finished(
         async_duration: Duration::ZERO,
         state_size: 0,
     };
+    let parts = FrozenParts::new(env, parts);
     spawn_upload(env, id, parts, Vec::new(), metrics);
     Ok(())
 }
 
 /// Step 4, asynchronous part: serialize and upload off the processing path, then acknowledge.
+/// The synchronous part's result: each operator's frozen state, with the chain each incremental
+/// keyed delta extends, looked up when the snapshot was taken (a later completion prunes the
+/// chains older than it, and an unaligned snapshot uploads only once its in-flight data is in).
+struct FrozenParts {
+    parts: Vec<OperatorSnapshotParts>,
+    /// Per part: the chain its keyed delta extends (empty for anything else), or why it is
+    /// unknown.
+    bases: Result<Vec<Vec<KeyedStateHandle>>, String>,
+}
+
+impl FrozenParts {
+    fn new(env: &TaskEnv, parts: Vec<OperatorSnapshotParts>) -> FrozenParts {
+        let bases = parts
+            .iter()
+            .map(|p| match p.keyed.as_ref().map(|k| k.scope()) {
+                Some(SnapshotScope::Incremental { base: Some(base) }) => env
+                    .chains
+                    .lock()
+                    .ok()
+                    .and_then(|c| c.get(&p.operator_id)?.get(&CheckpointId(base)).cloned())
+                    .ok_or_else(|| {
+                        format!(
+                            "operator {}: the incremental chain of checkpoint {base}, which this \
+                             delta extends, is unknown",
+                            p.operator_id
+                        )
+                    }),
+                _ => Ok(Vec::new()),
+            })
+            .collect();
+        FrozenParts { parts, bases }
+    }
+}
+
 fn spawn_upload(
     env: &TaskEnv,
     id: CheckpointId,
-    parts: Vec<OperatorSnapshotParts>,
+    frozen: FrozenParts,
     in_flight: Vec<ChannelSection>,
     metrics: SubtaskCheckpointMetrics,
 ) {
@@ -1142,24 +1179,7 @@ fn spawn_upload(
     let (generation, task) = (env.generation, env.task);
     // The chain each delta extends, looked up now, in the task: a later completion may prune
     // it before the upload ends.
-    let bases = parts
-        .iter()
-        .map(|p| match p.keyed.as_ref().map(|k| k.scope()) {
-            Some(SnapshotScope::Incremental { base: Some(base) }) => env
-                .chains
-                .lock()
-                .ok()
-                .and_then(|c| c.get(&p.operator_id)?.get(&CheckpointId(base)).cloned())
-                .ok_or_else(|| {
-                    format!(
-                        "operator {}: the incremental chain of checkpoint {base}, which this \
-                         delta extends, is unknown",
-                        p.operator_id
-                    )
-                }),
-            _ => Ok(Vec::new()),
-        })
-        .collect::<Result<Vec<_>, String>>();
+    let FrozenParts { parts, bases } = frozen;
     let chains = env.chains.clone();
     let guard = UploadGuard::new(&env.uploads);
     tokio::spawn(async move {
@@ -1213,6 +1233,15 @@ fn spawn_upload(
 /// The names and redistribution modes of an operator snapshot's states.
 type StateNames = Vec<(String, weir_core::handle::OperatorStateMode)>;
 
+/// One operator's state, serialized.
+struct Serialized {
+    operator_id: OperatorId,
+    keyed: Option<(weir_state::KeyedSnapshotLayout, Vec<u8>)>,
+    /// For an incremental snapshot: the chain it extends.
+    chain: Option<Vec<KeyedStateHandle>>,
+    operator: Option<(StateNames, Vec<u8>)>,
+}
+
 /// What one subtask's checkpoint uploads.
 struct Upload {
     id: CheckpointId,
@@ -1233,13 +1262,6 @@ async fn upload(
     location: CheckpointLocation,
     upload: Upload,
 ) -> Result<TaskStateSnapshot, String> {
-    struct Serialized {
-        operator_id: weir_core::ids::OperatorId,
-        keyed: Option<(weir_state::KeyedSnapshotLayout, Vec<u8>)>,
-        /// For an incremental snapshot: the chain it extends.
-        chain: Option<Vec<KeyedStateHandle>>,
-        operator: Option<(StateNames, Vec<u8>)>,
-    }
     let Upload {
         id,
         task,
@@ -1303,6 +1325,53 @@ async fn upload(
         snapshot.in_flight =
             Some(weir_core::channel_state::ChannelStateHandle { stream, sections });
     }
+    // Shared files this upload wrote: deleted again if it fails, as no checkpoint will hold them.
+    let mut new_shared: Vec<StreamStateHandle> = Vec::new();
+    let mut new_chains = Vec::new();
+    let written = write_parts(
+        &*storage,
+        &location,
+        (id, task, generation),
+        serialized,
+        &mut snapshot,
+        &mut new_shared,
+        &mut new_chains,
+    )
+    .await;
+    if let Err(reason) = written {
+        for handle in &new_shared {
+            if let Err(e) = storage.discard_state(&location, handle).await {
+                warn!(checkpoint = id.0, %task, error = %e, "cannot delete a shared file of a failed upload");
+            }
+        }
+        return Err(reason);
+    }
+    if let Ok(mut chains) = chains.lock() {
+        for (operator_id, chain) in new_chains {
+            chains.entry(operator_id).or_default().insert(id, chain);
+        }
+    }
+    snapshot.new_shared = new_shared
+        .iter()
+        .filter_map(|h| match h {
+            StreamStateHandle::File { path, .. } => Some(path.clone()),
+            StreamStateHandle::Inline(_) => None,
+        })
+        .collect();
+    Ok(snapshot)
+}
+
+/// Writes each operator's serialized state and fills `snapshot` with the handles; the shared
+/// files written go to `new_shared`, and the incremental chains completed to `new_chains`.
+async fn write_parts(
+    storage: &dyn CheckpointStorage,
+    location: &CheckpointLocation,
+    (id, task, generation): (CheckpointId, TaskKey, u64),
+    serialized: Vec<Serialized>,
+    snapshot: &mut TaskStateSnapshot,
+    new_shared: &mut Vec<StreamStateHandle>,
+    new_chains: &mut Vec<(OperatorId, Vec<KeyedStateHandle>)>,
+) -> Result<(), String> {
     for s in serialized {
         let short = format!("{}", s.operator_id);
         let short = &short[..8];
@@ -1314,7 +1383,7 @@ async fn upload(
                     task.vertex.0, task.subtask
                 );
                 let stream = storage
-                    .write_state(&location, &name, Bytes::from(buf))
+                    .write_state(location, &name, Bytes::from(buf))
                     .await
                     .map_err(|e| e.to_string())?;
                 state.keyed.push(layout.into_handle(stream));
@@ -1327,16 +1396,14 @@ async fn upload(
                     task.vertex.0, task.subtask, id.0
                 );
                 let stream = storage
-                    .write_shared_state(&location, &name, Bytes::from(buf))
+                    .write_shared_state(location, &name, Bytes::from(buf))
                     .await
                     .map_err(|e| e.to_string())?;
-                chain.push(layout.into_handle(stream));
-                if let Ok(mut chains) = chains.lock() {
-                    chains
-                        .entry(s.operator_id)
-                        .or_default()
-                        .insert(id, chain.clone());
+                if matches!(stream, StreamStateHandle::File { .. }) {
+                    new_shared.push(stream.clone());
                 }
+                chain.push(layout.into_handle(stream));
+                new_chains.push((s.operator_id, chain.clone()));
                 state.keyed.extend(chain);
             }
             (None, _) => {}
@@ -1347,7 +1414,7 @@ async fn upload(
                 task.vertex.0, task.subtask
             );
             let stream = storage
-                .write_state(&location, &name, Bytes::from(buf))
+                .write_state(location, &name, Bytes::from(buf))
                 .await
                 .map_err(|e| e.to_string())?;
             state.operator.push(OperatorStateHandle { states, stream });
@@ -1356,5 +1423,5 @@ async fn upload(
             snapshot.operators.insert(s.operator_id, state);
         }
     }
-    Ok(snapshot)
+    Ok(())
 }

@@ -506,6 +506,9 @@ struct Incremental {
     confirmed: Option<(u64, u32)>,
     /// Incremental snapshots taken and not confirmed yet, with the length their chain has.
     taken: Vec<(u64, u32)>,
+    /// Whether changes are tracked: from the first incremental snapshot on, so that a backend
+    /// that never takes one (checkpointing off, savepoints only) keeps no change sets.
+    tracking: bool,
 }
 
 /// A processing-time clock in ms since the Unix epoch (TTL's time provider).
@@ -555,19 +558,18 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
         }
     }
 
-    /// This backend, with incremental checkpoints: it tracks the keys each write or removal
-    /// changes, and [`KeyedStateBackend::snapshot_incremental`] writes a delta of those since the
-    /// latest confirmed checkpoint, or a full snapshot when there is none or its chain already
-    /// holds `max_chain` snapshots (a full one and its deltas; 1 makes every snapshot full).
+    /// This backend, with incremental checkpoints: from the first
+    /// [`KeyedStateBackend::snapshot_incremental`] (a full snapshot) on, it tracks the keys each
+    /// write or removal changes, and each later one writes a delta of those since the latest
+    /// confirmed checkpoint, or a full snapshot when there is none or its chain already holds
+    /// `max_chain` snapshots (a full one and its deltas; 1 makes every snapshot full).
     /// [`KeyedStateBackend::snapshot`] (savepoints) stays full and self-contained.
     pub fn with_incremental(mut self, max_chain: u32) -> Self {
-        for s in &mut self.states {
-            s.table.track_changes();
-        }
         self.incremental = Some(Incremental {
             max_chain: max_chain.max(1),
             confirmed: None,
             taken: Vec::new(),
+            tracking: false,
         });
         self
     }
@@ -1076,7 +1078,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
             cleanup_full_snapshot: options.cleanup_full_snapshot,
             ..table
         };
-        if self.incremental.is_some() {
+        if self.incremental.as_ref().is_some_and(|i| i.tracking) {
             table.track_changes();
         }
         let id = u16::try_from(self.states.len()).map_err(|_| StateError::TooManyStates {
@@ -1179,6 +1181,8 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         let Some(inc) = &mut self.incremental else {
             return self.freeze(Freeze::Full);
         };
+        // Tables not tracked yet start now; this snapshot is full for them (no base yet).
+        inc.tracking = true;
         let base = inc.confirmed.filter(|&(_, len)| len < inc.max_chain);
         let chain = base.map_or(1, |(_, len)| len + 1);
         inc.taken.push((checkpoint_id, chain));
@@ -1200,6 +1204,23 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         inc.taken.retain(|(taken, _)| *taken > id);
         for s in &mut self.states {
             s.table.confirm(id);
+        }
+    }
+
+    fn notify_checkpoint_aborted(&mut self, checkpoint_id: u64) {
+        let Some(inc) = &mut self.incremental else {
+            return;
+        };
+        if !inc.taken.iter().any(|(id, _)| *id == checkpoint_id) {
+            return;
+        }
+        // The abort may mean that the base's files are gone (the job manager refuses a delta on
+        // a subsumed checkpoint): start a new chain. The next snapshot is full, so no change
+        // taken before it is needed any more.
+        inc.confirmed = None;
+        inc.taken.clear();
+        for s in &mut self.states {
+            s.table.confirm(u64::MAX);
         }
     }
 

@@ -155,7 +155,9 @@ pub const SHARED_DIR_FROM_LOCATION: &str = "../shared/";
 /// [`CheckpointStorage::write_shared_state`] writes them: owned by no single checkpoint, and
 /// deleted only when no retained checkpoint refers to it.
 pub fn is_shared(handle: &StreamStateHandle) -> bool {
-    matches!(handle, StreamStateHandle::File { path, .. } if path.starts_with(SHARED_DIR_FROM_LOCATION))
+    matches!(handle, StreamStateHandle::File { path, .. }
+        if path.strip_prefix(SHARED_DIR_FROM_LOCATION)
+            .is_some_and(|name| !name.is_empty() && !name.contains(['/', '\\']) && name != ".."))
 }
 
 pub mod conformance;
