@@ -13,12 +13,29 @@
 //!
 //! # Frames
 //!
-//! A frame is `len: u32 LE | type: u8 | channel: 20 bytes | payload`, `len` counting everything
-//! after itself. Consumer to producer: `HELLO` (a magic and the consumer's own listen address,
-//! which names it in errors), `REQUEST` (with the consumer's credits), `CREDIT`, `CANCEL` (the
-//! consumer end was dropped). Producer to consumer: `DATA` (an element, encoded with the
-//! channel's [`ElementCodec`]), `PRIORITY` (a stamp, then the element), `END` (the producer end
-//! was dropped and everything before was sent), `ERROR`.
+//! Everything on a connection, both ways, is a frame: a 29-byte header, then the payload. All
+//! integers are little-endian.
+//!
+//! | bytes  | field   |                                                                       |
+//! |--------|---------|-----------------------------------------------------------------------|
+//! | 0..4   | `len`   | `u32`: the bytes after this field, `25 + payload length`              |
+//! | 4..8   | `crc`   | `u32`: CRC-32 (IEEE, as zlib's) of bytes `8..4 + len`                 |
+//! | 8      | `type`  | `u8`: the frame type, below                                           |
+//! | 9..29  | channel | the [`ChannelId`]: generation `u64`, edge, producer, consumer `u32`   |
+//! | 29..   | payload | `len - 25` bytes, by type                                             |
+//!
+//! The checksum covers the type, the channel and the payload; `len` is checked on its own. A
+//! reader refuses, failing the connection: a `len` below 25 or above [`MAX_FRAME`] (before
+//! reading or allocating anything more), a stream that ends inside a frame (only an end between
+//! frames is a clean close), a checksum that does not match (a corrupt frame), a consumer whose
+//! first frame is not a `HELLO` with the magic, a type the other side does not send, a `REQUEST`
+//! or `CREDIT` payload that is not 4 bytes, and a `PRIORITY` payload shorter than its stamp.
+//!
+//! Consumer to producer: `HELLO` (a magic and the consumer's own listen address, which names it
+//! in errors), `REQUEST` (with the consumer's credits, a `u32`), `CREDIT` (a `u32`), `CANCEL`
+//! (the consumer end was dropped). Producer to consumer: `DATA` (an element, encoded with the
+//! channel's [`ElementCodec`]), `PRIORITY` (a `u64` stamp, then the element), `END` (the producer
+//! end was dropped and everything before was sent), `ERROR` (a reason, UTF-8).
 //!
 //! # Flow control
 //!
@@ -50,9 +67,9 @@
 //!
 //! # Failures
 //!
-//! A connection that fails (the peer died, closed it, sent garbage, or could not be reached within
-//! [`CONNECT_TIMEOUT`]) fails every channel on it at both ends with
-//! [`NetworkError::Connection`], naming the peer's transport address. Dropping a
+//! A connection that fails (the peer died, closed it, sent a truncated or corrupt frame or other
+//! garbage, or could not be reached within [`CONNECT_TIMEOUT`]) fails every channel on it at both
+//! ends with [`NetworkError::Connection`], naming the peer's transport address. Dropping a
 //! [`TcpTransport`] closes all its connections at once, as the death of its process would.
 //! A consumer reads the elements it already received before it sees the error.
 //!
@@ -79,12 +96,17 @@ use weir_core::ids::{EdgeId, SubtaskIndex};
 /// How long a consumer waits for a connection to a producer's transport.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The largest frame (an encoded element plus 29 bytes of header and stamp).
+/// The largest frame, not counting its 4-byte length: an encoded element plus 25 bytes of
+/// checksum, type and channel (and 8 of stamp for a priority element).
 pub const MAX_FRAME: usize = 1 << 30;
 
-const MAGIC: &[u8; 8] = b"WEIRNET1";
+const MAGIC: &[u8; 8] = b"WEIRNET2";
 const ID_LEN: usize = 20;
-const HEADER_LEN: usize = 4 + 1 + ID_LEN;
+const LEN_LEN: usize = 4;
+const CRC_LEN: usize = 4;
+/// The bytes `len` counts besides the payload: checksum, type, channel.
+const FRAME_OVERHEAD: usize = CRC_LEN + 1 + ID_LEN;
+const HEADER_LEN: usize = LEN_LEN + FRAME_OVERHEAD;
 const STAMP_LEN: usize = 8;
 const IO_BUFFER: usize = 64 * 1024;
 
@@ -440,6 +462,14 @@ const NO_CHANNEL: ChannelId = ChannelId {
     consumer: 0,
 };
 
+/// The checksum of a frame: its type and channel (`head`), then its payload.
+fn checksum(head: &[u8], payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(head);
+    hasher.update(payload);
+    hasher.finalize()
+}
+
 async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
     kind: u8,
@@ -448,36 +478,56 @@ async fn write_frame<W: AsyncWrite + Unpin>(
 ) -> std::io::Result<()> {
     let mut header = [0u8; HEADER_LEN];
     // Callers keep payloads within MAX_FRAME, so this fits a u32.
-    let len = (1 + ID_LEN + payload.len()) as u32;
-    header[0..4].copy_from_slice(&len.to_le_bytes());
-    header[4] = kind;
-    encode_id(id, &mut header[5..]);
+    let len = (FRAME_OVERHEAD + payload.len()) as u32;
+    header[..LEN_LEN].copy_from_slice(&len.to_le_bytes());
+    let (crc, head) = header[LEN_LEN..].split_at_mut(CRC_LEN);
+    head[0] = kind;
+    encode_id(id, &mut head[1..]);
+    crc.copy_from_slice(&checksum(head, payload).to_le_bytes());
     w.write_all(&header).await?;
     w.write_all(payload).await
 }
 
-/// Reads one frame; `None` on a clean end of the stream between frames.
+/// Fills `buf` from inside a frame, where the end of the stream is an error.
+async fn read_within_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> Result<(), String> {
+    match r.read_exact(buf).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Err("the peer closed the connection mid-frame (a truncated frame)".into())
+        }
+        Err(e) => Err(format!("reading a frame: {e}")),
+    }
+}
+
+/// Reads one frame and verifies its checksum; `None` on a clean end of the stream between
+/// frames.
 async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>, String> {
-    let mut len = [0u8; 4];
-    match r.read_exact(&mut len).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.to_string()),
+    let mut len = [0u8; LEN_LEN];
+    // No byte at all is a clean end; a part of the length is a truncated frame.
+    match r.read(&mut len[..1]).await {
+        Ok(0) => return Ok(None),
+        Ok(_) => read_within_frame(r, &mut len[1..]).await?,
+        Err(e) => return Err(format!("reading a frame: {e}")),
     }
     let len = u32::from_le_bytes(len) as usize;
-    if !(1 + ID_LEN..=MAX_FRAME).contains(&len) {
+    if !(FRAME_OVERHEAD..=MAX_FRAME).contains(&len) {
         return Err(format!("protocol error: a frame of {len} bytes"));
     }
-    let mut head = [0u8; 1 + ID_LEN];
-    r.read_exact(&mut head)
-        .await
-        .map_err(|e| format!("reading a frame: {e}"))?;
+    let mut head = [0u8; FRAME_OVERHEAD];
+    read_within_frame(r, &mut head).await?;
+    let mut payload = vec![0u8; len - FRAME_OVERHEAD];
+    read_within_frame(r, &mut payload).await?;
+    let (crc, head) = head.split_at(CRC_LEN);
+    let expected = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+    let computed = checksum(head, &payload);
+    if expected != computed {
+        return Err(format!(
+            "protocol error: a corrupt frame of {len} bytes: checksum {expected:#010x} expected, \
+             {computed:#010x} computed"
+        ));
+    }
     let mut id = [0u8; ID_LEN];
     id.copy_from_slice(&head[1..]);
-    let mut payload = vec![0u8; len - 1 - ID_LEN];
-    r.read_exact(&mut payload)
-        .await
-        .map_err(|e| format!("reading a frame: {e}"))?;
     Ok(Some(Frame {
         kind: head[0],
         id: decode_id(&id),
@@ -752,7 +802,7 @@ impl TcpSender {
             channel: self.id,
             reason,
         })?;
-        if buf.len() + HEADER_LEN > MAX_FRAME {
+        if buf.len() + FRAME_OVERHEAD > MAX_FRAME {
             return Err(NetworkError::Codec {
                 channel: self.id,
                 reason: format!(
@@ -1613,6 +1663,202 @@ mod tests {
             other => panic!("expected a connection error, got {other:?}"),
         }
         server.abort();
+    }
+
+    /// A frame as a peer writes it.
+    async fn frame(kind: u8, id: &ChannelId, payload: &[u8]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        write_frame(&mut bytes, kind, id, payload)
+            .await
+            .expect("write to memory");
+        bytes
+    }
+
+    /// The encoding of `Batch(batch)` on a `u32` channel.
+    fn batch_payload(batch: Vec<u32>) -> Vec<u8> {
+        let element: AnyElement = Box::new(StreamElement::Batch(batch));
+        let mut bytes = Vec::new();
+        (ElementCodec::of::<u32>().encode)(&element, &mut bytes).expect("encode");
+        bytes
+    }
+
+    /// A fake producer's transport: accepts one consumer's connection, checks its hello and its
+    /// request for `id(1, 0, 0)`, writes `bytes`, closes its side of the connection if `close`,
+    /// and reads until the consumer closes it.
+    async fn fake_producer(
+        bytes: Vec<u8>,
+        close: bool,
+    ) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind(loopback()).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.expect("accept");
+            let (r, mut w) = s.into_split();
+            let mut r = BufReader::new(r);
+            let hello = read_frame(&mut r).await.expect("a hello").expect("a frame");
+            assert_eq!(hello.kind, HELLO);
+            let request = read_frame(&mut r)
+                .await
+                .expect("a request")
+                .expect("a frame");
+            assert_eq!((request.kind, request.id), (REQUEST, id(1, 0, 0)));
+            w.write_all(&bytes).await.expect("write");
+            if close {
+                w.shutdown().await.expect("close");
+            }
+            // Until the consumer fails the connection and closes it.
+            while let Ok(Some(_)) = read_frame(&mut r).await {}
+        });
+        (addr, task)
+    }
+
+    /// A consumer's transport reading `id(1, 0, 0)` from the producer at `addr`.
+    fn consumer_of(addr: SocketAddr) -> TcpTransport {
+        TcpTransport::bind(
+            loopback(),
+            config(2),
+            Arc::new(StaticDirectory::everything_at(addr)),
+        )
+        .expect("bind")
+    }
+
+    #[tokio::test]
+    async fn a_producer_that_closes_mid_frame_is_a_connection_error() {
+        let good = frame(DATA, &id(1, 0, 0), &batch_payload(vec![7])).await;
+        let promised = frame(DATA, &id(1, 0, 0), &batch_payload((0..100).collect())).await;
+        // Cut inside the length, inside the header, inside the payload.
+        for cut in [2, LEN_LEN + 10, HEADER_LEN + 10] {
+            let mut bytes = good.clone();
+            bytes.extend_from_slice(&promised[..cut]);
+            let (addr, producer) = fake_producer(bytes, true).await;
+            let t = consumer_of(addr);
+            let mut rx = open_input::<u32>(&t, id(1, 0, 0)).expect("open input");
+            tokio::time::timeout(BOUND, async {
+                let first = rx.recv().await.expect("element").expect("ok");
+                assert_eq!(first, StreamElement::Batch(vec![7]), "cut at {cut}");
+                match rx.recv().await {
+                    Some(Err(e @ NetworkError::Connection { peer, .. })) => {
+                        assert_eq!(peer, addr, "cut at {cut}");
+                        assert!(e.to_string().contains(&addr.to_string()), "{e}");
+                        let NetworkError::Connection { reason, .. } = e else {
+                            unreachable!()
+                        };
+                        assert!(reason.contains("mid-frame"), "cut at {cut}: {reason}");
+                    }
+                    other => panic!("cut at {cut}: expected a connection error, got {other:?}"),
+                }
+            })
+            .await
+            .expect("the consumer must not hang");
+            tokio::time::timeout(BOUND, producer)
+                .await
+                .expect("the consumer closes the connection")
+                .expect("the fake producer");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_producer_that_sends_a_corrupt_frame_is_a_connection_error() {
+        let mut bytes = frame(DATA, &id(1, 0, 0), &batch_payload(vec![7])).await;
+        let mut corrupt = frame(DATA, &id(1, 0, 0), &batch_payload(vec![8])).await;
+        // Flip a bit of the payload: still a well-formed element (8 becomes 9), but not the one
+        // the checksum covers.
+        let last = corrupt.len() - 1;
+        corrupt[last] ^= 1;
+        assert_eq!(
+            (ElementCodec::of::<u32>().decode)(&corrupt[HEADER_LEN..])
+                .expect("decodes")
+                .downcast::<StreamElement<u32>>()
+                .map(|e| *e)
+                .expect("of its type"),
+            StreamElement::Batch(vec![9])
+        );
+        let expected = u32::from_le_bytes(
+            corrupt[LEN_LEN..LEN_LEN + CRC_LEN]
+                .try_into()
+                .expect("4 bytes"),
+        );
+        let computed = checksum(
+            &corrupt[LEN_LEN + CRC_LEN..HEADER_LEN],
+            &corrupt[HEADER_LEN..],
+        );
+        bytes.extend_from_slice(&corrupt);
+        // The fake keeps the connection open: only the checksum can fail it.
+        let (addr, producer) = fake_producer(bytes, false).await;
+        let t = consumer_of(addr);
+        let mut rx = open_input::<u32>(&t, id(1, 0, 0)).expect("open input");
+        tokio::time::timeout(BOUND, async {
+            let first = rx.recv().await.expect("element").expect("ok");
+            assert_eq!(first, StreamElement::Batch(vec![7]));
+            match rx.recv().await {
+                Some(Err(NetworkError::Connection { peer, reason, .. })) => {
+                    assert_eq!(peer, addr);
+                    assert!(reason.contains("corrupt"), "{reason}");
+                    assert!(
+                        reason.contains(&format!("checksum {expected:#010x} expected"))
+                            && reason.contains(&format!("{computed:#010x} computed")),
+                        "{reason}"
+                    );
+                }
+                other => panic!("expected a connection error, got {other:?}"),
+            }
+        })
+        .await
+        .expect("the consumer must not hang");
+        tokio::time::timeout(BOUND, producer)
+            .await
+            .expect("the consumer closes the connection")
+            .expect("the fake producer");
+    }
+
+    #[tokio::test]
+    async fn a_consumer_that_sends_a_corrupt_frame_fails_the_producer_naming_it() {
+        let t = TcpTransport::bind(loopback(), config(1), Arc::new(StaticDirectory::new()))
+            .expect("bind");
+        let mut tx = open_output::<u32>(&t, id(1, 0, 0)).expect("open output");
+        // A fake consumer's transport, announcing the address it connects from as its own.
+        let stream = TcpStream::connect(t.local_addr()).await.expect("connect");
+        let consumer_addr = stream.local_addr().expect("addr");
+        let (r, mut w) = stream.into_split();
+        let mut r = BufReader::new(r);
+        let mut hello = MAGIC.to_vec();
+        hello.extend_from_slice(consumer_addr.to_string().as_bytes());
+        w.write_all(&frame(HELLO, &NO_CHANNEL, &hello).await)
+            .await
+            .expect("write");
+        w.write_all(&frame(REQUEST, &id(1, 0, 0), &1u32.to_le_bytes()).await)
+            .await
+            .expect("write");
+        // The one credit goes to this element, which arrives intact.
+        tx.send(StreamElement::Batch(vec![7])).await.expect("send");
+        let data = tokio::time::timeout(BOUND, read_frame(&mut r))
+            .await
+            .expect("no hang")
+            .expect("a frame with its checksum")
+            .expect("a frame");
+        assert_eq!((data.kind, data.id), (DATA, id(1, 0, 0)));
+        assert_eq!(data.payload, batch_payload(vec![7]));
+        // A credit of 1 with a flipped byte would grant 254.
+        let mut credit = frame(CREDIT, &id(1, 0, 0), &1u32.to_le_bytes()).await;
+        credit[HEADER_LEN] ^= 0xff;
+        w.write_all(&credit).await.expect("write");
+        let r = tokio::time::timeout(BOUND, poll_fn(|cx| tx.poll_ready(cx)))
+            .await
+            .expect("the producer must not hang");
+        match r {
+            Err(e @ NetworkError::Connection { peer, .. }) => {
+                assert_eq!(peer, consumer_addr, "the peer is named by its hello");
+                assert!(e.to_string().contains(&consumer_addr.to_string()), "{e}");
+                let NetworkError::Connection { reason, .. } = e else {
+                    unreachable!()
+                };
+                assert!(
+                    reason.contains("corrupt") && reason.contains("checksum"),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected a connection error, got {other:?}"),
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -11,6 +11,8 @@
 //! - `restore`: choosing a checkpoint and assigning its state to subtasks.
 //! - [`restart`]: restart strategies. [`config`]: job configuration.
 //! - [`cli`]: the `weir` command-line tool (`weir checkpoints list | inspect | verify`).
+//! - [`cluster`]: cluster mode's control plane: task managers register with the job manager over
+//!   RPC, and heartbeats detect a lost process on either side.
 //!
 //! Architecture invariant: this is the only crate that knows all seams and the only one that
 //! owns tokio tasks. It talks to storage only through `CheckpointStorage`, to channels only
@@ -19,6 +21,7 @@
 
 pub mod broadcast;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub(crate) mod deploy;
 pub mod env;
