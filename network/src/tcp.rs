@@ -499,6 +499,9 @@ async fn read_within_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> R
     }
 }
 
+/// The first step of reading a frame's payload.
+const PAYLOAD_CHUNK: usize = 64 * 1024;
+
 /// Reads one frame and verifies its checksum; `None` on a clean end of the stream between
 /// frames.
 async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>, String> {
@@ -515,8 +518,16 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>, St
     }
     let mut head = [0u8; FRAME_OVERHEAD];
     read_within_frame(r, &mut head).await?;
-    let mut payload = vec![0u8; len - FRAME_OVERHEAD];
-    read_within_frame(r, &mut payload).await?;
+    // Grown as the bytes arrive (doubling from 64 KiB), so a length the peer never backs with
+    // bytes allocates at most twice what it sent.
+    let want = len - FRAME_OVERHEAD;
+    let mut payload = Vec::with_capacity(want.min(PAYLOAD_CHUNK));
+    while payload.len() < want {
+        let start = payload.len();
+        let step = (want - start).min(PAYLOAD_CHUNK.max(start));
+        payload.resize(start + step, 0);
+        read_within_frame(r, &mut payload[start..]).await?;
+    }
     let (crc, head) = head.split_at(CRC_LEN);
     let expected = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
     let computed = checksum(head, &payload);
