@@ -83,7 +83,7 @@ impl<K: StateKey> KeyedBase<K> {
                         .map(|r| RestorePart {
                             handle: &r.handle,
                             header: &r.header,
-                            sections: &r.sections,
+                            sections: r.sections.clone(),
                             sections_offset: r.sections_offset,
                         })
                         .collect();

@@ -60,8 +60,9 @@ pub struct RestoredKeyed {
     pub handle: KeyedStateHandle,
     /// Its header bytes.
     pub header: Vec<u8>,
-    /// The section bytes for the key groups this subtask owns.
-    pub sections: Vec<u8>,
+    /// The section bytes for the key groups this subtask owns, as read from storage (shared:
+    /// the backend keeps slices of them without copying).
+    pub sections: bytes::Bytes,
     /// Offset of `sections[0]` in the original stream.
     pub sections_offset: u64,
 }

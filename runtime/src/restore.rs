@@ -239,8 +239,7 @@ pub(crate) async fn assign(
                     let sections = point
                         .storage
                         .read_state(&point.location, &h.stream, Some((start, end)))
-                        .await?
-                        .to_vec();
+                        .await?;
                     let r = RestoredKeyed {
                         handle: h.clone(),
                         header,
@@ -355,7 +354,7 @@ fn verify_keyed(r: &RestoredKeyed, range: &KeyGroupRange) -> Result<(), StateErr
     let part = RestorePart {
         handle: &r.handle,
         header: &r.header,
-        sections: &r.sections,
+        sections: r.sections.clone(),
         sections_offset: r.sections_offset,
     };
     for (kg, bytes) in part_sections(&part, range)? {

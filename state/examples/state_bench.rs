@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use weir_core::handle::StreamStateHandle;
 use weir_core::keygroup::{KeyGroupRange, assign_to_key_group};
-use weir_state::format::whole_stream_part;
+use weir_state::format::whole_shared_stream_part;
 use weir_state::{HeapKeyedStateBackend, KeyedStateBackend, ValueState, ValueStateDescriptor};
 
 type Res<T> = Result<T, Box<dyn Error>>;
@@ -311,12 +311,12 @@ fn upload_and_restore(
     let cpu = thread_cpu();
     let process = process_cpu();
     let start = Instant::now();
-    let stream = std::fs::read(path)?;
+    let stream = bytes::Bytes::from(std::fs::read(path)?);
     let read = start.elapsed();
     let start = Instant::now();
     let range = KeyGroupRange::new(0, MAX_PARALLELISM - 1);
     let mut restored = HeapKeyedStateBackend::<u64>::new(MAX_PARALLELISM, range);
-    restored.restore(&[whole_stream_part(&handle, &stream)?])?;
+    restored.restore(&[whole_shared_stream_part(&handle, &stream)?])?;
     let parse = start.elapsed();
     let start = Instant::now();
     let state: ValueState<u64> = restored.value_state(&ValueStateDescriptor::new(STATE))?;

@@ -801,7 +801,7 @@ pub fn check_corruption<K: SuiteKey, B: KeyedStateBackend<K>>(
         let part = RestorePart {
             handle: &w.handle,
             header: w.bytes.get(..split).unwrap_or_default(),
-            sections: w.bytes.get(split..cut).unwrap_or_default(),
+            sections: bytes::Bytes::copy_from_slice(w.bytes.get(split..cut).unwrap_or_default()),
             sections_offset: split as u64,
         };
         let mut r = fresh(&cx, &make, 4, full(4));
@@ -3478,7 +3478,7 @@ fn part_for<'a>(cx: &Cx, w: &'a Written, range: &KeyGroupRange) -> RestorePart<'
     RestorePart {
         handle: &w.handle,
         header,
-        sections,
+        sections: bytes::Bytes::copy_from_slice(sections),
         sections_offset: start,
     }
 }

@@ -69,7 +69,6 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
 use weir_core::CoreError;
 use weir_core::codec;
 use weir_core::handle::KeyedStateHandle;
@@ -825,7 +824,7 @@ pub struct StateBlock<'a> {
 #[derive(Clone, Debug)]
 enum Body<'a> {
     Stored(&'a [u8]),
-    Decompressed(Arc<Vec<u8>>),
+    Decompressed(bytes::Bytes),
 }
 
 impl Body<'_> {
@@ -900,6 +899,21 @@ impl<'a> Section<'a> {
         self.blocks
             .get(index)
             .map(|span| span.block(self.body.bytes()))
+    }
+
+    /// A block's entries as shared bytes, without copying: a slice of `stored` (the bytes the
+    /// section was parsed from) for an uncompressed section, of the decompressed buffer for a
+    /// compressed one. A copy only if `stored` does not hold them.
+    pub fn shared_entries(&self, block: &StateBlock<'_>, stored: &bytes::Bytes) -> bytes::Bytes {
+        let within = |outer: &[u8], inner: &[u8]| {
+            let (o, i) = (outer.as_ptr() as usize, inner.as_ptr() as usize);
+            i >= o && i + inner.len() <= o + outer.len()
+        };
+        match &self.body {
+            Body::Stored(_) if within(stored, block.entries) => stored.slice_ref(block.entries),
+            Body::Decompressed(b) if within(b, block.entries) => b.slice_ref(block.entries),
+            _ => bytes::Bytes::copy_from_slice(block.entries),
+        }
     }
 
     /// The blocks, in ascending state id.
@@ -1101,7 +1115,7 @@ fn parse_section_with(
     Ok(Section {
         key_group,
         compression,
-        body: Body::Decompressed(Arc::new(decompressed)),
+        body: Body::Decompressed(bytes::Bytes::from(decompressed)),
         blocks,
     })
 }
@@ -1389,10 +1403,10 @@ fn entry_error(what: String, i: u32, e: postcard::Error) -> StateError {
 /// The sections of the key groups in `range` (intersected with the part's own range), sliced out
 /// of a restore part with its handle's offsets, in key-group order. The sections are not checked
 /// yet; see [`parse_section`].
-pub fn part_sections<'a>(
-    part: &RestorePart<'a>,
+pub fn part_sections<'p>(
+    part: &'p RestorePart<'_>,
     range: &KeyGroupRange,
-) -> Result<Vec<(KeyGroup, &'a [u8])>, StateError> {
+) -> Result<Vec<(KeyGroup, &'p [u8])>, StateError> {
     let handle = part.handle;
     let own = handle.key_group_range;
     if handle.offsets.len() != own.len() as usize {
@@ -1439,11 +1453,41 @@ pub fn part_sections<'a>(
 }
 
 /// A restore part for a whole snapshot stream held in memory (an inline handle, a file read
-/// whole): slices the header and the sections out of `stream` with the handle's offsets.
+/// whole): slices the header and the sections out of `stream` with the handle's offsets. The
+/// sections are copied; [`whole_shared_stream_part`] shares them.
 pub fn whole_stream_part<'a>(
     handle: &'a KeyedStateHandle,
     stream: &'a [u8],
 ) -> Result<RestorePart<'a>, StateError> {
+    let (header, sections) = split_stream(handle, stream)?;
+    Ok(RestorePart {
+        handle,
+        header: &stream[header],
+        sections: bytes::Bytes::copy_from_slice(&stream[sections]),
+        sections_offset: handle.header.1,
+    })
+}
+
+/// [`whole_stream_part`] for a stream in shared bytes: the part's sections are a slice of
+/// `stream`, not a copy.
+pub fn whole_shared_stream_part<'a>(
+    handle: &'a KeyedStateHandle,
+    stream: &'a bytes::Bytes,
+) -> Result<RestorePart<'a>, StateError> {
+    let (header, sections) = split_stream(handle, stream)?;
+    Ok(RestorePart {
+        handle,
+        header: &stream[header],
+        sections: stream.slice(sections),
+        sections_offset: handle.header.1,
+    })
+}
+
+/// The byte ranges of a whole stream's header and sections, checked against its length.
+fn split_stream(
+    handle: &KeyedStateHandle,
+    stream: &[u8],
+) -> Result<(std::ops::Range<usize>, std::ops::Range<usize>), StateError> {
     let (h_start, h_end) = handle.header;
     let bad = || {
         StateError::Restore(format!(
@@ -1459,14 +1503,10 @@ pub fn whole_stream_part<'a>(
     if h_start > h_end || h_end > end {
         return Err(bad());
     }
-    let header = stream.get(h_start..h_end).ok_or_else(bad)?;
-    let sections = stream.get(h_end..end).ok_or_else(bad)?;
-    Ok(RestorePart {
-        handle,
-        header,
-        sections,
-        sections_offset: handle.header.1,
-    })
+    if end > stream.len() {
+        return Err(bad());
+    }
+    Ok((h_start..h_end, h_end..end))
 }
 
 #[cfg(test)]

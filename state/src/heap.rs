@@ -366,7 +366,8 @@ impl FrozenTable for FrozenUnchanged {
 #[derive(Clone)]
 struct RawGroup {
     entry_count: u32,
-    entries: Arc<[u8]>,
+    /// A slice of the restored bytes (or of a decompressed section), shared, not copied.
+    entries: bytes::Bytes,
 }
 
 /// One restored block: entries or tombstones. A key group of a restored incremental chain has
@@ -393,6 +394,7 @@ fn read_section(
     header: &SnapshotHeader,
     kg: KeyGroup,
     bytes: &[u8],
+    stored: &bytes::Bytes,
 ) -> Result<ReadSection, StateError> {
     let section = header.parse_section(kg, bytes)?;
     Ok(ReadSection {
@@ -402,7 +404,7 @@ fn read_section(
             .map(|block| {
                 let raw = RawGroup {
                     entry_count: block.entry_count,
-                    entries: Arc::from(block.entries),
+                    entries: section.shared_entries(&block, stored),
                 };
                 (
                     block.state_id,
@@ -1401,7 +1403,7 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
             let threads = threads_for(bytes, sections.len());
             let mut read =
                 in_order_until_error(sections.len(), threads, |i| match sections.get(i) {
-                    Some(&(kg, bytes)) => read_section(&header, kg, bytes),
+                    Some(&(kg, bytes)) => read_section(&header, kg, bytes, &part.sections),
                     None => Ok(ReadSection::default()),
                 })
                 .into_iter();

@@ -1112,8 +1112,9 @@ pub struct RestorePart<'a> {
     pub handle: &'a KeyedStateHandle,
     /// The bytes of `handle.header`.
     pub header: &'a [u8],
-    /// Bytes of the sections, starting at `sections_offset`.
-    pub sections: &'a [u8],
+    /// Bytes of the sections, starting at `sections_offset`. Shared: a backend may keep slices
+    /// of them (the blocks of states not registered yet) without copying.
+    pub sections: bytes::Bytes,
     /// Offset of `sections[0]` within the stream.
     pub sections_offset: u64,
 }

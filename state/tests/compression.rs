@@ -113,7 +113,7 @@ fn restore_range(
     b.restore(&[RestorePart {
         handle,
         header: &bytes[h_start as usize..h_end as usize],
-        sections: &bytes[start as usize..end as usize],
+        sections: bytes::Bytes::copy_from_slice(&bytes[start as usize..end as usize]),
         sections_offset: start,
     }])
 }

@@ -202,7 +202,7 @@ fn restore(handle: &KeyedStateHandle, bytes: &[u8]) -> HeapKeyedStateBackend<Str
     b.restore(&[RestorePart {
         handle,
         header: &bytes[h0 as usize..h1 as usize],
-        sections: &bytes[start as usize..],
+        sections: bytes::Bytes::copy_from_slice(&bytes[start as usize..]),
         sections_offset: start,
     }])
     .unwrap();
