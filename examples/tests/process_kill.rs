@@ -136,12 +136,24 @@ fn parse_summary(stdout: &str) -> Summary {
 
 #[test]
 fn sigkill_mid_run_then_restore_from_disk_gives_exact_totals() {
+    sigkill_then_restore(&[]);
+}
+
+/// The same with incremental checkpoints: the restore reads chains of deltas written by the
+/// killed process.
+#[test]
+fn sigkill_mid_run_then_restore_from_incremental_checkpoints_gives_exact_totals() {
+    sigkill_then_restore(&["--incremental"]);
+}
+
+fn sigkill_then_restore(extra: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("checkpoints");
     let records: u64 = 10_000_000;
     let n = records.to_string();
     let mut child = word_count()
         .args(["--records", &n, "--parallelism", "2"])
+        .args(extra)
         .args(["--checkpoint-interval", "50ms", "--checkpoint-dir"])
         .arg(&root)
         .stdout(Stdio::null())
@@ -170,6 +182,7 @@ fn sigkill_mid_run_then_restore_from_disk_gives_exact_totals() {
     let out = tmp.path().join("totals.csv");
     let restored = word_count()
         .args(["--records", &n, "--parallelism", "2"])
+        .args(extra)
         .args(["--checkpoint-interval", "50ms", "--checkpoint-dir"])
         .arg(tmp.path().join("checkpoints-2"))
         .arg("--from")
