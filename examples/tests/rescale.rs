@@ -1,13 +1,15 @@
 //! Rescale round trips 2 → 4 → 1 through savepoints, in-process and through the `word_count` binary, give exact results.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use weir_core::keygroup::{assign_to_key_group, compute_key_group_range_for_operator_index};
 use weir_examples::{WordCountOptions, build, expected_totals};
-use weir_runtime::{JobClient, JobResult, JobStatus, StreamEnvironment};
+use weir_runtime::StreamEnvironment;
 
 const RECORDS: u64 = 1_500_000;
 /// Each stopped run stops once its sources emitted this many records.
@@ -15,53 +17,6 @@ const STOP_AFTER: u64 = 200_000;
 const SEED: u64 = 42;
 /// The parallelism of each run: the last one runs to the end.
 const ROUND_TRIP: [u32; 3] = [2, 4, 1];
-
-/// Runs `env` until its sources emitted `stop_after` records, then stops it with a savepoint
-/// under `dir`; returns the result and the savepoint's directory.
-async fn run_and_stop(
-    env: StreamEnvironment,
-    stop_after: u64,
-    dir: &Path,
-    ctx: &str,
-) -> (JobResult, PathBuf) {
-    let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while client.source_records() < stop_after {
-        assert!(
-            !job.is_finished(),
-            "{ctx}: the job ended before {stop_after} records: {:?}",
-            job.await.unwrap()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "{ctx}: no {stop_after} records in 2 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let path = loop {
-        match client
-            .stop_with_savepoint(Some(dir.to_path_buf()), false)
-            .await
-        {
-            Ok(path) => break path,
-            // Refused while a checkpoint is in progress.
-            Err(e) if e.to_string().contains("not triggered") => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Err(e) => panic!(
-                "{ctx}: stop with savepoint after {} records: {e}",
-                client.source_records()
-            ),
-        }
-    };
-    let r = job.await.unwrap().unwrap();
-    assert_eq!(r.status, JobStatus::Finished, "{ctx}");
-    assert_eq!(r.savepoint.as_deref(), Some(path.as_str()), "{ctx}");
-    let dir = PathBuf::from(path.strip_prefix("file://").unwrap_or(&path));
-    assert!(dir.join("_metadata").is_file(), "{dir:?}");
-    (r, dir)
-}
 
 // ---------------------------------------------------------------------------------------------
 // The word count in-process.
@@ -92,7 +47,7 @@ async fn word_count_round_trip_2_4_1_in_process_gives_exact_totals() {
             env.execute().await.unwrap_or_else(|e| panic!("{ctx}: {e}"))
         } else {
             let (r, savepoint) =
-                run_and_stop(env, STOP_AFTER, &tmp.path().join("savepoints"), &ctx).await;
+                support::run_and_stop(env, STOP_AFTER, &tmp.path().join("savepoints"), &ctx).await;
             from = Some(savepoint);
             r
         };
@@ -330,7 +285,7 @@ async fn file_sink_round_trip_2_4_1_commits_each_line_once() {
             env.execute().await.unwrap_or_else(|e| panic!("{ctx}: {e}"))
         } else {
             let (r, savepoint) =
-                run_and_stop(env, records / 5, &tmp.path().join("savepoints"), &ctx).await;
+                support::run_and_stop(env, records / 5, &tmp.path().join("savepoints"), &ctx).await;
             from = Some(savepoint);
             r
         };

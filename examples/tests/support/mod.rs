@@ -1,15 +1,19 @@
 //! Helpers the examples' integration tests share: a seeded generator, failure injection that
-//! knows its attempt, the keyed record model, and Flink's VerifyingSink check.
+//! knows its attempt, the keyed record model, Flink's VerifyingSink check, and stopping a job
+//! with a savepoint.
 // Each test binary uses its own subset of these.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use std::time::{SystemTime, UNIX_EPOCH};
 use weir_runtime::DataStream;
 use weir_runtime::operator::{Chained, OneInputOperator, OpResult, Output};
 use weir_runtime::source::splitmix64;
+use weir_runtime::{JobClient, JobResult, JobStatus, StreamEnvironment};
 
 /// SplitMix64 as a generator: the seeded source of failure points and intervals.
 pub struct SplitMix(pub u64);
@@ -189,4 +193,55 @@ pub fn verify_running_sums(
         }
     }
     last
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stopping a job with a savepoint.
+// ---------------------------------------------------------------------------------------------
+
+/// Runs `env` until its sources emitted `stop_after` records, then stops it with a savepoint
+/// under `dir`; returns the result and the savepoint's directory.
+pub async fn run_and_stop(
+    env: StreamEnvironment,
+    stop_after: u64,
+    dir: &Path,
+    ctx: &str,
+) -> (JobResult, PathBuf) {
+    let client = JobClient::default();
+    let job = tokio::spawn(env.execute_with(client.clone()));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while client.source_records() < stop_after {
+        assert!(
+            !job.is_finished(),
+            "{ctx}: the job ended before {stop_after} records: {:?}",
+            job.await.unwrap()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "{ctx}: no {stop_after} records in 2 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let path = loop {
+        match client
+            .stop_with_savepoint(Some(dir.to_path_buf()), false)
+            .await
+        {
+            Ok(path) => break path,
+            // Refused while a checkpoint is in progress.
+            Err(e) if e.to_string().contains("not triggered") => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => panic!(
+                "{ctx}: stop with savepoint after {} records: {e}",
+                client.source_records()
+            ),
+        }
+    };
+    let r = job.await.unwrap().unwrap();
+    assert_eq!(r.status, JobStatus::Finished, "{ctx}");
+    assert_eq!(r.savepoint.as_deref(), Some(path.as_str()), "{ctx}");
+    let dir = PathBuf::from(path.strip_prefix("file://").unwrap_or(&path));
+    assert!(dir.join("_metadata").is_file(), "{dir:?}");
+    (r, dir)
 }

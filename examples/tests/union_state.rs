@@ -1,13 +1,15 @@
 //! Union operator state in a job: a partitioned source keeps its partitions' offsets in union list state (Flink's Kafka source pattern); rescaled 2 → 4 → 1 through savepoints, every subtask is handed every offset, takes its own partitions', and the totals are exact.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 use weir_core::handle::OperatorStateMode;
 use weir_runtime::operator::SubtaskInfo;
 use weir_runtime::source::{SourceFunction, SourceStatus};
-use weir_runtime::{JobClient, JobResult, JobStatus, LatestHandle, StreamEnvironment, TaskError};
+use weir_runtime::{JobStatus, LatestHandle, StreamEnvironment, TaskError};
 use weir_state::{OperatorListState, OperatorStateBackend};
 
 /// The source's partitions, spread over its subtasks: partition `p` belongs to subtask
@@ -127,50 +129,13 @@ fn job(parallelism: u32, from: Option<&Path>) -> (StreamEnvironment, LatestHandl
     (env, totals)
 }
 
-/// Runs `env` until its sources emitted `stop_after` records, then stops it with a savepoint
-/// under `dir`, and returns the savepoint's directory.
-async fn run_and_stop(env: StreamEnvironment, stop_after: u64, dir: &Path) -> (JobResult, PathBuf) {
-    let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while client.source_records() < stop_after {
-        assert!(
-            !job.is_finished(),
-            "the job ended before {stop_after} records"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "no {stop_after} records in 2 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let path = loop {
-        match client
-            .stop_with_savepoint(Some(dir.to_path_buf()), false)
-            .await
-        {
-            Ok(path) => break path,
-            Err(e) if e.to_string().contains("not triggered") => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Err(e) => panic!("stop with savepoint: {e}"),
-        }
-    };
-    let r = job.await.unwrap().unwrap();
-    assert_eq!(r.status, JobStatus::Finished);
-    (
-        r,
-        PathBuf::from(path.strip_prefix("file://").unwrap_or(&path)),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn union_offsets_survive_a_2_4_1_round_trip_with_exact_totals() {
     let tmp = tempfile::tempdir().unwrap();
     let (env, _) = job(2, None);
-    let (first, savepoint) = run_and_stop(env, STOP_EVERY, tmp.path()).await;
+    let (first, savepoint) = support::run_and_stop(env, STOP_EVERY, tmp.path(), "2").await;
     let (env, _) = job(4, Some(&savepoint));
-    let (second, savepoint) = run_and_stop(env, STOP_EVERY, tmp.path()).await;
+    let (second, savepoint) = support::run_and_stop(env, STOP_EVERY, tmp.path(), "4").await;
     assert!(second.restored_from.is_some());
     let (env, totals) = job(1, Some(&savepoint));
     let last = env.execute().await.unwrap();
