@@ -9,8 +9,8 @@ use std::time::Duration;
 use weir_core::handle::OperatorStateMode;
 use weir_runtime::operator::SubtaskInfo;
 use weir_runtime::source::{SourceFunction, SourceStatus};
+use weir_runtime::state::{OperatorListState, OperatorStateBackend};
 use weir_runtime::{JobStatus, LatestHandle, StreamEnvironment, TaskError};
-use weir_state::{OperatorListState, OperatorStateBackend};
 
 /// The source's partitions, spread over its subtasks: partition `p` belongs to subtask
 /// `p % parallelism`.

@@ -49,5 +49,8 @@ pub use weir_checkpoint::coordinator::{
 };
 pub use weir_checkpoint::storage::S3Config;
 pub use weir_core::config::{CheckpointConfig, CheckpointingMode, ExternalizedRetention};
+/// The state crate, for the types user functions take (operator state backends, state handles
+/// and descriptors), so a job depends on `weir-runtime` alone.
+pub use weir_state as state;
 pub use weir_state::Compression;
 pub use weir_state::{StateKey, StateValue, ValueState, ValueStateDescriptor};
