@@ -245,6 +245,45 @@ async fn on_demand_checkpoint_and_savepoint() {
     assert!(dir.join("_metadata").is_file());
 }
 
+/// Without a checkpoint interval there is no checkpointing: an on-demand checkpoint is refused
+/// with the reason (it used to land in memory), a savepoint still works, and nothing is written
+/// to the checkpoint directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_demand_checkpoint_without_checkpointing_is_refused_and_savepoints_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = WordCountOptions {
+        checkpoint_interval: None,
+        ..opts(tmp.path())
+    };
+    let (env, _totals, _) = build(&o);
+    let client = JobClient::default();
+    let c = client.clone();
+    let job = tokio::spawn(env.execute_with(client));
+    let refused = c.trigger_checkpoint().await.unwrap_err();
+    assert!(
+        refused.to_string().contains("checkpointing is not enabled"),
+        "{refused}"
+    );
+    let target = tmp.path().join("savepoints");
+    let savepoint = loop {
+        match c.trigger_savepoint(Some(target.clone())).await {
+            Ok(path) => break path,
+            Err(e) if e.to_string().contains("not triggered") => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let dir = PathBuf::from(savepoint.strip_prefix("file://").unwrap());
+    assert!(dir.join("_metadata").is_file(), "{savepoint}");
+    c.cancel();
+    assert_eq!(job.await.unwrap().unwrap().status, JobStatus::Canceled);
+    assert!(
+        !o.checkpoint_dir.exists(),
+        "the checkpoint directory was created without checkpointing"
+    );
+}
+
 /// Cancelling deletes the retained checkpoints with `DeleteOnCancellation` and keeps them with
 /// the default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

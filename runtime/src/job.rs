@@ -807,6 +807,16 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                             continue;
                         };
                         let target = match kind {
+                            // Without checkpointing there is no checkpoint storage to write to
+                            // (Flink has no checkpoint coordinator then): savepoints only.
+                            SnapshotKind::Checkpoint if !config.checkpoint.is_enabled() => {
+                                let _ = reply.send(Err(
+                                    "checkpointing is not enabled for this job: set a checkpoint interval \
+                                     to take checkpoints, or take a savepoint"
+                                        .to_string(),
+                                ));
+                                continue;
+                            }
                             SnapshotKind::Checkpoint => None,
                             _ => match savepoint_target(&config, dir, job_id) {
                                 Ok(t) => Some(t),
