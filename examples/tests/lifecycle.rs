@@ -178,6 +178,19 @@ fn opts(dir: &Path) -> WordCountOptions {
     }
 }
 
+/// A savepoint into `target`, asked for until the job runs (requests before are refused).
+async fn savepoint_once_running(c: &JobClient, target: &Path) -> String {
+    loop {
+        match c.trigger_savepoint(Some(target.to_path_buf())).await {
+            Ok(path) => return path,
+            Err(e) if e.to_string().contains("not triggered") => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 /// On-demand snapshots through the client: a checkpoint lands in `chk-<n>`, a savepoint in its
 /// own directory; a savepoint without a directory is refused with a reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,15 +239,7 @@ async fn on_demand_checkpoint_and_savepoint() {
         "{refused}"
     );
     let target = tmp.path().join("savepoints");
-    let savepoint = loop {
-        match c.trigger_savepoint(Some(target.clone())).await {
-            Ok(path) => break path,
-            Err(e) if e.to_string().contains("not triggered") => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
+    let savepoint = savepoint_once_running(&c, &target).await;
     assert!(savepoint.contains("/savepoint-"), "{savepoint}");
     let dir = PathBuf::from(savepoint.strip_prefix("file://").unwrap());
     assert!(dir.join("_metadata").is_file());
@@ -265,15 +270,7 @@ async fn on_demand_checkpoint_without_checkpointing_is_refused_and_savepoints_wo
         "{refused}"
     );
     let target = tmp.path().join("savepoints");
-    let savepoint = loop {
-        match c.trigger_savepoint(Some(target.clone())).await {
-            Ok(path) => break path,
-            Err(e) if e.to_string().contains("not triggered") => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
+    let savepoint = savepoint_once_running(&c, &target).await;
     let dir = PathBuf::from(savepoint.strip_prefix("file://").unwrap());
     assert!(dir.join("_metadata").is_file(), "{savepoint}");
     c.cancel();
