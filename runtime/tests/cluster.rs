@@ -120,7 +120,13 @@ async fn task_managers_in_other_processes_are_lost_and_replaced() {
         }
         other => panic!("expected a loss, got {other:?}"),
     }
+    // Its last heartbeat came at most an interval before the kill: the loss is declared no
+    // sooner than the timeout after it.
     let noticed = killed.elapsed();
+    assert!(
+        noticed >= HEARTBEATS.timeout - HEARTBEATS.interval,
+        "the loss was declared {noticed:?} after the kill, before the timeout"
+    );
     assert!(
         noticed < HEARTBEATS.timeout + Duration::from_secs(5),
         "the loss took {noticed:?}"
@@ -142,8 +148,10 @@ async fn task_managers_in_other_processes_are_lost_and_replaced() {
         let status = wait_exit(child);
         assert_eq!(status.code(), Some(LOST_JOB_MANAGER), "{status:?}");
     }
+    // A task manager gives up one interval before the timeout, counted from its last answered
+    // heartbeat (at most an interval before the job manager went).
     assert!(
-        gone.elapsed() >= HEARTBEATS.timeout,
+        gone.elapsed() >= HEARTBEATS.timeout - 2 * HEARTBEATS.interval,
         "a task manager gave up on the job manager after {:?}, before the timeout",
         gone.elapsed()
     );
@@ -160,6 +168,15 @@ async fn heartbeat_settings_are_checked() {
         .err()
         .expect("a timeout not above the interval is refused");
     assert!(e.contains("timeout"), "{e}");
+    let endless = HeartbeatConfig {
+        interval: Duration::from_secs(1),
+        timeout: Duration::MAX,
+    };
+    let e = JobManagerServer::start("127.0.0.1:0".parse().unwrap(), endless)
+        .await
+        .err()
+        .expect("an endless timeout is refused");
+    assert!(e.contains("longer than"), "{e}");
     let unreachable = TaskManagerSession::join(
         "127.0.0.1:9".parse().unwrap(),
         TaskManagerInfo {

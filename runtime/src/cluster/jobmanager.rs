@@ -18,6 +18,8 @@ use tracing::{info, warn};
 
 /// The largest RPC message the job manager accepts.
 const MAX_FRAME: usize = 16 << 20;
+/// How long the job manager waits after failing to accept a connection.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The shared state behind every connection's service.
 #[derive(Clone)]
@@ -111,14 +113,23 @@ impl JobManagerServer {
         let server = tokio::spawn(async move {
             // The connections live in this task's set, so stopping the server closes them all.
             let mut connections = tokio::task::JoinSet::new();
-            let mut channels = listener
-                .filter_map(|conn| future::ready(conn.ok()))
-                .map(BaseChannel::with_defaults);
-            while let Some(channel) = channels.next().await {
-                let serve = serve.clone();
-                connections.spawn(channel.execute(serve.serve()).for_each(|response| response));
+            let mut listener = std::pin::pin!(listener);
+            while let Some(accepted) = listener.next().await {
                 // Reap the connections that ended.
                 while connections.try_join_next().is_some() {}
+                match accepted {
+                    Ok(transport) => {
+                        let channel = BaseChannel::with_defaults(transport);
+                        let serve = serve.clone();
+                        connections
+                            .spawn(channel.execute(serve.serve()).for_each(|response| response));
+                    }
+                    Err(e) => {
+                        // Out of file descriptors, say: do not spin on it.
+                        warn!(error = %e, "the job manager cannot accept a connection");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
+                }
             }
         });
         let detector = tokio::spawn(detect_losses(service));
@@ -169,8 +180,13 @@ async fn detect_losses(service: Service) {
             match next {
                 // A little past the deadline, so that the member is strictly over it.
                 Some(d) => {
-                    let at = service.started + d + service.config.interval / 10;
-                    tokio::time::sleep_until(at.into()).await;
+                    let at = service
+                        .started
+                        .checked_add(d.saturating_add(service.config.interval / 10));
+                    match at {
+                        Some(at) => tokio::time::sleep_until(at.into()).await,
+                        None => std::future::pending().await,
+                    }
                 }
                 None => std::future::pending().await,
             }

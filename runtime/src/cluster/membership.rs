@@ -158,7 +158,7 @@ impl Membership {
     pub fn next_deadline(&self) -> Option<Duration> {
         self.members
             .values()
-            .map(|m| m.last_seen + self.timeout)
+            .map(|m| m.last_seen.saturating_add(self.timeout))
             .min()
     }
 

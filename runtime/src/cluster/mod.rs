@@ -47,11 +47,21 @@ impl Default for HeartbeatConfig {
     }
 }
 
+/// The longest heartbeat timeout accepted (a day): deadlines stay far from overflowing.
+pub const MAX_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 impl HeartbeatConfig {
-    /// Checks that heartbeats can work: a non-zero interval, shorter than the timeout.
+    /// Checks that heartbeats can work: a non-zero interval, shorter than the timeout, which is
+    /// at most [`MAX_HEARTBEAT_TIMEOUT`].
     pub fn validate(&self) -> Result<(), String> {
         if self.interval.is_zero() {
             return Err("the heartbeat interval must be above zero".to_string());
+        }
+        if self.timeout > MAX_HEARTBEAT_TIMEOUT {
+            return Err(format!(
+                "the heartbeat timeout ({:?}) is longer than {MAX_HEARTBEAT_TIMEOUT:?}",
+                self.timeout
+            ));
         }
         if self.timeout <= self.interval {
             return Err(format!(

@@ -1,6 +1,7 @@
 //! The task manager's side of the control plane: registration with the job manager (retried
 //! until it is up) and the heartbeat loop, which ends when the job manager is lost.
 
+use super::HeartbeatConfig;
 use super::membership::{TaskManagerId, TaskManagerInfo};
 use super::rpc::{JobManagerServiceClient, Registration};
 use std::net::SocketAddr;
@@ -9,6 +10,13 @@ use tarpc::client;
 use tarpc::context;
 use tarpc::tokio_serde::formats::Bincode;
 use tracing::{debug, info, warn};
+
+/// `d` from now, or a year from now if that overflows.
+fn deadline_after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+}
 
 /// The job manager is gone: no heartbeat was answered within the timeout, it refused this task
 /// manager, or it could not be reached at all.
@@ -26,6 +34,8 @@ pub struct TaskManagerSession {
     jobmanager: SocketAddr,
     client: JobManagerServiceClient,
     registration: Registration,
+    /// When the job manager last answered (the registration, to begin with).
+    registered_at: Instant,
 }
 
 impl TaskManagerSession {
@@ -40,12 +50,21 @@ impl TaskManagerSession {
             addr: jobmanager,
             reason,
         };
-        let give_up = Instant::now() + connect_timeout;
+        let give_up = deadline_after(connect_timeout);
         let mut delay = Duration::from_millis(20);
         let transport = loop {
             let mut connect = tarpc::serde_transport::tcp::connect(jobmanager, Bincode::default);
             connect.config_mut().max_frame_length(16 << 20);
-            match connect.await {
+            // An address that drops packets would otherwise hold one attempt for minutes.
+            let attempt = tokio::time::timeout_at(give_up.into(), connect)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "connecting timed out",
+                    ))
+                });
+            match attempt {
                 Ok(t) => break t,
                 Err(e) if Instant::now() < give_up => {
                     debug!(%jobmanager, error = %e, "job manager not reachable yet; retrying");
@@ -61,17 +80,26 @@ impl TaskManagerSession {
         };
         let client = JobManagerServiceClient::new(client::Config::default(), transport).spawn();
         let mut ctx = context::current();
-        ctx.deadline = Instant::now() + connect_timeout.max(Duration::from_secs(1));
+        ctx.deadline = deadline_after(connect_timeout.max(Duration::from_secs(1)));
         let registration = client
             .register(ctx, info.clone())
             .await
             .map_err(|e| lost(format!("registration failed: {e}")))?
             .map_err(|e| lost(format!("registration refused: {e}")))?;
+        // The settings come from the other process: checked before they are used.
+        HeartbeatConfig {
+            interval: registration.heartbeat_interval,
+            timeout: registration.heartbeat_timeout,
+        }
+        .validate()
+        .map_err(|e| lost(format!("unusable heartbeat settings: {e}")))?;
+        let registered_at = Instant::now();
         info!(task_manager = %registration.id, %jobmanager, slots = info.slots, "registered with the job manager");
         Ok(TaskManagerSession {
             jobmanager,
             client,
             registration,
+            registered_at,
         })
     }
 
@@ -86,15 +114,17 @@ impl TaskManagerSession {
     }
 
     /// Sends heartbeats every interval until the job manager is lost, and says why: no
-    /// heartbeat answered for the timeout, or an answer that it no longer knows this task
-    /// manager.
+    /// heartbeat answered for the timeout less one interval (so a task manager gives up, and
+    /// stops its subtasks, before the job manager declares it lost and redeploys them), or an
+    /// answer that it no longer knows this task manager.
     pub async fn heartbeats(&self) -> JobManagerLost {
         let Registration {
             id,
             heartbeat_interval: interval,
-            heartbeat_timeout: timeout,
+            heartbeat_timeout,
         } = self.registration;
-        let mut last_answered = Instant::now();
+        let timeout = heartbeat_timeout.saturating_sub(interval);
+        let mut last_answered = self.registered_at;
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -130,7 +160,7 @@ impl TaskManagerSession {
     /// Leaves the cluster cleanly.
     pub async fn leave(self) -> Result<(), JobManagerLost> {
         let mut ctx = context::current();
-        ctx.deadline = Instant::now() + self.registration.heartbeat_timeout;
+        ctx.deadline = Instant::now() + self.registration.heartbeat_interval;
         let addr = self.jobmanager;
         self.client
             .unregister(ctx, self.registration.id)
