@@ -497,6 +497,11 @@ pub struct HeapKeyedStateBackend<K> {
     clock: TtlClock,
     /// Incremental checkpoints, when enabled.
     incremental: Option<Incremental>,
+    /// Whether the blocks of pending states are in buffers of their own. A restore shares them
+    /// with the bytes it was handed (no copy while states are registered and decoded); the first
+    /// snapshot copies what is still pending, so that a state never registered does not keep
+    /// the whole restore buffer alive.
+    pending_owned: bool,
 }
 
 /// The bookkeeping of incremental checkpoints.
@@ -557,6 +562,7 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
             compression: Compression::None,
             clock: Arc::new(wall_clock_ms),
             incremental: None,
+            pending_owned: true,
         }
     }
 
@@ -1241,8 +1247,22 @@ enum Freeze {
 }
 
 impl<K: StateKey> HeapKeyedStateBackend<K> {
+    /// Copies the blocks of states still pending out of the restore's shared buffers (once).
+    fn own_pending_bytes(&mut self) {
+        if self.pending_owned {
+            return;
+        }
+        for pending in self.pending.values_mut() {
+            for block in Arc::make_mut(pending).groups.iter_mut().flatten() {
+                block.raw.entries = bytes::Bytes::copy_from_slice(&block.raw.entries);
+            }
+        }
+        self.pending_owned = true;
+    }
+
     /// The synchronous part of every snapshot: the header and each table's frozen view.
     fn freeze(&mut self, how: Freeze) -> Result<Box<dyn KeyedSnapshot>, StateError> {
+        self.own_pending_bytes();
         let now_ms = (self.clock)();
         let total = self.states.len() + self.pending.len();
         if total > MAX_STATES {
@@ -1472,6 +1492,7 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
         }
         self.pending = pending;
         self.restored = restored;
+        self.pending_owned = self.pending.is_empty();
         Ok(())
     }
 }
