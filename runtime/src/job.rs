@@ -467,6 +467,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         let mut store = CompletedCheckpointStore::new(config.checkpoint.num_retained);
         // Which pending and retained checkpoints reference each shared (incremental) file.
         let mut registry = SharedStateRegistry::new();
+        // Raised when a delta on deleted files is refused: the tasks start new chains.
+        let chain_epoch = Arc::new(AtomicU64::new(0));
         let mut restart = RestartTracker::new(config.restart_strategy());
         let mut execution = ExecutionGraph::new(&job);
         // Ids continue past every checkpoint already in this job's directory (a rerun of the same
@@ -619,6 +621,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         processing_time,
                         chains: Default::default(),
                         uploads: uploads.clone(),
+                        chain_epoch: chain_epoch.clone(),
                     };
                     let reports = report_tx.clone();
                     handles.push(tokio::spawn(async move {
@@ -700,6 +703,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                     if let Some(span) = spans.get(&id) {
                                         span.in_scope(|| warn!(%task, %reason, "acknowledgement refused"));
                                     }
+                                    chain_epoch.fetch_add(1, Ordering::AcqRel);
                                     coordinator.decline(task, id, CheckpointFailureReason::Declined { task, reason }, now, &mut actions);
                                 } else {
                                     coordinator.acknowledge(task, id, state, metrics, now, &mut actions);

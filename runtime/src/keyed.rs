@@ -115,6 +115,10 @@ impl<K: StateKey> KeyedBase<K> {
                 self.backend.notify_checkpoint_aborted(id.0);
                 Ok(false)
             }
+            Lifecycle::StartNewChains => {
+                self.backend.start_new_chain();
+                Ok(false)
+            }
             _ => Ok(false),
         }
     }

@@ -245,6 +245,10 @@ pub enum Lifecycle<'a> {
     NotifyComplete(CheckpointId),
     /// The checkpoint was aborted.
     NotifyAborted(CheckpointId),
+    /// Keyed backends start new incremental chains: the job manager refused a delta whose base
+    /// files were gone (see [`weir_state::KeyedStateBackend::start_new_chain`]). Sent before a
+    /// snapshot.
+    StartNewChains,
     /// All input ended: operators emit what they hold; writers send end of input.
     EndInput,
     /// Processing time reached this many ms since the Unix epoch: due processing-time timers

@@ -116,6 +116,10 @@ pub(crate) struct TaskEnv {
     /// Uploads of this generation still running, so that the job master can wait for their
     /// acknowledgements before it lets the generation go.
     pub uploads: Arc<std::sync::atomic::AtomicUsize>,
+    /// Raised by the job master when it refuses a delta whose base files are gone: before its
+    /// next snapshot, a task that saw an older value has its keyed backends start new chains.
+    /// A counter, not a message, so that it cannot be lost in a full mailbox.
+    pub chain_epoch: Arc<AtomicU64>,
 }
 
 /// Counts one running upload until dropped.
@@ -645,6 +649,8 @@ struct SubtaskCheckpoints {
     awaiting_splits: bool,
     /// An unaligned checkpoint whose snapshot is taken, waiting for its input channel state.
     pending_unaligned: Option<PendingSnapshot>,
+    /// The job's chain epoch this task's keyed backends build on (see `TaskEnv::chain_epoch`).
+    chain_epoch: u64,
 }
 
 /// A snapshot taken (synchronous part done) but not yet uploaded.
@@ -702,6 +708,7 @@ async fn run(
         end_now: false,
         awaiting_splits: false,
         pending_unaligned: None,
+        chain_epoch: env.chain_epoch.load(Ordering::Acquire),
     };
     input.lifecycle(&mut Lifecycle::Open(&mut restore))?;
     drop(restore);
@@ -1059,6 +1066,7 @@ async fn checkpoint_state(
     // Step 4, synchronous part: freeze every operator's state.
     let sync_start = Instant::now();
     let mut parts = Vec::new();
+    start_new_chains_if_asked(input, env, cps)?;
     input.lifecycle(&mut Lifecycle::Snapshot(
         id,
         barrier.options.kind,
@@ -1089,6 +1097,21 @@ async fn checkpoint_state(
     Ok(())
 }
 
+/// Before a snapshot: if the job master refused a delta since this task's last one, its keyed
+/// backends start new chains.
+fn start_new_chains_if_asked(
+    input: &mut dyn TaskInput,
+    env: &TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+) -> Result<(), TaskError> {
+    let epoch = env.chain_epoch.load(Ordering::Acquire);
+    if epoch != cps.chain_epoch {
+        cps.chain_epoch = epoch;
+        input.lifecycle(&mut Lifecycle::StartNewChains)?;
+    }
+    Ok(())
+}
+
 /// The checkpoint of a task whose input ended (Flink's FLIP-147): its operators' final state,
 /// with no barrier to emit (its outputs ended) and no in-flight data.
 fn snapshot_finished(
@@ -1105,6 +1128,7 @@ fn snapshot_finished(
     cps.last = Some(id);
     let sync_start = Instant::now();
     let mut parts = Vec::new();
+    start_new_chains_if_asked(input, env, cps)?;
     input.lifecycle(&mut Lifecycle::Snapshot(
         id,
         barrier.options.kind,

@@ -2794,8 +2794,8 @@ pub fn run_incremental_checks<K: SuiteKey, B: KeyedStateBackend<K>>(
 
 /// Random changes over a run of checkpoints, each confirmed, aborted or left pending at random,
 /// with savepoints between:
-/// - every incremental snapshot is a delta on the latest confirmed checkpoint (none after an
-///   abort), or a full one;
+/// - every incremental snapshot is a delta on the latest confirmed checkpoint (none after
+///   [`KeyedStateBackend::start_new_chain`]), or a full one;
 /// - a delta holds every key whose value differs from the base's, with its current value (a
 ///   removed key as a tombstone), and no key untouched since the base's snapshot;
 /// - a savepoint ([`KeyedStateBackend::snapshot`]) is self-contained and holds the whole state;
@@ -2942,12 +2942,16 @@ pub fn check_incremental_model<K: SuiteKey, B: KeyedStateBackend<K>>(
             pending.retain(|&p| confirmed.is_none_or(|c| p > c));
             match rng.below(5) {
                 0 => {
-                    // An abort starts a new chain: the next snapshot is full.
                     b.b.notify_checkpoint_aborted(id);
+                    pending.retain(|&p| p != id);
+                }
+                1 => {}
+                2 if rng.below(3) == 0 => {
+                    // The base's files are gone: the next snapshot is full.
+                    b.b.start_new_chain();
                     pending.clear();
                     confirmed = None;
                 }
-                1 => {}
                 2 => {
                     let oldest = pending[0];
                     b.b.notify_checkpoint_complete(oldest);

@@ -1215,16 +1215,11 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         }
     }
 
-    fn notify_checkpoint_aborted(&mut self, checkpoint_id: u64) {
+    fn start_new_chain(&mut self) {
         let Some(inc) = &mut self.incremental else {
             return;
         };
-        if !inc.taken.iter().any(|(id, _)| *id == checkpoint_id) {
-            return;
-        }
-        // The abort may mean that the base's files are gone (the job manager refuses a delta on
-        // a subsumed checkpoint): start a new chain. The next snapshot is full, so no change
-        // taken before it is needed any more.
+        // The next snapshot is full, so no change taken before it is needed any more.
         inc.confirmed = None;
         inc.taken.clear();
         for s in &mut self.states {

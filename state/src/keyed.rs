@@ -1138,10 +1138,9 @@ pub struct RestorePart<'a> {
 ///   backend that supports them: a snapshot is a delta on the chain of the latest checkpoint
 ///   confirmed by [`notify_checkpoint_complete`](Self::notify_checkpoint_complete), holding
 ///   every key changed (written or removed) since that checkpoint's snapshot, including the
-///   changes of snapshots taken since but not confirmed yet. With no confirmed checkpoint, when
-///   the chain is at its length limit, or after a checkpoint it took a snapshot for was
-///   aborted ([`notify_checkpoint_aborted`](Self::notify_checkpoint_aborted): its base may be
-///   gone), it is a full snapshot that starts a new chain.
+///   changes of snapshots taken since but never confirmed (aborted, or still pending). With no
+///   confirmed checkpoint, when the chain is at its length limit, or after
+///   [`start_new_chain`](Self::start_new_chain), it is a full snapshot that starts a new chain.
 ///   Restoring a chain gives the same state as a full snapshot taken at the same moment.
 /// - A restore refuses, with an error and never a panic: a snapshot of another max parallelism
 ///   or key type, corrupt bytes (naming the header or the key group), a key group handed over
@@ -1351,9 +1350,14 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
         let _ = checkpoint_id;
     }
 
-    /// Checkpoint `checkpoint_id` was aborted: its snapshot never becomes a base, and (if it
-    /// took one) the next incremental snapshot starts a new chain.
+    /// Checkpoint `checkpoint_id` was aborted: its snapshot never becomes a base, and what it
+    /// held goes into the next delta.
     fn notify_checkpoint_aborted(&mut self, checkpoint_id: u64) {
         let _ = checkpoint_id;
     }
+
+    /// The next incremental snapshot is full, whatever was confirmed: the files of the current
+    /// chain may be gone (the job manager refused a delta built on a checkpoint it had already
+    /// subsumed).
+    fn start_new_chain(&mut self) {}
 }
