@@ -155,6 +155,9 @@ trait ErasedTable<K>: Send + Sync {
     ) -> Box<dyn FrozenTable>;
     /// Checkpoint `checkpoint` is the new base: the history up to it is no longer needed.
     fn confirm(&mut self, checkpoint: u64);
+    /// Checkpoint `checkpoint` was aborted: its changed keys go back to the current set (the
+    /// next snapshot takes them again), so the history holds no aborted snapshot.
+    fn abort(&mut self, checkpoint: u64);
 }
 
 impl<K: StateKey, V: StateValue> ErasedTable<K> for ValueTable<K, V> {
@@ -234,6 +237,20 @@ impl<K: StateKey, V: StateValue> ErasedTable<K> for ValueTable<K, V> {
 
     fn confirm(&mut self, checkpoint: u64) {
         self.history.retain(|(id, _)| *id > checkpoint);
+    }
+
+    fn abort(&mut self, checkpoint: u64) {
+        let Some(pos) = self.history.iter().position(|(id, _)| *id == checkpoint) else {
+            return;
+        };
+        let (_, sets) = self.history.remove(pos);
+        if let Some(changed) = &mut self.changed {
+            for (current, aborted) in changed.iter_mut().zip(sets.iter()) {
+                for key in aborted {
+                    current.get_or_insert_with(key, K::clone);
+                }
+            }
+        }
     }
 }
 
@@ -1212,6 +1229,19 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         inc.taken.retain(|(taken, _)| *taken > id);
         for s in &mut self.states {
             s.table.confirm(id);
+        }
+    }
+
+    fn notify_checkpoint_aborted(&mut self, checkpoint_id: u64) {
+        let Some(inc) = &mut self.incremental else {
+            return;
+        };
+        if !inc.taken.iter().any(|(id, _)| *id == checkpoint_id) {
+            return;
+        }
+        inc.taken.retain(|(id, _)| *id != checkpoint_id);
+        for s in &mut self.states {
+            s.table.abort(checkpoint_id);
         }
     }
 
