@@ -310,6 +310,17 @@ fn summary_line_of_a_normal_run_parses() {
 #[test]
 #[ignore = "heavy: run by cargo xtask chaos"]
 fn repeated_sigkill_and_restore_chaos() {
+    repeated_sigkill_and_restore(&[]);
+}
+
+/// The same with incremental checkpoints: each run restores the chains the killed one wrote.
+#[test]
+#[ignore = "heavy: run by cargo xtask chaos"]
+fn repeated_sigkill_and_restore_incremental_chaos() {
+    repeated_sigkill_and_restore(&["--incremental"]);
+}
+
+fn repeated_sigkill_and_restore(extra: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
     let records: u64 = 100_000_000;
     let n = records.to_string();
@@ -318,6 +329,7 @@ fn repeated_sigkill_and_restore_chaos() {
         let root = tmp.path().join(format!("round-{round}"));
         let mut cmd = word_count();
         cmd.args(["--records", &n, "--parallelism", "3"])
+            .args(extra)
             .args(["--checkpoint-interval", "30ms", "--checkpoint-dir"])
             .arg(&root)
             .stdout(Stdio::null())
@@ -333,7 +345,9 @@ fn repeated_sigkill_and_restore_chaos() {
     }
     let out = tmp.path().join("totals.csv");
     let last = word_count()
-        .args(["--records", &n, "--parallelism", "3", "--checkpoint-dir"])
+        .args(["--records", &n, "--parallelism", "3"])
+        .args(extra)
+        .arg("--checkpoint-dir")
         .arg(tmp.path().join("final"))
         .arg("--from")
         .arg(previous.unwrap())
