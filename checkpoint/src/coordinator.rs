@@ -15,7 +15,9 @@ use weir_core::handle::TaskStateSnapshot;
 use weir_core::ids::{CheckpointId, SubtaskIndex, VertexId};
 
 /// One subtask, as the coordinator tracks it (attempts are the runtime's business).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct TaskKey {
     /// The vertex.
     pub vertex: VertexId,
@@ -30,7 +32,7 @@ impl fmt::Display for TaskKey {
 }
 
 /// Why a checkpoint failed, in Flink's categories.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CheckpointFailureReason {
     /// Not complete within the checkpoint timeout (`CHECKPOINT_EXPIRED`).
     Expired,
@@ -135,7 +137,7 @@ impl fmt::Display for TriggerRefusal {
 }
 
 /// What a subtask reports with its acknowledgement (Flink's `CheckpointMetrics`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SubtaskCheckpointMetrics {
     /// Time from the trigger to the barrier reaching the subtask.
     pub start_delay: Duration,

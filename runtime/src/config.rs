@@ -82,6 +82,9 @@ pub struct JobConfig {
     /// With `incremental`, the most snapshots a chain holds (a full one and its deltas) before
     /// a checkpoint is full again, which bounds what a restore reads.
     pub incremental_max_chain: u32,
+    /// Cluster mode: this process is the job manager or a task manager. `None`: the whole job
+    /// runs in this process.
+    pub cluster: Option<crate::cluster::ClusterRole>,
 }
 
 /// The default [`JobConfig::incremental_max_chain`].
@@ -104,6 +107,22 @@ impl Default for JobConfig {
             snapshot_compression: weir_state::Compression::None,
             incremental: false,
             incremental_max_chain: DEFAULT_INCREMENTAL_MAX_CHAIN,
+            cluster: None,
+        }
+    }
+}
+
+impl StorageConfig {
+    /// Where another process finds this storage: an absolute directory path or an `s3://` URL
+    /// (its credentials come from that process's environment); `None` for storage only this
+    /// process reaches.
+    pub fn location(&self) -> Option<String> {
+        match self {
+            StorageConfig::Filesystem(p) => std::path::absolute(p)
+                .ok()
+                .and_then(|p| p.to_str().map(str::to_string)),
+            StorageConfig::S3(c) => Some(c.url()),
+            StorageConfig::Memory | StorageConfig::Custom(_) => None,
         }
     }
 }

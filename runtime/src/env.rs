@@ -5,6 +5,8 @@ use crate::broadcast::{
     BroadcastProcessFunction, BroadcastProcessOperator, Connected, KeyedBroadcastProcessFunction,
     KeyedBroadcastProcessOperator,
 };
+use crate::cluster::ClusterRole;
+use crate::cluster::taskexecutor::run_task_manager;
 use crate::config::{JobConfig, StorageConfig};
 use crate::deploy::{
     EnumeratorFactory, NodeFactory, OperatorContext, OperatorFactory, SourceFactory, TypedNode,
@@ -17,6 +19,7 @@ use crate::keyed::{
 use crate::operator::{Chained, OneInputOperator, Output, SubtaskInfo};
 use crate::ops::{FilterOperator, FlatMapOperator, MapOperator};
 use crate::restart::RestartStrategy;
+use crate::sink::SharedResult;
 use crate::sink::{
     CollectHandle, FileCommitter, LatestHandle, LatestPerKeySink, PrintSink, Printable,
     TwoPhaseCommitSink,
@@ -51,6 +54,8 @@ struct EnvInner {
     factories: Vec<Arc<dyn NodeFactory>>,
     key_hashes: HashMap<(NodeId, NodeId), Arc<dyn Any + Send + Sync>>,
     enumerators: HashMap<NodeId, EnumeratorFactory>,
+    /// Handles whose published values the job manager gathers in cluster mode.
+    results: Vec<Arc<dyn SharedResult>>,
     /// Edges whose partitioner was chosen by default (forward, or rebalance when parallelism
     /// differs), so a later parallelism change can re-choose it.
     defaulted: HashSet<(NodeId, NodeId)>,
@@ -85,6 +90,7 @@ impl StreamEnvironment {
                 factories: Vec::new(),
                 key_hashes: HashMap::new(),
                 enumerators: HashMap::new(),
+                results: Vec::new(),
                 defaulted: HashSet::new(),
                 explicit_parallelism: HashSet::new(),
             })),
@@ -305,6 +311,7 @@ impl StreamEnvironment {
             factories: i.factories.clone(),
             key_hashes: i.key_hashes.clone(),
             enumerators: i.enumerators.clone(),
+            results: i.results.clone(),
         })
     }
 
@@ -315,12 +322,23 @@ impl StreamEnvironment {
 
     /// Runs the job; `client` can cancel it, trigger checkpoints and savepoints, or stop it with
     /// a savepoint.
+    ///
+    /// In cluster mode ([`JobConfig::cluster`]), a job manager runs the job master and deploys
+    /// the subtasks to task managers; a task manager runs what it is deployed until the job
+    /// manager shuts it down, and its result carries only its own source count (the client
+    /// has no effect there).
     pub fn execute_with(
         self,
         canceller: JobClient,
     ) -> impl Future<Output = Result<JobResult, JobError>> + Send + 'static {
         let spec = self.into_spec();
-        async move { run_job(spec?, canceller).await }
+        async move {
+            let spec = spec?;
+            match spec.config.cluster.clone() {
+                Some(ClusterRole::TaskManager(options)) => run_task_manager(spec, options).await,
+                _ => run_job(spec, canceller).await,
+            }
+        }
     }
 }
 
@@ -652,6 +670,12 @@ where
     pub fn latest_per_key(self) -> LatestHandle<K, V> {
         let handle = LatestHandle::new();
         let h = handle.clone();
+        self.stream
+            .env
+            .inner
+            .borrow_mut()
+            .results
+            .push(Arc::new(handle.clone()));
         self.keyed::<()>("Latest-per-key Sink", move |_, base, key, next| {
             Box::new(Chained::new(
                 LatestPerKeySink::new(base, key, h.clone()),

@@ -44,6 +44,47 @@ pub enum TaskError {
     /// The job master went away.
     #[error("lost the job master")]
     MasterGone,
+    /// A subtask on a task manager failed: its error as that process reported it.
+    #[error("{message}")]
+    Remote {
+        /// The error, as the task manager rendered it.
+        message: String,
+        /// Whether it only echoes another task's failure ([`TaskError::is_echo`]).
+        echo: bool,
+    },
+    /// The task manager running the subtask was lost (killed, cut off or stuck).
+    #[error("task manager {task_manager} was lost: {reason}")]
+    TaskManagerLost {
+        /// Its id and name.
+        task_manager: String,
+        /// How the loss showed.
+        reason: String,
+    },
+}
+
+/// How a task failure crosses from a task manager to the job manager: its message and whether it
+/// is an echo; it arrives as [`TaskError::Remote`].
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RemoteTaskError {
+    message: String,
+    echo: bool,
+}
+
+impl serde::Serialize for TaskError {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        RemoteTaskError {
+            message: self.to_string(),
+            echo: self.is_echo(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for TaskError {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let RemoteTaskError { message, echo } = RemoteTaskError::deserialize(d)?;
+        Ok(TaskError::Remote { message, echo })
+    }
 }
 
 impl TaskError {
@@ -52,7 +93,9 @@ impl TaskError {
     pub fn is_echo(&self) -> bool {
         matches!(
             self,
-            TaskError::UpstreamGone(_) | TaskError::Network(NetworkError::Disconnected(_))
+            TaskError::UpstreamGone(_)
+                | TaskError::Network(NetworkError::Disconnected(_))
+                | TaskError::Remote { echo: true, .. }
         )
     }
 }
@@ -80,6 +123,12 @@ pub enum JobError {
     /// A requested checkpoint or savepoint was refused or failed.
     #[error("snapshot failed: {0}")]
     Snapshot(String),
+    /// A cluster's task managers do not offer the slots the job needs.
+    #[error("not enough resources: {0}")]
+    NoResources(String),
+    /// The job manager of a cluster was lost (seen from a task manager).
+    #[error("{0}")]
+    JobManagerLost(String),
     /// The restart strategy gave up.
     #[error(
         "job failed after {restarts} restarts; the restart strategy ({strategy}) gave up. Last failure: {cause}"

@@ -2,20 +2,19 @@
 //! finalize, notify, discard), and handles failures through the restart strategy, redeploying
 //! all tasks from the latest completed checkpoint.
 
+use crate::cluster::ClusterRole;
+use crate::cluster::jobmaster::{DeployCommon, RemoteGateway};
+use crate::cluster::taskexecutor::graph_fingerprint;
 use crate::config::{JobConfig, StorageConfig};
-use crate::deploy::{BuildContext, EnumeratorFactory, NodeFactory, build_task};
-use crate::error::{JobError, TaskError};
-use crate::operator::ProcessingTimeService;
+use crate::deploy::{EnumeratorFactory, NodeFactory};
+use crate::error::JobError;
+use crate::gateway::{Gateway, ProcessTasks, TaskDeployment, TaskSettings};
 use crate::restart::RestartTracker;
 use crate::restore::{candidates_at, load_first_good};
 use crate::source::{SplitAssignment, SplitEnumerator};
-use crate::task::{
-    JobMetrics, Targets, TaskEnv, TaskEvent, TaskMessage, TaskReport, panic_message, run_task,
-};
-use futures::FutureExt;
+use crate::task::{JobMetrics, Targets, TaskEvent, TaskMessage, TaskReport};
 use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -256,6 +255,8 @@ struct Target {
     kind: SnapshotKind,
     drain: bool,
     storage: Arc<dyn CheckpointStorage>,
+    /// Where other processes find `storage` (see [`StorageConfig::location`]).
+    root: Option<String>,
     location: CheckpointLocation,
     reply: Option<oneshot::Sender<Result<String, String>>>,
 }
@@ -267,10 +268,19 @@ pub(crate) struct JobSpec {
     pub factories: Vec<Arc<dyn NodeFactory>>,
     pub key_hashes: HashMap<(NodeId, NodeId), Arc<dyn Any + Send + Sync>>,
     pub enumerators: HashMap<NodeId, EnumeratorFactory>,
+    /// Handles whose published values the job manager gathers in cluster mode.
+    pub results: Vec<Arc<dyn crate::sink::SharedResult>>,
 }
 
 /// How often the record-count trigger looks at the sources' progress.
 const RECORDS_POLL: Duration = Duration::from_millis(2);
+
+/// A savepoint's storage, where other processes find it, and its directory.
+type SavepointTarget = (
+    Arc<dyn CheckpointStorage>,
+    Option<String>,
+    CheckpointLocation,
+);
 
 /// A new savepoint directory `savepoint-<job-id prefix>-<random>/` under `dir` (or the configured
 /// savepoint directory).
@@ -278,11 +288,17 @@ fn savepoint_target(
     config: &JobConfig,
     dir: Option<PathBuf>,
     job_id: JobId,
-) -> Result<(Arc<dyn CheckpointStorage>, CheckpointLocation), String> {
+) -> Result<SavepointTarget, String> {
     let dir = dir
         .or_else(|| config.savepoint_dir.clone())
         .ok_or("no savepoint directory: give one, or set the job's savepoint directory")?;
-    let storage = OpendalCheckpointStorage::fs(&dir).map_err(|e| e.to_string())?;
+    // A directory, or `s3://bucket/prefix`.
+    let target = match dir.to_str() {
+        Some(location) => StorageConfig::from_location(location).map_err(|e| e.to_string())?,
+        None => StorageConfig::Filesystem(dir.clone()),
+    };
+    let root = target.location();
+    let storage = build_storage(&target).map_err(|e| e.to_string())?;
     let nonce = std::time::SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -293,7 +309,8 @@ fn savepoint_target(
         weir_core::ids::stable_hash128(&nonce.to_le_bytes()) as u64 & 0xffff_ffff_ffff
     );
     Ok((
-        Arc::new(storage),
+        storage,
+        root,
         CheckpointLocation {
             dir: format!("{name}/"),
         },
@@ -302,8 +319,6 @@ fn savepoint_target(
 
 /// How long a failure that only echoes another waits for the root cause to be reported.
 const ROOT_CAUSE_WAIT: Duration = Duration::from_millis(50);
-/// How long teardown waits for aborted tasks to stop.
-const TEARDOWN_WAIT: Duration = Duration::from_secs(10);
 /// How long teardown waits for `_metadata` writes in flight.
 const FINALIZE_WAIT: Duration = Duration::from_secs(10);
 
@@ -350,8 +365,10 @@ fn wall_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn build_storage(config: &JobConfig) -> Result<Arc<dyn CheckpointStorage>, JobError> {
-    Ok(match &config.storage {
+pub(crate) fn build_storage(
+    config: &StorageConfig,
+) -> Result<Arc<dyn CheckpointStorage>, JobError> {
+    Ok(match config {
         StorageConfig::Filesystem(p) => Arc::new(OpendalCheckpointStorage::fs(p)?),
         StorageConfig::S3(c) => Arc::new(OpendalCheckpointStorage::s3(c.clone())?),
         StorageConfig::Memory => Arc::new(OpendalCheckpointStorage::memory()?),
@@ -420,25 +437,20 @@ fn build_metadata(
 
 /// Runs a job to its end.
 pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobResult, JobError> {
-    let JobSpec {
-        config,
-        job,
-        factories,
-        key_hashes,
-        enumerators: enumerator_factories,
-    } = spec;
     let started = Instant::now();
     let epoch_wall_ms = wall_ms();
-    let job_id = JobId::from_name(&config.job_name);
-    let span = info_span!("job", name = %config.job_name, id = %job_id);
+    let job_id = JobId::from_name(&spec.config.job_name);
+    let span = info_span!("job", name = %spec.config.job_name, id = %job_id);
     async move {
+        let config = &spec.config;
+        let job = &spec.job;
         config
             .checkpoint
             .validate()
             .map_err(|e| JobError::Invalid(e.to_string()))?;
         // Without checkpointing nothing is written: do not create the checkpoint directory.
         let storage = if config.checkpoint.is_enabled() {
-            build_storage(&config)?
+            build_storage(&config.storage)?
         } else {
             Arc::new(OpendalCheckpointStorage::memory()?) as Arc<dyn CheckpointStorage>
         };
@@ -460,6 +472,28 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             source_records: canceller.inner.source_records.clone(),
             ..JobMetrics::default()
         });
+        let settings = TaskSettings {
+            batch_size: config.batch_size,
+            mode: config.checkpoint.mode,
+            snapshot_compression: config.snapshot_compression,
+            incremental: config.incremental.then_some(config.incremental_max_chain),
+        };
+        // Where task managers find the checkpoint storage.
+        let storage_root = if config.checkpoint.is_enabled() { config.storage.location() } else { None };
+        let mut gateway = match &config.cluster {
+            Some(ClusterRole::JobManager(options)) => {
+                if config.checkpoint.is_enabled() && storage_root.is_none() {
+                    return Err(JobError::Invalid(format!(
+                        "cluster mode needs checkpoint storage every process reaches (a directory or s3://bucket/prefix), not {:?}",
+                        config.storage
+                    )));
+                }
+                let remote = RemoteGateway::start(options, metrics.clone(), started, spec.results.clone()).await?;
+                info!(addr = %remote.local_addr(), "job manager listening");
+                Gateway::Remote(Box::new(remote))
+            }
+            _ => Gateway::Local(None),
+        };
         let mut commands = canceller.take_commands();
         let targets: Arc<Targets> = Arc::new(Targets::default());
         let mut stopped_with: Option<String> = None;
@@ -470,7 +504,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         // Raised when a delta on deleted files is refused: the tasks start new chains.
         let chain_epoch = Arc::new(AtomicU64::new(0));
         let mut restart = RestartTracker::new(config.restart_strategy());
-        let mut execution = ExecutionGraph::new(&job);
+        let mut execution = ExecutionGraph::new(job);
         // Ids continue past every checkpoint already in this job's directory (a rerun of the same
         // job, or a restore that fell back past newer, corrupt ones), so no chk-<n> is reused.
         let mut next_checkpoint_id = 1u64;
@@ -523,7 +557,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             let mut restored_meta: Option<CheckpointMetadata> = None;
             let mut contexts = match &restore {
                 Some((s, locations)) => {
-                    let loaded = load_first_good(s.clone(), locations, &job, config.allow_non_restored_state).await;
+                    let loaded = load_first_good(s.clone(), locations, job, config.allow_non_restored_state).await;
                     let (point, contexts) = match loaded {
                         Ok(found) => found,
                         // During a failover, a restore that fails (a transient storage error) is one
@@ -561,7 +595,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             });
             // The operator coordinators: each source's split enumerator, fresh or restored.
             let mut enumerators: HashMap<VertexId, (OperatorId, Box<dyn SplitEnumerator>)> = HashMap::new();
-            for (node, factory) in &enumerator_factories {
+            for (node, factory) in &spec.enumerators {
                 let n = job.stream_graph.node(*node);
                 let mut e = factory(n.parallelism);
                 if let Some(meta) = &restored_meta
@@ -575,70 +609,43 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             let mut coordinator_states: HashMap<CheckpointId, BTreeMap<OperatorId, Vec<u8>>> = HashMap::new();
             // Deploy every subtask of this generation.
             let (report_tx, mut report_rx) = mpsc::channel::<TaskReport>(1024);
-            // Asynchronous snapshot uploads of this generation still running.
-            let uploads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let mut mailboxes: HashMap<TaskKey, mpsc::Sender<TaskMessage>> = HashMap::new();
-            let mut handles = Vec::new();
+            let mut deployments = Vec::new();
             for v in &job.vertices {
                 for i in 0..v.parallelism {
-                    let key = TaskKey { vertex: v.id, subtask: i };
                     let ev = execution.get_mut(v.id, i);
                     ev.state = ExecutionState::Deploying;
-                    let attempt = ev.attempt.0;
-                    let restore_ctx = contexts.remove(&(v.id, i)).unwrap_or_default();
-                    let processing_time = ProcessingTimeService::default();
-                    let ctx = BuildContext {
-                        transport: transport.as_ref() as &dyn Transport,
-                        generation,
-                        job: &job,
-                        vertex: v,
-                        subtask: i,
-                        attempt,
-                        restored: restore_ctx.checkpoint.is_some(),
-                        batch_size: config.batch_size,
-                        mode: config.checkpoint.mode,
-                        key_hashes: &key_hashes,
-                        processing_time: processing_time.clone(),
-                        snapshot_compression: config.snapshot_compression,
-                        incremental: config.incremental.then_some(config.incremental_max_chain),
-                    };
-                    let input = build_task(&ctx, &factories).map_err(|e| JobError::Invalid(e.to_string()))?;
-                    let (mtx, mrx) = mpsc::channel(256);
-                    mailboxes.insert(key, mtx);
-                    let name = format!("{} ({}/{})#{attempt}", v.name, i + 1, v.parallelism);
-                    let env = TaskEnv {
-                        task: key,
-                        name: name.clone(),
-                        generation,
+                    deployments.push(TaskDeployment {
+                        task: TaskKey { vertex: v.id, subtask: i },
+                        attempt: ev.attempt.0,
+                        restore: contexts.remove(&(v.id, i)).unwrap_or_default(),
+                    });
+                }
+            }
+            match &mut gateway {
+                Gateway::Local(running) => {
+                    let tasks = ProcessTasks {
+                        spec: &spec,
+                        settings: &settings,
+                        transport: transport.as_ref(),
                         job_id,
                         storage: storage.clone(),
-                        reports: report_tx.clone(),
-                        mailbox: mrx,
                         started,
                         metrics: metrics.clone(),
-                        is_source: v.is_source,
                         targets: targets.clone(),
-                        processing_time,
-                        chains: Default::default(),
-                        uploads: uploads.clone(),
                         chain_epoch: chain_epoch.clone(),
+                        runtime: tokio::runtime::Handle::current(),
                     };
-                    let reports = report_tx.clone();
-                    handles.push(tokio::spawn(async move {
-                        // Panics in user code are caught at each call into the chain (see
-                        // `task::guarded`); this catches any other panic in the task.
-                        let run = AssertUnwindSafe(run_task(input, env, restore_ctx)).catch_unwind();
-                        if let Err(panic) = run.await {
-                            let message = panic_message(panic.as_ref());
-                            let _ = reports
-                                .send(TaskReport {
-                                    generation,
-                                    task: key,
-                                    event: TaskEvent::Failed(TaskError::Panic { task: name, message }),
-                                })
-                                .await;
-                        }
-                    }));
+                    *running = Some(tasks.spawn(generation, deployments, &report_tx)?);
+                }
+                Gateway::Remote(remote) => {
+                    let common = DeployCommon {
+                        job_id,
+                        graph_fingerprint: graph_fingerprint(job),
+                        settings: settings.clone(),
+                        storage: storage_root.clone(),
+                        chain_epoch: chain_epoch.load(Ordering::Acquire),
+                    };
+                    remote.deploy(generation, job, common, deployments, report_tx.clone()).await?;
                 }
             }
             drop(report_tx);
@@ -703,7 +710,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                     if let Some(span) = spans.get(&id) {
                                         span.in_scope(|| warn!(%task, %reason, "acknowledgement refused"));
                                     }
-                                    chain_epoch.fetch_add(1, Ordering::AcqRel);
+                                    gateway.raise_chain_epoch(&chain_epoch);
                                     coordinator.decline(task, id, CheckpointFailureReason::Declined { task, reason }, now, &mut actions);
                                 } else {
                                     coordinator.acknowledge(task, id, state, metrics, now, &mut actions);
@@ -727,9 +734,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 debug!(%task, ?assignment, "split request");
                                 // An assigned split is in no enumerator snapshot any more: if it
                                 // cannot be delivered, fail (and restore) rather than lose it.
-                                if let Some(m) = mailboxes.get(&task)
-                                    && m.try_send(TaskMessage::Splits(assignment)).is_err()
-                                {
+                                if !gateway.send(task, TaskMessage::Splits(assignment)) {
                                     break Outcome::Failed(format!("cannot deliver a split assignment to {task}: its mailbox is full or closed"));
                                 }
                             }
@@ -822,7 +827,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 continue;
                             }
                             SnapshotKind::Checkpoint => None,
-                            _ => match savepoint_target(&config, dir, job_id) {
+                            _ => match savepoint_target(config, dir, job_id) {
                                 Ok(t) => Some(t),
                                 Err(e) => {
                                     let _ = reply.send(Err(e));
@@ -832,10 +837,10 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         };
                         match coordinator.trigger(kind, now, &mut actions) {
                             Ok(id) => {
-                                let (storage, location) = target.unwrap_or_else(|| {
-                                    (storage.clone(), CheckpointLocation::for_checkpoint(job_id, id))
+                                let (storage, root, location) = target.unwrap_or_else(|| {
+                                    (storage.clone(), storage_root.clone(), CheckpointLocation::for_checkpoint(job_id, id))
                                 });
-                                requested.insert(id, Target { kind, drain, storage, location, reply: Some(reply) });
+                                requested.insert(id, Target { kind, drain, storage, root, location, reply: Some(reply) });
                             }
                             Err(refusal) => {
                                 let _ = reply.send(Err(format!("not triggered: {refusal}")));
@@ -863,9 +868,9 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                             let span = info_span!("checkpoint", id = id.0, kind = ?options.kind);
                             span.in_scope(|| debug!("triggered"));
                             spans.insert(id, span);
-                            let (target_storage, location, drain) = match requested.get(&id) {
-                                Some(t) => (t.storage.clone(), t.location.clone(), t.drain),
-                                None => (storage.clone(), CheckpointLocation::for_checkpoint(job_id, id), false),
+                            let (target_storage, location, drain, root) = match requested.get(&id) {
+                                Some(t) => (t.storage.clone(), t.location.clone(), t.drain, t.root.clone()),
+                                None => (storage.clone(), CheckpointLocation::for_checkpoint(job_id, id), false, storage_root.clone()),
                             };
                             let prepared = if options.kind == SnapshotKind::Checkpoint {
                                 target_storage.init_location(job_id, id).await.map(|_| ()).map_err(|e| e.to_string())
@@ -882,17 +887,19 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 coordinator_states.insert(id, states);
                                 Ok(())
                             });
+                            // A savepoint's directory reaches every subtask before its barriers.
+                            let prepared = match prepared {
+                                Ok(()) if options.kind != SnapshotKind::Checkpoint => {
+                                    gateway.set_target(&targets, id, target_storage, root, location).await
+                                }
+                                other => other,
+                            };
                             match prepared {
                                 Err(e) => coordinator.trigger_failed(id, e, started.elapsed(), &mut actions),
                                 Ok(()) => {
-                                    if let Ok(mut t) = targets.lock() {
-                                        t.insert(id, (target_storage, location));
-                                    }
                                     let barrier = CheckpointBarrier { id, timestamp_ms, options };
                                     for t in tasks {
-                                        if let Some(m) = mailboxes.get(&t)
-                                            && m.try_send(TaskMessage::Trigger(barrier, drain)).is_err()
-                                        {
+                                        if !gateway.send(t, TaskMessage::Trigger(barrier, drain)) {
                                             debug!(task = %t, "trigger not delivered: the task has ended");
                                         }
                                     }
@@ -902,9 +909,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         CoordinatorAction::TriggerFinished { id, timestamp_ms, options, tasks } => {
                             let barrier = CheckpointBarrier { id, timestamp_ms, options };
                             for t in tasks {
-                                if let Some(m) = mailboxes.get(&t)
-                                    && m.try_send(TaskMessage::Trigger(barrier, false)).is_err()
-                                {
+                                if !gateway.send(t, TaskMessage::Trigger(barrier, false)) {
                                     debug!(task = %t, "trigger not delivered: the task has ended");
                                 }
                             }
@@ -912,7 +917,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         CoordinatorAction::Finalize { id, kind, timestamp_ms, acks } => {
                             finalizing.insert(id);
                             let coordinators = coordinator_states.remove(&id).unwrap_or_default();
-                            let metadata = build_metadata(&job, job_id, id, kind, timestamp_ms, &acks, &coordinators);
+                            let metadata = build_metadata(job, job_id, id, kind, timestamp_ms, &acks, &coordinators);
                             let (s, location) = targets
                                 .lock()
                                 .ok()
@@ -939,13 +944,9 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 span.in_scope(|| info!("{s}"));
                             }
                             for t in tasks {
-                                if let Some(m) = mailboxes.get(&t) {
-                                    let _ = m.try_send(TaskMessage::NotifyComplete(id));
-                                }
+                                gateway.send(t, TaskMessage::NotifyComplete(id));
                             }
-                            if let Ok(mut t) = targets.lock() {
-                                t.remove(&id);
-                            }
+                            gateway.clear_target(&targets, id);
                             if let Some(mut t) = requested.remove(&id) {
                                 // Statistics first, so a client answered next sees them.
                                 canceller.publish_stats(&coordinator);
@@ -964,9 +965,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                             let span = spans.remove(&id).unwrap_or_else(tracing::Span::none);
                             span.in_scope(|| info!(%reason, "checkpoint aborted"));
                             coordinator_states.remove(&id);
-                            if let Ok(mut t) = targets.lock() {
-                                t.remove(&id);
-                            }
+                            gateway.clear_target(&targets, id);
                             if let Some(mut t) = requested.remove(&id)
                                 && let Some(reply) = t.reply.take()
                             {
@@ -974,9 +973,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 let _ = reply.send(Err(format!("snapshot {id} failed: {reason}")));
                             }
                             for t in tasks {
-                                if let Some(m) = mailboxes.get(&t) {
-                                    let _ = m.try_send(TaskMessage::NotifyAborted(id));
-                                }
+                                gateway.send(t, TaskMessage::NotifyAborted(id));
                             }
                             discard_shared(&mut discards, &storage, job_id, registry.release(id));
                             let s = storage.clone();
@@ -995,25 +992,11 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             };
             // Tear this generation down. Checkpoints whose `_metadata` is being written finish
             // first: they are complete (every subtask acknowledged) and may be the restore point.
-            if matches!(outcome, Outcome::Finished) {
-                // Every task finished: now, and only now, they may commit what they held back.
-                for m in mailboxes.values() {
-                    if m.try_send(TaskMessage::JobFinished).is_err() {
-                        warn!("a finished task did not take the job's end");
-                    }
-                }
-            } else {
-                for h in &handles {
-                    h.abort();
-                }
-            }
-            // An abort takes effect at a task's next await: wait until every task has stopped, so
-            // nothing of this generation runs on (or counts) once the next one starts or the
-            // result is read.
-            let stopped = tokio::time::timeout(TEARDOWN_WAIT, futures::future::join_all(handles)).await;
-            if stopped.is_err() {
-                warn!("some tasks did not stop within {TEARDOWN_WAIT:?}");
-            }
+            // After a finished job, every task commits what it held back (now, and only now);
+            // otherwise each is aborted. An abort takes effect at a task's next await: wait until
+            // every task has stopped, so nothing of this generation runs on (or counts) once the
+            // next one starts or the result is read.
+            gateway.stop(matches!(outcome, Outcome::Finished)).await;
             let give_up = Instant::now() + FINALIZE_WAIT;
             while !finalizing.is_empty() {
                 let Ok(Some(f)) = tokio::time::timeout_at(give_up.into(), finalize_rx.recv()).await else {
@@ -1067,7 +1050,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             // acknowledge now belongs to no checkpoint, and their shared files go.
             let give_up = Instant::now() + FINALIZE_WAIT;
             loop {
-                let idle = uploads.load(Ordering::Acquire) == 0;
+                let idle = gateway.uploads_idle();
                 while let Ok(report) = report_rx.try_recv() {
                     if let TaskEvent::Acknowledge { state, .. } = &report.event {
                         discard_shared(&mut discards, &storage, job_id, registry.unreferenced_in(state));
@@ -1138,6 +1121,9 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         warn!("discarding old checkpoints did not finish within {FINALIZE_WAIT:?}");
                     }
                     info!(?status, restarts = restart.restarts(), completed, failed, "job ended");
+                    if let Gateway::Remote(remote) = &gateway {
+                        remote.shutdown().await;
+                    }
                     return Ok(JobResult {
                         job_id,
                         status,

@@ -8,6 +8,7 @@
 //! - `task`: the stream task's mailbox loop and the subtask side of checkpoints (steps 0–4).
 //! - `deploy`: turning a JobGraph vertex into a running chain from typed node factories.
 //! - `job`: the job master: deployment, the coordinator's actions, failover.
+//! - `gateway`: how the job master reaches its subtasks: in this process, or on task managers.
 //! - `restore`: choosing a checkpoint and assigning its state to subtasks.
 //! - [`restart`]: restart strategies. [`config`]: job configuration.
 //! - [`cli`]: the `weir` command-line tool (`weir checkpoints list | inspect | verify`).
@@ -26,6 +27,7 @@ pub mod config;
 pub(crate) mod deploy;
 pub mod env;
 pub mod error;
+pub(crate) mod gateway;
 pub(crate) mod job;
 pub mod keyed;
 pub mod operator;

@@ -44,7 +44,7 @@ pub trait Output<T>: Send {
 }
 
 /// The state one operator restores from, fetched by the job master before deployment.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct RestoredOperatorState {
     /// Keyed state: each handle that overlaps this subtask's key groups, with the bytes of its
     /// header and of the sections this subtask owns.
@@ -54,7 +54,7 @@ pub struct RestoredOperatorState {
 }
 
 /// Keyed-state bytes for one handle.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct RestoredKeyed {
     /// The handle.
     pub handle: KeyedStateHandle,
@@ -68,7 +68,7 @@ pub struct RestoredKeyed {
 }
 
 /// Where a subtask stands, and what it restores from.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct RestoreContext {
     /// Per operator.
     pub operators: HashMap<OperatorId, RestoredOperatorState>,

@@ -408,6 +408,35 @@ impl<K: Ord + Clone, V: Clone> LatestHandle<K, V> {
     }
 }
 
+/// A handle whose published values cross processes: in cluster mode, each task manager sends
+/// what its sinks published when the job finishes, and the job manager merges it into its own
+/// handle (the program built the same handles in every process, in the same order).
+pub(crate) trait SharedResult: Send + Sync {
+    /// What this process published, encoded.
+    fn encode(&self) -> Result<Vec<u8>, String>;
+    /// Adds what another process published.
+    fn merge(&self, bytes: &[u8]) -> Result<(), String>;
+}
+
+impl<K, V> SharedResult for LatestHandle<K, V>
+where
+    K: Ord + Clone + Serialize + DeserializeOwned + Send + 'static,
+    V: Clone + Serialize + DeserializeOwned + Send + 'static,
+{
+    fn encode(&self) -> Result<Vec<u8>, String> {
+        postcard::to_stdvec(&*lock(&self.map)).map_err(|e| format!("cannot encode results: {e}"))
+    }
+
+    fn merge(&self, bytes: &[u8]) -> Result<(), String> {
+        let other: BTreeMap<K, V> =
+            postcard::from_bytes(bytes).map_err(|e| format!("corrupt results: {e}"))?;
+        // Values published at the end of input are final: the same key has the same value
+        // wherever (and however often) it was published.
+        lock(&self.map).extend(other);
+        Ok(())
+    }
+}
+
 impl<K: StateKey + Ord, A, V: StateValue> LatestPerKeySink<K, A, V> {
     /// A sink over `base`'s keyed state, keyed by `key`, publishing into `handle`.
     pub fn new(base: KeyedBase<K>, key: KeyFn<(A, V), K>, handle: LatestHandle<K, V>) -> Self {

@@ -55,7 +55,7 @@ pub trait SourceFunction<T>: Send + 'static {
 }
 
 /// What an enumerator answers a reader that asks for work.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum SplitAssignment {
     /// These splits, encoded for the reader.
     Splits(Vec<Vec<u8>>),

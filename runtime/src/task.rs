@@ -36,7 +36,7 @@ use weir_network::{Data, InputGate};
 use weir_state::SnapshotScope;
 
 /// A message from the job master to a task, served by its mailbox.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) enum TaskMessage {
     /// Start checkpoint `barrier.id` (sources only; others get barriers in-band). For a
     /// synchronous savepoint, `drain` first advances event time to the end.
@@ -52,7 +52,7 @@ pub(crate) enum TaskMessage {
 }
 
 /// What a task reports to the job master.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) enum TaskEvent {
     Running,
     Acknowledge {
@@ -71,7 +71,7 @@ pub(crate) enum TaskEvent {
 }
 
 /// A report, tagged with the deployment generation it belongs to.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct TaskReport {
     pub generation: u64,
     pub task: TaskKey,

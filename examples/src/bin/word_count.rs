@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use weir_examples::{WordCountOptions, build};
+use weir_runtime::cluster::{ClusterRole, HeartbeatConfig, JobManagerOptions, TaskManagerOptions};
 use weir_runtime::{CheckpointingMode, JobClient, JobStatus, StorageConfig};
 
 /// Records cross threads (made by a source, freed by a sink): mimalloc frees them without the
@@ -96,6 +97,40 @@ struct Args {
     /// the latest completed one (savepoints stay full).
     #[arg(long)]
     incremental: bool,
+    /// Cluster mode: `jobmanager` runs the job master and the checkpoint coordinator, and
+    /// deploys the subtasks to task managers (with --listen); task managers are started with
+    /// --jobmanager. Every process takes the same job arguments.
+    #[arg(long, value_enum)]
+    role: Option<Role>,
+    /// With --role jobmanager: where task managers register, e.g. 127.0.0.1:6123.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Run as a task manager of the job manager at this address.
+    #[arg(long)]
+    jobmanager: Option<std::net::SocketAddr>,
+    /// With --jobmanager: slots offered (each runs one subtask of every operator).
+    #[arg(long, default_value_t = 1)]
+    slots: u32,
+    /// With --jobmanager: the address the data transport listens on (default: this host's
+    /// address on the route to the job manager).
+    #[arg(long)]
+    data_bind: Option<std::net::IpAddr>,
+    /// Cluster heartbeats: how often a task manager sends one.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    heartbeat_interval: Duration,
+    /// Cluster heartbeats: how long without one before the other side is lost.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    heartbeat_timeout: Duration,
+    /// With --role jobmanager: how long a deployment waits for enough task slots.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    slot_timeout: Duration,
+}
+
+/// `--role`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Role {
+    /// The job manager of a cluster.
+    Jobmanager,
 }
 
 /// `--mode`.
@@ -122,6 +157,52 @@ fn checkpoint_storage(dir: &Path) -> Result<StorageConfig> {
         Some(location) => StorageConfig::from_location(location)
             .with_context(|| format!("--checkpoint-dir {location}")),
         None => Ok(StorageConfig::Filesystem(dir.to_path_buf())),
+    }
+}
+
+/// The cluster role the flags ask for, if any.
+fn cluster_role(args: &Args) -> Result<Option<ClusterRole>> {
+    let heartbeat = HeartbeatConfig {
+        interval: args.heartbeat_interval,
+        timeout: args.heartbeat_timeout,
+    };
+    match (args.role, args.jobmanager) {
+        (Some(_), Some(_)) => bail!("--role jobmanager and --jobmanager exclude each other"),
+        (Some(Role::Jobmanager), None) => {
+            let listen = args
+                .listen
+                .context("--role jobmanager needs --listen ADDR, e.g. 127.0.0.1:6123")?;
+            heartbeat
+                .validate()
+                .map_err(anyhow::Error::msg)
+                .context("--heartbeat-interval / --heartbeat-timeout")?;
+            if args.slot_timeout.is_zero() {
+                bail!("--slot-timeout must be greater than zero");
+            }
+            let mut options = JobManagerOptions::new(listen);
+            options.heartbeat = heartbeat;
+            options.slot_timeout = args.slot_timeout;
+            Ok(Some(ClusterRole::JobManager(options)))
+        }
+        (None, Some(jobmanager)) => {
+            if args.slots == 0 {
+                bail!("--slots must be at least 1");
+            }
+            if args.listen.is_some() {
+                bail!("--listen is for --role jobmanager; a task manager takes --data-bind");
+            }
+            let mut options = TaskManagerOptions::new(jobmanager, args.slots);
+            options.bind = args.data_bind;
+            // A task manager outlives a job manager restart by this much.
+            options.connect_timeout = args.heartbeat_timeout.max(Duration::from_secs(30));
+            Ok(Some(ClusterRole::TaskManager(options)))
+        }
+        (None, None) => {
+            if args.listen.is_some() {
+                bail!("--listen needs --role jobmanager");
+            }
+            Ok(None)
+        }
     }
 }
 
@@ -155,6 +236,7 @@ async fn main() -> Result<()> {
         bail!("--checkpoint-every-records must be at least 1");
     }
     let storage = checkpoint_storage(&args.checkpoint_dir)?;
+    let cluster = cluster_role(&args)?;
     let opts = WordCountOptions {
         records: (args.records > 0).then_some(args.records),
         parallelism: args.parallelism,
@@ -184,6 +266,8 @@ async fn main() -> Result<()> {
     };
     let (env, totals, _injector) = build(&opts);
     env.set_checkpoint_storage(storage);
+    let is_task_manager = matches!(cluster, Some(ClusterRole::TaskManager(_)));
+    env.config_mut().cluster = cluster;
     let client = JobClient::default();
     let c = client.clone();
     tokio::spawn(async move {
@@ -219,9 +303,18 @@ async fn main() -> Result<()> {
         .execute_with(client)
         .await
         .context("word_count failed")?;
-    let totals = totals.get();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    if is_task_manager {
+        // The totals and statistics are the job manager's to report.
+        writeln!(
+            out,
+            "task manager done: source_records={}",
+            result.source_records
+        )?;
+        return Ok(());
+    }
+    let totals = totals.get();
     if !args.print {
         let line: Vec<String> = totals.iter().map(|(k, v)| format!("{k}={v}")).collect();
         writeln!(out, "totals: {}", line.join(" "))?;

@@ -4,8 +4,9 @@
 
 use super::HeartbeatConfig;
 use super::membership::{Membership, MembershipEvent, TaskManagerId, TaskManagerInfo};
-use super::rpc::{JobManagerService, Registration};
+use super::rpc::{FETCH_WAIT, JobManagerService, MAX_FRAME, Registration};
 use futures::prelude::*;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -16,8 +17,6 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-/// The largest RPC message the job manager accepts.
-const MAX_FRAME: usize = 16 << 20;
 /// How long the job manager waits after failing to accept a connection.
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -30,6 +29,84 @@ struct Service {
     events: mpsc::UnboundedSender<MembershipEvent>,
     /// Wakes the loss detector when a member joins (its deadline may be the earliest).
     joined: Arc<Notify>,
+    outboxes: Outboxes,
+    inbound: mpsc::UnboundedSender<(TaskManagerId, Vec<u8>)>,
+}
+
+/// The messages waiting for each registered task manager's next fetch.
+#[derive(Clone, Default)]
+pub struct Outboxes {
+    boxes: Arc<Mutex<HashMap<TaskManagerId, Outbox>>>,
+}
+
+#[derive(Default)]
+struct Outbox {
+    queue: VecDeque<Vec<u8>>,
+    ready: Arc<Notify>,
+}
+
+impl Outboxes {
+    fn open(&self, id: TaskManagerId) {
+        if let Ok(mut b) = self.boxes.lock() {
+            b.insert(id, Outbox::default());
+        }
+    }
+
+    fn close(&self, id: TaskManagerId) {
+        if let Ok(mut b) = self.boxes.lock() {
+            b.remove(&id);
+        }
+    }
+
+    /// Queues `message` for task manager `id`; false if it is not registered.
+    pub fn post(&self, id: TaskManagerId, message: Vec<u8>) -> bool {
+        let Ok(mut b) = self.boxes.lock() else {
+            return false;
+        };
+        match b.get_mut(&id) {
+            Some(outbox) => {
+                outbox.queue.push_back(message);
+                outbox.ready.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether every message posted to `id` has been fetched (true if it is gone).
+    pub fn drained(&self, id: TaskManagerId) -> bool {
+        self.boxes
+            .lock()
+            .map(|b| b.get(&id).is_none_or(|o| o.queue.is_empty()))
+            .unwrap_or(true)
+    }
+
+    /// Takes what is queued for `id`, waiting until `deadline` for something.
+    async fn take(&self, id: TaskManagerId, deadline: Instant) -> Result<Vec<Vec<u8>>, String> {
+        loop {
+            let ready = {
+                let mut b = self
+                    .boxes
+                    .lock()
+                    .map_err(|_| "the job manager's outbox lock is poisoned".to_string())?;
+                let outbox = b
+                    .get_mut(&id)
+                    .ok_or_else(|| format!("task manager {id} is not registered"))?;
+                if !outbox.queue.is_empty() {
+                    return Ok(outbox.queue.drain(..).collect());
+                }
+                outbox.ready.clone()
+            };
+            // `notify_one` keeps a permit when nobody waits, so a post between the check and
+            // here is not missed.
+            if tokio::time::timeout_at(deadline.into(), ready.notified())
+                .await
+                .is_err()
+            {
+                return Ok(Vec::new());
+            }
+        }
+    }
 }
 
 impl Service {
@@ -58,6 +135,7 @@ impl JobManagerService for Service {
             heartbeat_interval: self.config.interval,
             heartbeat_timeout: self.config.timeout,
         };
+        self.outboxes.open(*id);
         let _ = self.events.send(event);
         self.joined.notify_one();
         Ok(registration)
@@ -74,9 +152,32 @@ impl JobManagerService for Service {
             .with_membership(|m| m.leave(id))?
             .map_err(|e| e.to_string())?;
         info!(task_manager = %id, "task manager left");
+        self.outboxes.close(id);
         let _ = self.events.send(event);
         Ok(())
     }
+
+    async fn report(self, _: Context, id: TaskManagerId, messages: Vec<u8>) -> Result<(), String> {
+        if !self.with_membership(|m| m.contains(id))? {
+            return Err(format!("task manager {id} is not registered"));
+        }
+        self.inbound
+            .send((id, messages))
+            .map_err(|_| "the job manager is shutting down".to_string())
+    }
+
+    async fn fetch(self, _: Context, id: TaskManagerId) -> Result<Vec<Vec<u8>>, String> {
+        self.outboxes.take(id, Instant::now() + FETCH_WAIT).await
+    }
+}
+
+/// What reaches the job manager from task managers.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A change of membership.
+    Membership(MembershipEvent),
+    /// Messages a task manager reported (the task protocol, encoded).
+    Report(TaskManagerId, Vec<u8>),
 }
 
 /// A running job manager control plane. Dropping it stops the server: task managers then lose
@@ -85,6 +186,8 @@ pub struct JobManagerServer {
     addr: SocketAddr,
     membership: Arc<Mutex<Membership>>,
     events: mpsc::UnboundedReceiver<MembershipEvent>,
+    inbound: mpsc::UnboundedReceiver<(TaskManagerId, Vec<u8>)>,
+    outboxes: Outboxes,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -102,12 +205,16 @@ impl JobManagerServer {
         let addr = listener.local_addr();
         let membership = Arc::new(Mutex::new(Membership::new(config.timeout)));
         let (events_tx, events) = mpsc::unbounded_channel();
+        let (inbound_tx, inbound) = mpsc::unbounded_channel();
+        let outboxes = Outboxes::default();
         let service = Service {
             membership: membership.clone(),
             started: Instant::now(),
             config,
             events: events_tx,
             joined: Arc::new(Notify::new()),
+            outboxes: outboxes.clone(),
+            inbound: inbound_tx,
         };
         let serve = service.clone();
         let server = tokio::spawn(async move {
@@ -121,8 +228,13 @@ impl JobManagerServer {
                     Ok(transport) => {
                         let channel = BaseChannel::with_defaults(transport);
                         let serve = serve.clone();
-                        connections
-                            .spawn(channel.execute(serve.serve()).for_each(|response| response));
+                        // Requests on one connection run concurrently: a long-polling fetch
+                        // must not hold up the heartbeats and reports behind it.
+                        connections.spawn(
+                            channel
+                                .execute(serve.serve())
+                                .for_each_concurrent(None, |response| response),
+                        );
                     }
                     Err(e) => {
                         // Out of file descriptors, say: do not spin on it.
@@ -138,6 +250,8 @@ impl JobManagerServer {
             addr,
             membership,
             events,
+            inbound,
+            outboxes,
             tasks: vec![server, detector],
         })
     }
@@ -150,6 +264,24 @@ impl JobManagerServer {
     /// The next change of membership.
     pub async fn next_event(&mut self) -> Option<MembershipEvent> {
         self.events.recv().await
+    }
+
+    /// The next messages a task manager reported (the task protocol, encoded).
+    pub async fn next_inbound(&mut self) -> Option<(TaskManagerId, Vec<u8>)> {
+        self.inbound.recv().await
+    }
+
+    /// The next change of membership or the next report, whichever comes first.
+    pub async fn next_incoming(&mut self) -> Option<Incoming> {
+        tokio::select! {
+            event = self.events.recv() => event.map(Incoming::Membership),
+            inbound = self.inbound.recv() => inbound.map(|(id, bytes)| Incoming::Report(id, bytes)),
+        }
+    }
+
+    /// Where messages to task managers are queued for their next fetch.
+    pub fn outboxes(&self) -> Outboxes {
+        self.outboxes.clone()
     }
 
     /// The registered task managers, by id.
@@ -207,6 +339,7 @@ async fn detect_losses(service: Service) {
             } = &event
             {
                 warn!(task_manager = %id, name = %info.name, silent_for = ?silent_for, "task manager lost: no heartbeat within the timeout");
+                service.outboxes.close(*id);
             }
             let _ = service.events.send(event);
         }

@@ -167,6 +167,11 @@ impl Membership {
         self.members.iter().map(|(id, m)| (*id, &m.info))
     }
 
+    /// Whether `id` is registered.
+    pub fn contains(&self, id: TaskManagerId) -> bool {
+        self.members.contains_key(&id)
+    }
+
     /// Slots over every registered task manager.
     pub fn total_slots(&self) -> u32 {
         self.members.values().map(|m| m.info.slots).sum()

@@ -1,5 +1,7 @@
-//! Cluster mode's control plane: task managers register with the job manager over RPC, and
-//! heartbeats in both directions tell each side when the other is gone.
+//! Cluster mode: a job manager and task managers, each a process running the same job binary
+//! (as timely and Bytewax clusters do), so a task manager builds the job's operators itself and
+//! is only told which subtasks to run. Task managers register with the job manager over RPC,
+//! and heartbeats in both directions tell each side when the other is gone.
 //!
 //! - [`membership`]: the registered task managers and their heartbeat timeouts, as a pure state
 //!   machine.
@@ -9,6 +11,18 @@
 //!   (registered, lost, left) for the job master to act on.
 //! - [`taskmanager`]: the task manager's side: registration (retried until the job manager is
 //!   up) and the heartbeat loop, which ends when the job manager is lost.
+//! - `protocol`: the task protocol inside the RPC calls: deployments, messages to subtasks, and
+//!   their reports (postcard, versioned).
+//! - `jobmaster`: the job master's gateway to subtasks on task managers: slots, placement,
+//!   ordered delivery, and a lost task manager turned into a task failure.
+//! - `taskexecutor`: a task manager's main loop: it runs what it is deployed, and rejoins (or
+//!   exits) when the job manager is lost.
+//! - `transport`: a task manager's data transport: in process between its own subtasks, TCP to
+//!   other task managers.
+//!
+//! The job manager reaches task managers without connecting to them: each task manager long-polls
+//! ([`rpc::JobManagerService::fetch`]) for what is queued for it, in order, and sends its reports
+//! in order on the same connection.
 //!
 //! Heartbeats: every `heartbeat_interval` a task manager calls `heartbeat`. The job manager
 //! declares a task manager lost when none arrived for `heartbeat_timeout`; a task manager
@@ -18,10 +32,15 @@
 //! link, a stuck machine.
 
 pub mod jobmanager;
+pub(crate) mod jobmaster;
 pub mod membership;
+pub(crate) mod protocol;
 pub mod rpc;
+pub(crate) mod taskexecutor;
 pub mod taskmanager;
+pub(crate) mod transport;
 
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 pub use jobmanager::JobManagerServer;
@@ -70,5 +89,66 @@ impl HeartbeatConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// Which part of a cluster this process plays; absent from a [`crate::JobConfig`], the whole job
+/// runs in this process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterRole {
+    /// The job manager: runs the job master and the checkpoint coordinator, and deploys the
+    /// subtasks to task managers.
+    JobManager(JobManagerOptions),
+    /// A task manager: offers slots to the job manager and runs the subtasks it is given.
+    TaskManager(TaskManagerOptions),
+}
+
+/// How a job manager runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobManagerOptions {
+    /// Where task managers register (port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// Heartbeat interval and timeout.
+    pub heartbeat: HeartbeatConfig,
+    /// How long a deployment waits for task managers to offer enough slots (Flink's
+    /// `slot.request.timeout`) before the job fails.
+    pub slot_timeout: Duration,
+}
+
+impl JobManagerOptions {
+    /// Listening on `listen`, with the default heartbeats and a 5-minute slot timeout.
+    pub fn new(listen: SocketAddr) -> JobManagerOptions {
+        JobManagerOptions {
+            listen,
+            heartbeat: HeartbeatConfig::default(),
+            slot_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// How a task manager runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskManagerOptions {
+    /// The job manager's address.
+    pub jobmanager: SocketAddr,
+    /// Slots offered: each runs one subtask of every vertex.
+    pub slots: u32,
+    /// The address its data transport listens on; `None`: this host's address on the route
+    /// to the job manager.
+    pub bind: Option<IpAddr>,
+    /// How long it tries to reach the job manager, at start and after losing it, before it
+    /// gives up.
+    pub connect_timeout: Duration,
+}
+
+impl TaskManagerOptions {
+    /// `slots` slots for the job manager at `jobmanager`, trying to reach it for a minute.
+    pub fn new(jobmanager: SocketAddr, slots: u32) -> TaskManagerOptions {
+        TaskManagerOptions {
+            jobmanager,
+            slots,
+            bind: None,
+            connect_timeout: Duration::from_secs(60),
+        }
     }
 }

@@ -5,6 +5,13 @@ use super::membership::{TaskManagerId, TaskManagerInfo};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
+/// How long a [`fetch`](JobManagerService::fetch) waits for a message before it answers with
+/// none.
+pub const FETCH_WAIT: Duration = Duration::from_secs(1);
+
+/// The largest RPC frame either side accepts: deployments carry the state they restore.
+pub const MAX_FRAME: usize = 1 << 30;
+
 /// What a task manager learns when it registers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registration {
@@ -26,4 +33,11 @@ pub trait JobManagerService {
     async fn heartbeat(id: TaskManagerId) -> Result<(), String>;
     /// A task manager leaves on its own.
     async fn unregister(id: TaskManagerId) -> Result<(), String>;
+    /// Messages from a task manager about its subtasks, in order (the task protocol, encoded).
+    /// `Err`: the job manager does not know it.
+    async fn report(id: TaskManagerId, messages: Vec<u8>) -> Result<(), String>;
+    /// Takes the messages queued for a task manager, waiting up to [`FETCH_WAIT`] for one (a
+    /// long poll: the job manager reaches task managers without connecting to them). `Err`: the
+    /// job manager does not know it.
+    async fn fetch(id: TaskManagerId) -> Result<Vec<Vec<u8>>, String>;
 }

@@ -3,7 +3,7 @@
 
 use super::HeartbeatConfig;
 use super::membership::{TaskManagerId, TaskManagerInfo};
-use super::rpc::{JobManagerServiceClient, Registration};
+use super::rpc::{FETCH_WAIT, JobManagerServiceClient, MAX_FRAME, Registration};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tarpc::client;
@@ -54,7 +54,7 @@ impl TaskManagerSession {
         let mut delay = Duration::from_millis(20);
         let transport = loop {
             let mut connect = tarpc::serde_transport::tcp::connect(jobmanager, Bincode::default);
-            connect.config_mut().max_frame_length(16 << 20);
+            connect.config_mut().max_frame_length(MAX_FRAME);
             // An address that drops packets would otherwise hold one attempt for minutes.
             let attempt = tokio::time::timeout_at(give_up.into(), connect)
                 .await
@@ -130,7 +130,11 @@ impl TaskManagerSession {
         loop {
             ticker.tick().await;
             let mut ctx = context::current();
-            ctx.deadline = Instant::now() + interval;
+            // An answer counts until the timeout would pass: a slow answer is not a lost one.
+            ctx.deadline = Instant::now()
+                + timeout
+                    .saturating_sub(last_answered.elapsed())
+                    .max(interval);
             match self.client.heartbeat(ctx, id).await {
                 Ok(Ok(())) => last_answered = Instant::now(),
                 Ok(Err(refused)) => {
@@ -155,6 +159,28 @@ impl TaskManagerSession {
                 }
             }
         }
+    }
+
+    /// Sends messages about this task manager's subtasks (the task protocol, encoded), within
+    /// `within`.
+    pub async fn report(&self, messages: Vec<u8>, within: Duration) -> Result<(), String> {
+        let mut ctx = context::current();
+        ctx.deadline = deadline_after(within);
+        self.client
+            .report(ctx, self.registration.id, messages)
+            .await
+            .map_err(|e| format!("reporting to the job manager failed: {e}"))?
+    }
+
+    /// Takes the messages the job manager queued for this task manager, waiting up to
+    /// [`FETCH_WAIT`] for one.
+    pub async fn fetch(&self) -> Result<Vec<Vec<u8>>, String> {
+        let mut ctx = context::current();
+        ctx.deadline = deadline_after(FETCH_WAIT + self.registration.heartbeat_interval);
+        self.client
+            .fetch(ctx, self.registration.id)
+            .await
+            .map_err(|e| format!("fetching from the job manager failed: {e}"))?
     }
 
     /// Leaves the cluster cleanly.

@@ -1,0 +1,219 @@
+//! A loopback cluster of separate processes: a job manager and two task managers run
+//! `word_count` at parallelism 4, checkpointing to S3 on a local `s3s-fs` server. One task
+//! manager is killed with SIGKILL mid-run and a new one started; the job recovers from its
+//! latest checkpoint and the job manager's totals equal those computed without the engine.
+//! Needs `WEIR_S3FS_BIN` (`cargo xtask test` sets it).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../checkpoint/tests/support/s3_server.rs"]
+mod s3_server;
+
+use s3_server::{S3Server, files_under};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use weir_examples::expected_totals;
+
+/// Children killed when the test ends, whatever happened.
+struct Processes(Vec<Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `word_count` with the job arguments every process of the cluster shares, and `role`'s.
+fn word_count(job: &[String], role: &[String], env: &[(&str, String)], log: &Path) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_word_count"));
+    cmd.args(job)
+        .args(role)
+        .env("RUST_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap());
+    cmd.spawn().unwrap()
+}
+
+fn wait_output(child: Child, within: Duration) -> Output {
+    let give_up = Instant::now() + within;
+    let mut child = child;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if Instant::now() > give_up {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "did not end within {within:?}; stdout:\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn parse_totals(file: &Path) -> BTreeMap<String, i64> {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once(',').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+fn summary_field(stdout: &str, key: &str) -> u64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("summary: "))
+        .unwrap_or_else(|| panic!("no summary line in:\n{stdout}"));
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+        .parse()
+        .unwrap()
+}
+
+fn completed_checkpoints(bucket: &Path) -> usize {
+    files_under(bucket)
+        .iter()
+        .filter(|f| f.ends_with("/_metadata"))
+        .count()
+}
+
+fn log_tail(path: &PathBuf) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+#[test]
+fn a_task_manager_killed_mid_run_is_replaced_and_the_totals_are_exact() {
+    let server = S3Server::start("weir-cluster");
+    let env = server.env();
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 1_500_000u64;
+    let out = tmp.path().join("totals.csv");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let job: Vec<String> = [
+        "--records",
+        &records.to_string(),
+        "--parallelism",
+        "4",
+        "--checkpoint-interval",
+        "50ms",
+        "--checkpoint-dir",
+        "s3://weir-cluster/wc",
+        // Stretches the run so that the kill lands in its middle.
+        "--sink-delay",
+        "2us",
+        "--heartbeat-interval",
+        "100ms",
+        "--heartbeat-timeout",
+        "2s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let log = |name: &str| tmp.path().join(format!("{name}.log"));
+    let task_manager = |name: &str| {
+        word_count(
+            &job,
+            &[
+                "--jobmanager".into(),
+                addr.clone(),
+                "--slots".into(),
+                "2".into(),
+            ],
+            &env,
+            &log(name),
+        )
+    };
+    let mut procs = Processes(Vec::new());
+    procs.0.push(word_count(
+        &job,
+        &[
+            "--role".into(),
+            "jobmanager".into(),
+            "--listen".into(),
+            addr.clone(),
+            "--output".into(),
+            out.to_str().unwrap().into(),
+        ],
+        &env,
+        &log("jobmanager"),
+    ));
+    procs.0.push(task_manager("tm1"));
+    procs.0.push(task_manager("tm2"));
+
+    // Once a checkpoint is complete in the bucket, the first task manager dies.
+    let give_up = Instant::now() + Duration::from_secs(120);
+    while completed_checkpoints(&server.bucket_dir()) == 0 {
+        assert!(
+            Instant::now() < give_up,
+            "no checkpoint completed; job manager log:\n{}",
+            log_tail(&log("jobmanager"))
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    procs.0[1].kill().unwrap();
+    procs.0[1].wait().unwrap();
+    procs.0.push(task_manager("tm3"));
+
+    let jm = procs.0.remove(0);
+    let jm = wait_output(jm, Duration::from_secs(240));
+    let stdout = String::from_utf8_lossy(&jm.stdout).into_owned();
+    assert!(
+        jm.status.success(),
+        "job manager failed; stdout:\n{stdout}\nlog:\n{}",
+        log_tail(&log("jobmanager"))
+    );
+    assert_eq!(
+        parse_totals(&out),
+        expected_totals(records, 42),
+        "exactly-once totals after losing a task manager, as computed without the engine"
+    );
+    assert!(
+        summary_field(&stdout, "restarts") >= 1,
+        "the kill did not land mid-run:\n{stdout}"
+    );
+    let jm_log = std::fs::read_to_string(log("jobmanager")).unwrap();
+    assert!(
+        jm_log.contains("a task manager running subtasks was lost"),
+        "the loss was not detected by heartbeats:\n{}",
+        log_tail(&log("jobmanager"))
+    );
+    assert!(
+        jm_log.contains("restoring"),
+        "the job did not restore from a checkpoint:\n{}",
+        log_tail(&log("jobmanager"))
+    );
+
+    // The survivors and the replacement leave when the job ends.
+    for tm in procs.0.drain(1..) {
+        let o = wait_output(tm, Duration::from_secs(30));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("task manager done"));
+    }
+    let tm3_log = std::fs::read_to_string(log("tm3")).unwrap();
+    assert!(
+        tm3_log.contains("deployed"),
+        "the replacement ran no subtasks:\n{}",
+        log_tail(&log("tm3"))
+    );
+}

@@ -1,0 +1,508 @@
+//! The job manager's side of running a job on task managers: waiting for slots, placing each
+//! generation's subtasks, delivering the master's messages in order, and routing what task
+//! managers report (subtask reports, source counts, published results) back to the master. A
+//! task manager that is lost while it runs subtasks fails them, which the restart strategy
+//! handles like any task failure.
+
+use super::jobmanager::{Incoming, JobManagerServer, Outboxes};
+use super::membership::{MembershipEvent, TaskManagerId, TaskManagerInfo};
+use super::protocol::{Deploy, FromTaskManager, ToTaskManager, decode, encode};
+use super::{HeartbeatConfig, JobManagerOptions};
+use crate::error::{JobError, TaskError};
+use crate::gateway::{TaskDeployment, TaskSettings};
+use crate::sink::SharedResult;
+use crate::task::{JobMetrics, TaskEvent, TaskMessage, TaskReport};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, info_span, warn};
+use weir_checkpoint::coordinator::TaskKey;
+use weir_checkpoint::storage::CheckpointLocation;
+use weir_core::graph::JobGraph;
+use weir_core::ids::{CheckpointId, JobId};
+
+/// How long a stop waits for task managers to report their subtasks and uploads stopped.
+const STOP_WAIT: Duration = Duration::from_secs(25);
+/// How long a savepoint's target may take to reach every task manager.
+const TARGET_WAIT: Duration = Duration::from_secs(10);
+/// How long the job manager waits, at the end, for task managers to take their shutdown.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(3);
+
+/// What a deployment tells every task manager, besides its own subtasks.
+pub(crate) struct DeployCommon {
+    pub job_id: JobId,
+    pub graph_fingerprint: u128,
+    pub settings: TaskSettings,
+    pub storage: Option<String>,
+    pub chain_epoch: u64,
+}
+
+/// What the router shares with the gateway.
+#[derive(Default)]
+struct RouterState {
+    members: BTreeMap<TaskManagerId, TaskManagerInfo>,
+    generation: u64,
+    placement: HashMap<TaskKey, TaskManagerId>,
+    /// Task managers running subtasks of the current generation.
+    hosting: BTreeSet<TaskManagerId>,
+    /// Of those, the ones whose subtasks have stopped (or that are gone).
+    stopped: BTreeSet<TaskManagerId>,
+    target_acks: HashMap<CheckpointId, BTreeSet<TaskManagerId>>,
+    /// Where the current generation's reports go, while it runs.
+    reports: Option<mpsc::Sender<TaskReport>>,
+    /// Each task manager's latest count of records its sources emitted.
+    source_counts: HashMap<TaskManagerId, u64>,
+}
+
+/// What the router needs from the job.
+struct RouterContext {
+    metrics: Arc<JobMetrics>,
+    started: Instant,
+    results: Vec<Arc<dyn SharedResult>>,
+}
+
+/// The master's way to subtasks running on task managers.
+pub(crate) struct RemoteGateway {
+    addr: SocketAddr,
+    state: Arc<Mutex<RouterState>>,
+    changed: Arc<Notify>,
+    outboxes: Outboxes,
+    router: JoinHandle<()>,
+    slot_timeout: Duration,
+}
+
+fn lock(state: &Mutex<RouterState>) -> MutexGuard<'_, RouterState> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Drop for RemoteGateway {
+    fn drop(&mut self) {
+        self.router.abort();
+    }
+}
+
+impl RemoteGateway {
+    /// Starts the job manager's control plane on `options.listen`.
+    pub async fn start(
+        options: &JobManagerOptions,
+        metrics: Arc<JobMetrics>,
+        started: Instant,
+        results: Vec<Arc<dyn SharedResult>>,
+    ) -> Result<RemoteGateway, JobError> {
+        let heartbeat: HeartbeatConfig = options.heartbeat;
+        let server = JobManagerServer::start(options.listen, heartbeat)
+            .await
+            .map_err(JobError::Invalid)?;
+        let addr = server.local_addr();
+        let state = Arc::new(Mutex::new(RouterState::default()));
+        let changed = Arc::new(Notify::new());
+        let outboxes = server.outboxes();
+        let router = tokio::spawn(route(
+            server,
+            state.clone(),
+            changed.clone(),
+            RouterContext {
+                metrics,
+                started,
+                results,
+            },
+        ));
+        Ok(RemoteGateway {
+            addr,
+            state,
+            changed,
+            outboxes,
+            router,
+            slot_timeout: options.slot_timeout,
+        })
+    }
+
+    /// Where task managers register.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn post(&self, tm: TaskManagerId, message: &ToTaskManager) -> bool {
+        match encode(std::slice::from_ref(message)) {
+            Ok(bytes) => self.outboxes.post(tm, bytes),
+            Err(e) => {
+                warn!(task_manager = %tm, error = %e, "cannot send to a task manager");
+                false
+            }
+        }
+    }
+
+    /// Waits until `until` holds of the router's state, or `deadline`.
+    async fn wait_for(
+        &self,
+        deadline: Instant,
+        mut until: impl FnMut(&RouterState) -> bool,
+    ) -> bool {
+        loop {
+            let notified = self.changed.notified();
+            if until(&lock(&self.state)) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline.into(), notified)
+                .await
+                .is_err()
+            {
+                return until(&lock(&self.state));
+            }
+        }
+    }
+
+    /// Deploys `tasks` of `generation` on the registered task managers, once they offer enough
+    /// slots (one slot runs one subtask of every vertex, as with Flink's slot sharing); their
+    /// reports go to `reports`.
+    pub async fn deploy(
+        &mut self,
+        generation: u64,
+        job: &JobGraph,
+        common: DeployCommon,
+        tasks: Vec<TaskDeployment>,
+        reports: mpsc::Sender<TaskReport>,
+    ) -> Result<(), JobError> {
+        let needed = job
+            .vertices
+            .iter()
+            .map(|v| v.parallelism)
+            .max()
+            .unwrap_or(0);
+        let enough = |s: &RouterState| s.members.values().map(|i| i.slots).sum::<u32>() >= needed;
+        if !enough(&lock(&self.state)) {
+            info!(needed, "waiting for task managers to offer slots");
+        }
+        if !self
+            .wait_for(Instant::now() + self.slot_timeout, enough)
+            .await
+        {
+            let st = lock(&self.state);
+            return Err(JobError::NoResources(format!(
+                "the job needs {needed} slots, and within {:?} the registered task managers offer {} ({} task managers)",
+                self.slot_timeout,
+                st.members.values().map(|i| i.slots).sum::<u32>(),
+                st.members.len()
+            )));
+        }
+        let (by_tm, placement) = {
+            let mut st = lock(&self.state);
+            // Slot i runs subtask i of every vertex.
+            let slots: Vec<(TaskManagerId, SocketAddr)> = st
+                .members
+                .iter()
+                .flat_map(|(id, info)| (0..info.slots).map(move |_| (*id, info.data_addr)))
+                .collect();
+            let mut placement = Vec::new();
+            st.placement.clear();
+            for v in &job.vertices {
+                for i in 0..v.parallelism {
+                    let (tm, addr) = slots[i as usize];
+                    placement.push((v.id, i, addr));
+                    st.placement.insert(
+                        TaskKey {
+                            vertex: v.id,
+                            subtask: i,
+                        },
+                        tm,
+                    );
+                }
+            }
+            let mut by_tm: BTreeMap<TaskManagerId, Vec<TaskDeployment>> = BTreeMap::new();
+            for t in tasks {
+                let tm = st.placement[&t.task];
+                by_tm.entry(tm).or_default().push(t);
+            }
+            st.generation = generation;
+            st.hosting = by_tm.keys().copied().collect();
+            st.stopped.clear();
+            st.target_acks.clear();
+            st.reports = Some(reports);
+            (by_tm, placement)
+        };
+        for (tm, tasks) in by_tm {
+            let names: Vec<String> = tasks.iter().map(|t| t.task.to_string()).collect();
+            info_span!("deploy", generation, task_manager = %tm)
+                .in_scope(|| info!(subtasks = %names.join(" "), "deploying"));
+            let deploy = ToTaskManager::Deploy(Box::new(Deploy {
+                generation,
+                job_id: common.job_id,
+                graph_fingerprint: common.graph_fingerprint,
+                settings: common.settings.clone(),
+                storage: common.storage.clone(),
+                chain_epoch: common.chain_epoch,
+                placement: placement.clone(),
+                tasks,
+            }));
+            if !self.post(tm, &deploy) {
+                // Lost between the count and now: its subtasks fail, and the job restarts.
+                let (first, reports) = {
+                    let st = lock(&self.state);
+                    let first = st
+                        .placement
+                        .iter()
+                        .find(|(_, t)| **t == tm)
+                        .map(|(k, _)| *k);
+                    (first, st.reports.clone())
+                };
+                if let (Some(task), Some(reports)) = (first, reports) {
+                    let _ = reports
+                        .send(TaskReport {
+                            generation,
+                            task,
+                            event: TaskEvent::Failed(TaskError::TaskManagerLost {
+                                task_manager: tm.to_string(),
+                                reason: "it left before its deployment was delivered".into(),
+                            }),
+                        })
+                        .await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues `message` for `task` of the current generation; false if its task manager is
+    /// gone.
+    pub fn send(&self, task: TaskKey, message: TaskMessage) -> bool {
+        let (tm, generation) = {
+            let st = lock(&self.state);
+            match st.placement.get(&task) {
+                Some(tm) => (*tm, st.generation),
+                None => return false,
+            }
+        };
+        self.post(
+            tm,
+            &ToTaskManager::Task {
+                generation,
+                task,
+                message,
+            },
+        )
+    }
+
+    fn hosting(&self) -> Vec<TaskManagerId> {
+        lock(&self.state).hosting.iter().copied().collect()
+    }
+
+    /// Tells every task manager of the generation where savepoint `id` goes, and waits until
+    /// each has taken it.
+    pub async fn set_target(
+        &self,
+        id: CheckpointId,
+        root: String,
+        location: CheckpointLocation,
+    ) -> Result<(), String> {
+        let hosting = self.hosting();
+        for tm in &hosting {
+            self.post(
+                *tm,
+                &ToTaskManager::SavepointTarget {
+                    id,
+                    root: root.clone(),
+                    dir: location.dir.clone(),
+                },
+            );
+        }
+        let all = |s: &RouterState| {
+            hosting.iter().all(|tm| {
+                !s.members.contains_key(tm)
+                    || s.target_acks.get(&id).is_some_and(|a| a.contains(tm))
+            })
+        };
+        if self.wait_for(Instant::now() + TARGET_WAIT, all).await {
+            Ok(())
+        } else {
+            Err(format!(
+                "the task managers did not take the savepoint's target within {TARGET_WAIT:?}"
+            ))
+        }
+    }
+
+    /// Tells the task managers that snapshot `id` is over.
+    pub fn clear_target(&self, id: CheckpointId) {
+        lock(&self.state).target_acks.remove(&id);
+        for tm in self.hosting() {
+            self.post(tm, &ToTaskManager::ClearTarget(id));
+        }
+    }
+
+    /// Tells the task managers the job's new chain epoch.
+    pub fn set_chain_epoch(&self, epoch: u64) {
+        for tm in self.hosting() {
+            self.post(tm, &ToTaskManager::ChainEpoch(epoch));
+        }
+    }
+
+    /// Stops the current generation on every task manager running it, and waits until each
+    /// reports its subtasks and uploads stopped (or is gone).
+    pub async fn stop(&mut self, finished: bool) {
+        let generation = lock(&self.state).generation;
+        for tm in self.hosting() {
+            self.post(
+                tm,
+                &ToTaskManager::Stop {
+                    generation,
+                    finished,
+                },
+            );
+        }
+        let all = |s: &RouterState| {
+            s.hosting
+                .iter()
+                .all(|tm| s.stopped.contains(tm) || !s.members.contains_key(tm))
+        };
+        if !self.wait_for(Instant::now() + STOP_WAIT, all).await {
+            warn!(
+                generation,
+                "some task managers did not report their subtasks stopped within {STOP_WAIT:?}"
+            );
+        }
+        lock(&self.state).reports = None;
+    }
+
+    /// Tells every task manager the job is over, and waits briefly until each has taken it.
+    pub async fn shutdown(&self) {
+        let members: Vec<TaskManagerId> = lock(&self.state).members.keys().copied().collect();
+        for tm in &members {
+            self.post(*tm, &ToTaskManager::Shutdown);
+        }
+        let give_up = Instant::now() + SHUTDOWN_WAIT;
+        while Instant::now() < give_up && !members.iter().all(|tm| self.outboxes.drained(*tm)) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Routes membership changes and what task managers report.
+async fn route(
+    mut server: JobManagerServer,
+    state: Arc<Mutex<RouterState>>,
+    changed: Arc<Notify>,
+    ctx: RouterContext,
+) {
+    loop {
+        match server.next_incoming().await {
+            None => return,
+            Some(Incoming::Membership(event)) => on_membership(&state, event).await,
+            Some(Incoming::Report(tm, bytes)) => {
+                match decode::<FromTaskManager>(&bytes, &tm.to_string()) {
+                    Ok(messages) => {
+                        for m in messages {
+                            on_message(&state, &ctx, tm, m).await;
+                        }
+                    }
+                    Err(e) => warn!(task_manager = %tm, error = %e, "dropped a report"),
+                }
+            }
+        }
+        changed.notify_waiters();
+    }
+}
+
+async fn on_membership(state: &Mutex<RouterState>, event: MembershipEvent) {
+    let (id, reason) = match event {
+        MembershipEvent::Registered { id, info } => {
+            lock(state).members.insert(id, info);
+            return;
+        }
+        MembershipEvent::Lost { id, silent_for, .. } => {
+            (id, format!("no heartbeat for {silent_for:?}"))
+        }
+        MembershipEvent::Left { id, .. } => (id, "it left the cluster".to_string()),
+    };
+    let failure = {
+        let mut st = lock(state);
+        st.members.remove(&id);
+        st.source_counts.remove(&id);
+        if st.hosting.contains(&id) && st.stopped.insert(id) {
+            let task = st
+                .placement
+                .iter()
+                .find(|(_, t)| **t == id)
+                .map(|(k, _)| *k);
+            task.zip(st.reports.clone())
+                .map(|(task, reports)| (task, reports, st.generation))
+        } else {
+            None
+        }
+    };
+    if let Some((task, reports, generation)) = failure {
+        warn!(task_manager = %id, %reason, generation, "a task manager running subtasks was lost");
+        let _ = reports
+            .send(TaskReport {
+                generation,
+                task,
+                event: TaskEvent::Failed(TaskError::TaskManagerLost {
+                    task_manager: id.to_string(),
+                    reason,
+                }),
+            })
+            .await;
+    }
+}
+
+async fn on_message(
+    state: &Mutex<RouterState>,
+    ctx: &RouterContext,
+    tm: TaskManagerId,
+    message: FromTaskManager,
+) {
+    match message {
+        FromTaskManager::Report(report) => {
+            let reports = lock(state).reports.clone();
+            if let TaskEvent::Acknowledge { id, .. } = &report.event {
+                info_span!("checkpoint", id = id.0).in_scope(
+                    || debug!(task_manager = %tm, task = %report.task, "acknowledgement received"),
+                );
+            }
+            match reports {
+                Some(r) => {
+                    let _ = r.send(report).await;
+                }
+                None => {
+                    debug!(task_manager = %tm, ?report.event, "a report after its generation stopped")
+                }
+            }
+        }
+        FromTaskManager::SourceRecords(total) => {
+            let mut st = lock(state);
+            let last = st.source_counts.entry(tm).or_insert(0);
+            let delta = total.saturating_sub(*last);
+            *last = (*last).max(total);
+            ctx.metrics
+                .source_records
+                .fetch_add(delta, Ordering::Relaxed);
+        }
+        FromTaskManager::FirstRecord { generation } => {
+            let us = ctx.started.elapsed().as_micros() as u64;
+            if let Ok(mut v) = ctx.metrics.first_record_us.lock() {
+                v.push((generation, us));
+            }
+        }
+        FromTaskManager::TargetSet(id) => {
+            lock(state).target_acks.entry(id).or_default().insert(tm);
+        }
+        FromTaskManager::Results(blobs) => {
+            if blobs.len() != ctx.results.len() {
+                warn!(task_manager = %tm, got = blobs.len(), expected = ctx.results.len(), "results for another set of result handles: is the task manager running the same job?");
+            }
+            for (handle, blob) in ctx.results.iter().zip(&blobs) {
+                if let Err(e) = handle.merge(blob) {
+                    warn!(task_manager = %tm, error = %e, "cannot merge published results");
+                }
+            }
+        }
+        FromTaskManager::Stopped { generation } => {
+            let mut st = lock(state);
+            if st.generation == generation {
+                st.stopped.insert(tm);
+            }
+        }
+    }
+}

@@ -1,0 +1,466 @@
+//! A task manager's main loop (Flink's `TaskExecutor`): it registers with the job manager, runs
+//! the subtasks it is deployed on its own copy of the job, forwards their reports in order, and
+//! stops them when told or when the job manager is lost, after which it registers again (or
+//! exits, if the job manager stays unreachable).
+
+use super::TaskManagerOptions;
+use super::membership::TaskManagerInfo;
+use super::protocol::{Deploy, FromTaskManager, ToTaskManager, decode, encode};
+use super::taskmanager::TaskManagerSession;
+use super::transport::{ClusterTransport, Placement};
+use crate::config::StorageConfig;
+use crate::error::{JobError, TaskError};
+use crate::gateway::{ProcessTasks, Running};
+use crate::job::{JobResult, JobSpec, JobStatus, build_storage};
+use crate::task::{JobMetrics, Targets, TaskEvent, TaskReport};
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tracing::{Instrument, debug, info, info_span, warn};
+use weir_checkpoint::storage::CheckpointLocation;
+use weir_checkpoint::{CheckpointStorage, OpendalCheckpointStorage};
+use weir_core::ids::JobId;
+use weir_network::{ChannelConfig, Transport};
+
+/// How long a stop waits for uploads still running.
+const UPLOAD_WAIT: Duration = Duration::from_secs(10);
+/// How often source counts go to the job manager when nothing else does.
+const METRICS_EVERY: Duration = Duration::from_millis(20);
+/// Reports sent in one call, at most.
+const REPORT_BATCH: usize = 512;
+
+/// A hash of a JobGraph, to check that every process built the same job.
+pub(crate) fn graph_fingerprint(job: &weir_core::graph::JobGraph) -> u128 {
+    match postcard::to_stdvec(job) {
+        Ok(bytes) => weir_core::ids::stable_hash128(&bytes),
+        Err(_) => 0,
+    }
+}
+
+/// This host's address on the route to `peer` (no packet is sent).
+fn address_towards(peer: SocketAddr) -> IpAddr {
+    let unspecified: SocketAddr = if peer.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    std::net::UdpSocket::bind(unspecified)
+        .and_then(|s| {
+            s.connect(peer)?;
+            s.local_addr()
+        })
+        .map(|a| a.ip())
+        .unwrap_or(unspecified.ip())
+}
+
+/// What a task manager keeps across deployments and sessions.
+struct Executor {
+    /// The subtasks' own runtime: a busy subtask never delays a heartbeat or a fetch, which
+    /// run on the runtime the task manager was started on.
+    runtime: tokio::runtime::Runtime,
+    spec: JobSpec,
+    fingerprint: u128,
+    transport: ClusterTransport,
+    started: Instant,
+    metrics: Arc<JobMetrics>,
+    targets: Arc<Targets>,
+    chain_epoch: Arc<AtomicU64>,
+    storages: HashMap<String, Arc<dyn CheckpointStorage>>,
+    running: BTreeMap<u64, Running>,
+    reports: mpsc::Sender<TaskReport>,
+}
+
+/// How a session with the job manager ended.
+enum SessionEnd {
+    /// The job is over.
+    Shutdown,
+    /// The job manager was lost (or forgot this task manager).
+    Lost(String),
+}
+
+/// Runs a task manager for `spec`'s job until the job manager shuts it down.
+pub(crate) async fn run_task_manager(
+    spec: JobSpec,
+    options: TaskManagerOptions,
+) -> Result<JobResult, JobError> {
+    if options.slots == 0 {
+        return Err(JobError::Invalid(
+            "a task manager needs at least one slot".into(),
+        ));
+    }
+    let ip = options
+        .bind
+        .unwrap_or_else(|| address_towards(options.jobmanager));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("weir-task")
+        .enable_all()
+        .build()
+        .map_err(|e| JobError::Invalid(format!("cannot start the task runtime: {e}")))?;
+    let placement = Arc::new(Placement::new(&spec.job));
+    // The transport's connections run on the subtasks' runtime.
+    let entered = runtime.enter();
+    let transport = ClusterTransport::bind(
+        (ip, 0).into(),
+        ChannelConfig {
+            buffers_per_channel: spec.config.buffers_per_channel,
+        },
+        placement,
+    )
+    .map_err(|e| JobError::Invalid(format!("the task manager's data transport: {e}")))?;
+    drop(entered);
+    let data_addr = transport.local_addr();
+    let span = info_span!("taskmanager", data = %data_addr);
+    let (reports_tx, mut reports_rx) = mpsc::channel(4096);
+    let mut executor = Executor {
+        runtime,
+        fingerprint: graph_fingerprint(&spec.job),
+        spec,
+        transport,
+        started: Instant::now(),
+        metrics: Arc::new(JobMetrics::default()),
+        targets: Arc::new(Targets::default()),
+        chain_epoch: Arc::new(AtomicU64::new(0)),
+        storages: HashMap::new(),
+        running: BTreeMap::new(),
+        reports: reports_tx,
+    };
+    let info = TaskManagerInfo {
+        name: format!("taskmanager-{}@{ip}", std::process::id()),
+        slots: options.slots,
+        data_addr,
+        pid: std::process::id(),
+    };
+    let result = async {
+        loop {
+            let session =
+                TaskManagerSession::join(options.jobmanager, info.clone(), options.connect_timeout)
+                    .await
+                    .map_err(|e| JobError::JobManagerLost(e.to_string()))?;
+            let end = serve(&session, &mut executor, &mut reports_rx).await;
+            // Whatever runs belongs to a job master that is gone or done.
+            for (_, mut r) in std::mem::take(&mut executor.running) {
+                r.stop(false).await;
+            }
+            match end {
+                SessionEnd::Shutdown => {
+                    let _ = session.leave().await;
+                    info!("the job is over; task manager exiting");
+                    return Ok(JobResult {
+                        job_id: JobId::from_name(&executor.spec.config.job_name),
+                        status: JobStatus::Finished,
+                        duration: executor.started.elapsed(),
+                        source_records: executor.metrics.source_records.load(Ordering::Relaxed),
+                        checkpoints_completed: 0,
+                        checkpoints_failed: 0,
+                        restarts: 0,
+                        checkpoint_durations: Vec::new(),
+                        checkpoint_in_flight: Vec::new(),
+                        checkpoint_history: Vec::new(),
+                        recovery_times: Vec::new(),
+                        latest_checkpoint: None,
+                        restored_from: None,
+                        savepoint: None,
+                        trigger_refusals: 0,
+                    });
+                }
+                SessionEnd::Lost(reason) => {
+                    warn!(%reason, "lost the job manager; subtasks stopped, registering again");
+                    // Reports of the stopped subtasks belong to no job master any more.
+                    while reports_rx.try_recv().is_ok() {}
+                }
+            }
+        }
+    }
+    .instrument(span)
+    .await;
+    // A runtime cannot be dropped in async code: its threads end on their own.
+    let Executor {
+        runtime, transport, ..
+    } = executor;
+    drop(transport);
+    runtime.shutdown_background();
+    result
+}
+
+/// One session with the job manager: heartbeats, fetching what it sends, forwarding reports.
+async fn serve(
+    session: &TaskManagerSession,
+    executor: &mut Executor,
+    reports: &mut mpsc::Receiver<TaskReport>,
+) -> SessionEnd {
+    let (control_tx, mut control_rx) = mpsc::unbounded_channel();
+    let metrics = executor.metrics.clone();
+    tokio::select! {
+        lost = session.heartbeats() => SessionEnd::Lost(lost.to_string()),
+        end = fetch_loop(session, executor, control_tx) => end,
+        end = forward(session, reports, &mut control_rx, &metrics) => end,
+    }
+}
+
+/// Takes what the job manager sends, in order, and carries it out.
+async fn fetch_loop(
+    session: &TaskManagerSession,
+    executor: &mut Executor,
+    control: mpsc::UnboundedSender<FromTaskManager>,
+) -> SessionEnd {
+    let from = "the job manager";
+    loop {
+        let batches = match session.fetch().await {
+            Ok(b) => b,
+            Err(e) if e.contains("not registered") => return SessionEnd::Lost(e),
+            Err(e) => {
+                // The heartbeats decide whether the job manager is gone.
+                debug!(error = %e, "fetch failed; retrying");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        for bytes in batches {
+            let messages = match decode::<ToTaskManager>(&bytes, from) {
+                Ok(m) => m,
+                Err(e) => return SessionEnd::Lost(e),
+            };
+            for m in messages {
+                if let Some(end) = executor.handle(m, &control).await {
+                    return end;
+                }
+            }
+        }
+    }
+}
+
+impl Executor {
+    fn storage(&mut self, root: Option<&str>) -> Result<Arc<dyn CheckpointStorage>, String> {
+        let Some(root) = root else {
+            return OpendalCheckpointStorage::memory()
+                .map(|s| Arc::new(s) as Arc<dyn CheckpointStorage>)
+                .map_err(|e| e.to_string());
+        };
+        if let Some(s) = self.storages.get(root) {
+            return Ok(s.clone());
+        }
+        let config = StorageConfig::from_location(root).map_err(|e| e.to_string())?;
+        let storage = build_storage(&config).map_err(|e| e.to_string())?;
+        self.storages.insert(root.to_string(), storage.clone());
+        Ok(storage)
+    }
+
+    async fn handle(
+        &mut self,
+        message: ToTaskManager,
+        control: &mpsc::UnboundedSender<FromTaskManager>,
+    ) -> Option<SessionEnd> {
+        match message {
+            ToTaskManager::Deploy(deploy) => self.deploy(*deploy).await,
+
+            ToTaskManager::Task {
+                generation,
+                task,
+                message,
+            } => {
+                let delivered = self
+                    .running
+                    .get(&generation)
+                    .is_some_and(|r| r.send(task, message));
+                if !delivered {
+                    debug!(%task, generation, "a message for a subtask that is not running here");
+                }
+            }
+            ToTaskManager::SavepointTarget { id, root, dir } => match self.storage(Some(&root)) {
+                Ok(storage) => {
+                    if let Ok(mut t) = self.targets.lock() {
+                        t.insert(id, (storage, CheckpointLocation { dir }));
+                    }
+                    let _ = control.send(FromTaskManager::TargetSet(id));
+                }
+                Err(e) => warn!(checkpoint = id.0, error = %e, "cannot open a savepoint's storage"),
+            },
+            ToTaskManager::ClearTarget(id) => {
+                if let Ok(mut t) = self.targets.lock() {
+                    t.remove(&id);
+                }
+            }
+            ToTaskManager::ChainEpoch(epoch) => {
+                self.chain_epoch.fetch_max(epoch, Ordering::AcqRel);
+            }
+            ToTaskManager::Stop {
+                generation,
+                finished,
+            } => {
+                if let Some(mut r) = self.running.remove(&generation) {
+                    r.stop(finished).await;
+                    let give_up = Instant::now() + UPLOAD_WAIT;
+                    while !r.uploads_idle() && Instant::now() < give_up {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    if finished {
+                        let results = self
+                            .spec
+                            .results
+                            .iter()
+                            .map(|h| {
+                                h.encode().unwrap_or_else(|e| {
+                                    warn!(error = %e, "cannot send published results");
+                                    Vec::new()
+                                })
+                            })
+                            .collect();
+                        let _ = control.send(FromTaskManager::Results(results));
+                    }
+                }
+                info!(generation, finished, "subtasks stopped");
+                let _ = control.send(FromTaskManager::Stopped { generation });
+            }
+            ToTaskManager::Shutdown => return Some(SessionEnd::Shutdown),
+        }
+        None
+    }
+
+    async fn deploy(&mut self, deploy: Deploy) {
+        let generation = deploy.generation;
+        let span = info_span!("deploy", generation);
+        // A newer generation replaces any older one still here.
+        let older: Vec<u64> = self.running.range(..generation).map(|(g, _)| *g).collect();
+        for g in older {
+            if let Some(mut r) = self.running.remove(&g) {
+                r.stop(false).await;
+            }
+        }
+        self.transport.release_before(generation);
+        let keys: Vec<_> = deploy.tasks.iter().map(|t| t.task).collect();
+        let failures = self.reports.clone();
+        let fail_all = |reason: String| {
+            let reports = failures.clone();
+            let tasks = keys.clone();
+            async move {
+                for task in tasks {
+                    let _ = reports
+                        .send(TaskReport {
+                            generation,
+                            task,
+                            event: TaskEvent::Failed(TaskError::Operator {
+                                operator: "deployment".into(),
+                                message: reason.clone(),
+                            }),
+                        })
+                        .await;
+                }
+            }
+        };
+        if deploy.graph_fingerprint != self.fingerprint {
+            let reason = "this task manager built another job graph than the job manager: start every process with the same program and job arguments".to_string();
+            span.in_scope(|| warn!(%reason, "deployment refused"));
+            fail_all(reason).await;
+            return;
+        }
+        let storage = match self.storage(deploy.storage.as_deref()) {
+            Ok(s) => s,
+            Err(e) => {
+                fail_all(format!("cannot open the checkpoint storage: {e}")).await;
+                return;
+            }
+        };
+        self.chain_epoch
+            .fetch_max(deploy.chain_epoch, Ordering::AcqRel);
+        self.transport.place(generation, &deploy.placement);
+        let names: Vec<String> = keys.iter().map(|t| t.to_string()).collect();
+        let tasks = ProcessTasks {
+            spec: &self.spec,
+            settings: &deploy.settings,
+            transport: &self.transport,
+            job_id: deploy.job_id,
+            storage,
+            started: self.started,
+            metrics: self.metrics.clone(),
+            targets: self.targets.clone(),
+            chain_epoch: self.chain_epoch.clone(),
+            runtime: self.runtime.handle().clone(),
+        };
+        match tasks.spawn(generation, deploy.tasks, &self.reports) {
+            Ok(running) => {
+                span.in_scope(|| info!(subtasks = %names.join(" "), "deployed"));
+                self.running.insert(generation, running);
+            }
+            Err(e) => {
+                span.in_scope(|| warn!(error = %e, "deployment failed"));
+                fail_all(format!("cannot build the subtasks: {e}")).await;
+            }
+        }
+    }
+}
+
+/// Sends the subtasks' reports and the executor's own messages to the job manager, in order,
+/// with the source count and first-record times.
+async fn forward(
+    session: &TaskManagerSession,
+    reports: &mut mpsc::Receiver<TaskReport>,
+    control: &mut mpsc::UnboundedReceiver<FromTaskManager>,
+    metrics: &JobMetrics,
+) -> SessionEnd {
+    let mut tick = tokio::time::interval(METRICS_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sent_records = 0u64;
+    let mut sent_firsts = 0usize;
+    let within = session.registration().heartbeat_timeout;
+    loop {
+        let mut batch = Vec::new();
+        tokio::select! {
+            biased;
+            Some(r) = reports.recv() => batch.push(FromTaskManager::Report(r)),
+            Some(c) = control.recv() => {
+                // What the subtasks reported before this message goes first (the late
+                // acknowledgements before a stop's answer).
+                while let Ok(r) = reports.try_recv() {
+                    batch.push(FromTaskManager::Report(r));
+                }
+                batch.push(c);
+            }
+            _ = tick.tick() => {}
+        }
+        while batch.len() < REPORT_BATCH {
+            match reports.try_recv() {
+                Ok(r) => batch.push(FromTaskManager::Report(r)),
+                Err(_) => break,
+            }
+        }
+        let records = metrics.source_records.load(Ordering::Relaxed);
+        if records != sent_records {
+            sent_records = records;
+            batch.push(FromTaskManager::SourceRecords(records));
+        }
+        if let Ok(firsts) = metrics.first_record_us.lock()
+            && firsts.len() > sent_firsts
+        {
+            for (generation, _) in &firsts[sent_firsts..] {
+                batch.push(FromTaskManager::FirstRecord {
+                    generation: *generation,
+                });
+            }
+            sent_firsts = firsts.len();
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let bytes = match encode(&batch) {
+            Ok(b) => b,
+            Err(e) => {
+                warn!(error = %e, "dropped reports that cannot be encoded");
+                continue;
+            }
+        };
+        // Retried until it goes through or the heartbeats give the job manager up.
+        loop {
+            match session.report(bytes.clone(), within).await {
+                Ok(()) => break,
+                Err(e) if e.contains("not registered") => return SessionEnd::Lost(e),
+                Err(e) => {
+                    debug!(error = %e, "report failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! How the job master reaches one deployment generation's subtasks: spawned in this process, or
+//! on task managers over RPC ([`crate::cluster::jobmaster`]). Both run their subtasks with
+//! [`ProcessTasks::spawn`].
+
+use crate::cluster::jobmaster::RemoteGateway;
+use crate::deploy::{BuildContext, build_task};
+use crate::error::{JobError, TaskError};
+use crate::job::JobSpec;
+use crate::operator::{ProcessingTimeService, RestoreContext};
+use crate::task::{
+    JobMetrics, Targets, TaskEnv, TaskEvent, TaskMessage, TaskReport, panic_message, run_task,
+};
+use futures::FutureExt;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::warn;
+use weir_checkpoint::CheckpointStorage;
+use weir_checkpoint::coordinator::TaskKey;
+use weir_checkpoint::storage::CheckpointLocation;
+use weir_core::config::CheckpointingMode;
+use weir_core::ids::{CheckpointId, JobId};
+use weir_network::Transport;
+
+/// How long a stop waits for aborted tasks to end.
+pub(crate) const TEARDOWN_WAIT: Duration = Duration::from_secs(10);
+
+/// The settings every subtask of a job runs with, whichever process it is in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TaskSettings {
+    pub batch_size: usize,
+    pub mode: CheckpointingMode,
+    pub snapshot_compression: weir_state::Compression,
+    /// Incremental keyed snapshots: the chain limit, or `None` for full snapshots.
+    pub incremental: Option<u32>,
+}
+
+/// One subtask to run: which, its attempt, and the state it restores.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct TaskDeployment {
+    pub task: TaskKey,
+    pub attempt: u32,
+    pub restore: RestoreContext,
+}
+
+/// What every subtask a process runs for one job shares.
+pub(crate) struct ProcessTasks<'a> {
+    pub spec: &'a JobSpec,
+    pub settings: &'a TaskSettings,
+    pub transport: &'a dyn Transport,
+    pub job_id: JobId,
+    pub storage: Arc<dyn CheckpointStorage>,
+    pub started: Instant,
+    pub metrics: Arc<JobMetrics>,
+    pub targets: Arc<Targets>,
+    pub chain_epoch: Arc<AtomicU64>,
+    /// The runtime the subtasks run on.
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// One generation's subtasks running in this process.
+pub(crate) struct Running {
+    mailboxes: HashMap<TaskKey, mpsc::Sender<TaskMessage>>,
+    handles: Vec<JoinHandle<()>>,
+    uploads: Arc<AtomicUsize>,
+}
+
+impl ProcessTasks<'_> {
+    /// Builds and starts `tasks` of `generation`; they report to `reports`.
+    pub fn spawn(
+        &self,
+        generation: u64,
+        tasks: Vec<TaskDeployment>,
+        reports: &mpsc::Sender<TaskReport>,
+    ) -> Result<Running, JobError> {
+        let job = &self.spec.job;
+        let uploads = Arc::new(AtomicUsize::new(0));
+        let mut mailboxes = HashMap::new();
+        let mut handles = Vec::new();
+        for TaskDeployment {
+            task: key,
+            attempt,
+            restore,
+        } in tasks
+        {
+            let v = job
+                .vertices
+                .iter()
+                .find(|v| v.id == key.vertex && key.subtask < v.parallelism)
+                .ok_or_else(|| JobError::Invalid(format!("no subtask {key} in this job")))?;
+            let processing_time = ProcessingTimeService::default();
+            let ctx = BuildContext {
+                transport: self.transport,
+                generation,
+                job,
+                vertex: v,
+                subtask: key.subtask,
+                attempt,
+                restored: restore.checkpoint.is_some(),
+                batch_size: self.settings.batch_size,
+                mode: self.settings.mode,
+                key_hashes: &self.spec.key_hashes,
+                processing_time: processing_time.clone(),
+                snapshot_compression: self.settings.snapshot_compression,
+                incremental: self.settings.incremental,
+            };
+            let input = build_task(&ctx, &self.spec.factories)
+                .map_err(|e| JobError::Invalid(e.to_string()))?;
+            let (mtx, mrx) = mpsc::channel(256);
+            mailboxes.insert(key, mtx);
+            let name = format!(
+                "{} ({}/{})#{attempt}",
+                v.name,
+                key.subtask + 1,
+                v.parallelism
+            );
+            let env = TaskEnv {
+                task: key,
+                name: name.clone(),
+                generation,
+                job_id: self.job_id,
+                storage: self.storage.clone(),
+                reports: reports.clone(),
+                mailbox: mrx,
+                started: self.started,
+                metrics: self.metrics.clone(),
+                is_source: v.is_source,
+                targets: self.targets.clone(),
+                processing_time,
+                chains: Default::default(),
+                uploads: uploads.clone(),
+                chain_epoch: self.chain_epoch.clone(),
+            };
+            let reports = reports.clone();
+            handles.push(self.runtime.spawn(async move {
+                // Panics in user code are caught at each call into the chain (see
+                // `task::guarded`); this catches any other panic in the task.
+                let run = AssertUnwindSafe(run_task(input, env, restore)).catch_unwind();
+                if let Err(panic) = run.await {
+                    let message = panic_message(panic.as_ref());
+                    let _ = reports
+                        .send(TaskReport {
+                            generation,
+                            task: key,
+                            event: TaskEvent::Failed(TaskError::Panic {
+                                task: name,
+                                message,
+                            }),
+                        })
+                        .await;
+                }
+            }));
+        }
+        Ok(Running {
+            mailboxes,
+            handles,
+            uploads,
+        })
+    }
+}
+
+impl Running {
+    /// Queues `message` for `task`; false if it is not here, has ended or its mailbox is full.
+    pub fn send(&self, task: TaskKey, message: TaskMessage) -> bool {
+        self.mailboxes
+            .get(&task)
+            .is_some_and(|m| m.try_send(message).is_ok())
+    }
+
+    /// Stops every subtask: after a finished job, each commits what it held for the end and
+    /// exits; otherwise each is aborted at its next await. Returns once all have stopped (or
+    /// after [`TEARDOWN_WAIT`]), so nothing of this generation runs on.
+    pub async fn stop(&mut self, finished: bool) {
+        if finished {
+            for m in self.mailboxes.values() {
+                if m.try_send(TaskMessage::JobFinished).is_err() {
+                    warn!("a finished task did not take the job's end");
+                }
+            }
+        } else {
+            for h in &self.handles {
+                h.abort();
+            }
+        }
+        let handles = std::mem::take(&mut self.handles);
+        if tokio::time::timeout(TEARDOWN_WAIT, futures::future::join_all(handles))
+            .await
+            .is_err()
+        {
+            warn!("some tasks did not stop within {TEARDOWN_WAIT:?}");
+        }
+    }
+
+    /// Whether no asynchronous snapshot upload of these subtasks is running.
+    pub fn uploads_idle(&self) -> bool {
+        self.uploads.load(Ordering::Acquire) == 0
+    }
+}
+
+/// Where the master's subtasks run.
+pub(crate) enum Gateway {
+    /// In this process.
+    Local(Option<Running>),
+    /// On task managers.
+    Remote(Box<RemoteGateway>),
+}
+
+impl Gateway {
+    /// Queues `message` for `task` of the current generation; false if it cannot be delivered.
+    pub fn send(&self, task: TaskKey, message: TaskMessage) -> bool {
+        match self {
+            Gateway::Local(running) => running.as_ref().is_some_and(|r| r.send(task, message)),
+            Gateway::Remote(remote) => remote.send(task, message),
+        }
+    }
+
+    /// Makes snapshot `id` go to `location` in `storage` (a savepoint's own directory) in
+    /// every subtask, before any of its barriers is injected.
+    pub async fn set_target(
+        &self,
+        targets: &Targets,
+        id: CheckpointId,
+        storage: Arc<dyn CheckpointStorage>,
+        root: Option<String>,
+        location: CheckpointLocation,
+    ) -> Result<(), String> {
+        if let Gateway::Remote(remote) = self {
+            let root = root.ok_or_else(|| {
+                format!(
+                    "the snapshot goes to {}, which task managers cannot reach: use a directory path or s3://",
+                    storage.describe()
+                )
+            })?;
+            remote.set_target(id, root, location.clone()).await?;
+        }
+        if let Ok(mut t) = targets.lock() {
+            t.insert(id, (storage, location));
+        }
+        Ok(())
+    }
+
+    /// Forgets where snapshot `id` goes (it completed or was aborted).
+    pub fn clear_target(&self, targets: &Targets, id: CheckpointId) {
+        if let Ok(mut t) = targets.lock() {
+            t.remove(&id);
+        }
+        if let Gateway::Remote(remote) = self {
+            remote.clear_target(id);
+        }
+    }
+
+    /// Makes every subtask's keyed backends start new incremental chains before their next
+    /// snapshot.
+    pub fn raise_chain_epoch(&self, chain_epoch: &AtomicU64) {
+        let epoch = chain_epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        if let Gateway::Remote(remote) = self {
+            remote.set_chain_epoch(epoch);
+        }
+    }
+
+    /// Stops the current generation's subtasks (see [`Running::stop`]); on task managers, also
+    /// waits for their uploads, whose late acknowledgements arrive as reports first.
+    pub async fn stop(&mut self, finished: bool) {
+        match self {
+            Gateway::Local(running) => {
+                if let Some(r) = running.as_mut() {
+                    r.stop(finished).await;
+                }
+            }
+            Gateway::Remote(remote) => remote.stop(finished).await,
+        }
+    }
+
+    /// Whether no upload of the current generation is still running.
+    pub fn uploads_idle(&self) -> bool {
+        match self {
+            Gateway::Local(running) => running.as_ref().is_none_or(Running::uploads_idle),
+            Gateway::Remote(_) => true,
+        }
+    }
+}
