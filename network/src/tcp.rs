@@ -82,6 +82,7 @@ use crate::{
 };
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -206,6 +207,8 @@ struct Inner {
     directory: Arc<dyn ChannelDirectory>,
     runtime: tokio::runtime::Handle,
     state: Mutex<State>,
+    /// Bytes written to every connection, frames and handshakes included.
+    bytes_sent: Arc<AtomicU64>,
 }
 
 #[derive(Default)]
@@ -265,6 +268,7 @@ impl TcpTransport {
             directory,
             runtime: runtime.clone(),
             state: Mutex::new(State::default()),
+            bytes_sent: Arc::default(),
         });
         let task = runtime.spawn(accept_loop(Arc::downgrade(&inner), listener));
         lock(&inner.state).accept_task = Some(task.abort_handle());
@@ -275,6 +279,12 @@ impl TcpTransport {
     /// producers in this process.
     pub fn local_addr(&self) -> SocketAddr {
         self.inner.local_addr
+    }
+
+    /// The bytes this transport has written to its connections so far: frames with their
+    /// headers, credits and handshakes (what crosses the wire, before TCP/IP's own headers).
+    pub fn bytes_sent(&self) -> u64 {
+        self.inner.bytes_sent.load(Ordering::Relaxed)
     }
 
     /// The connections open now: to producers' transports and from consumers' transports.
@@ -1130,6 +1140,7 @@ async fn client_conn(inner: Weak<Inner>, conn: Arc<Conn>, addr: SocketAddr) {
     };
     let _ = stream.set_nodelay(true);
     let (r, w) = stream.into_split();
+    let w = Counted::new(w, &inner);
     let reason = tokio::select! {
         r = client_reader(&conn, r) => r,
         w = writer(&conn, w) => w,
@@ -1140,11 +1151,56 @@ async fn client_conn(inner: Weak<Inner>, conn: Arc<Conn>, addr: SocketAddr) {
 async fn server_conn(inner: Weak<Inner>, conn: Arc<Conn>, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let (r, w) = stream.into_split();
+    let w = Counted::new(w, &inner);
     let reason = tokio::select! {
         r = server_reader(&inner, &conn, r) => r,
         w = writer(&conn, w) => w,
     };
     fail_conn(&conn, inner.upgrade().as_deref(), reason);
+}
+
+/// A connection's write half that counts the bytes it writes into its transport's total.
+struct Counted<W> {
+    inner: W,
+    sent: Arc<AtomicU64>,
+}
+
+impl<W> Counted<W> {
+    fn new(inner: W, transport: &Weak<Inner>) -> Counted<W> {
+        let sent = transport
+            .upgrade()
+            .map(|t| t.bytes_sent.clone())
+            .unwrap_or_default();
+        Counted { inner, sent }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Counted<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &polled {
+            self.sent.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// Writes what the connection's channels have to send until the connection fails; returns why.

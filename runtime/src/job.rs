@@ -58,6 +58,12 @@ pub struct JobResult {
     pub status: JobStatus,
     /// Wall time from start to end.
     pub duration: Duration,
+    /// Wall time from the moment every subtask first ran (the job's first RUNNING) to the end:
+    /// without deployment, and in cluster mode without waiting for task managers.
+    pub running_duration: Option<Duration>,
+    /// Bytes this process sent to other processes over the data transport (a task manager's;
+    /// zero for a job in one process).
+    pub bytes_sent: u64,
     /// Records the sources emitted, over all attempts (replays included).
     pub source_records: u64,
     /// Checkpoints completed.
@@ -528,6 +534,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             }
         }
         let mut generation = 0u64;
+        let mut first_running: Option<Duration> = None;
         let mut restored_from = None;
         let mut completed = 0u64;
         let mut failed = 0u64;
@@ -689,6 +696,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 running.insert(task);
                                 if running.len() == all.len() {
                                     info!(generation, "job RUNNING");
+                                    first_running.get_or_insert(started.elapsed());
                                     coordinator.job_status_changed(true, now, &mut actions);
                                 }
                             }
@@ -1128,6 +1136,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         job_id,
                         status,
                         duration: started.elapsed(),
+                        running_duration: first_running.map(|at| started.elapsed().saturating_sub(at)),
+                        bytes_sent: 0,
                         source_records: metrics.source_records.load(Ordering::Relaxed),
                         checkpoints_completed: completed,
                         checkpoints_failed: failed,

@@ -39,6 +39,12 @@ const BENCHES: &[Named] = &[
         run: backpressure,
     },
     Named {
+        name: "network",
+        what: "word_count at p=4 on two task managers over TCP (a job manager and two task managers, separate processes, loopback) against one process; bytes per record on the wire",
+        build: WORD_COUNT,
+        run: network,
+    },
+    Named {
         name: "state",
         what: "heap keyed-state backend at 1M and 10M keys: checkpoint pause, copy-on-write, write and restore speed",
         build: &["-p", "weir-state", "--example", "state_bench"],
@@ -440,6 +446,151 @@ fn wordcount(b: &Bench) -> Result<()> {
     if recovery.restarts == 0 {
         println!("  note: the run reported no restart; was the failure injected?");
     }
+    Ok(())
+}
+
+/// One cluster run: what the job manager summarized, and the bytes each task manager sent.
+struct ClusterRun {
+    summary: Summary,
+    bytes_sent: Vec<u64>,
+}
+
+impl Bench {
+    /// Runs `word_count` as a cluster on loopback: `task_managers` task managers of `slots`
+    /// slots each (started first; they wait for the job manager), then the job manager, all with
+    /// the same job arguments and a fresh checkpoint directory.
+    fn run_cluster(&self, cfg: &Config, task_managers: usize, slots: u32) -> Result<ClusterRun> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("picking a port for the job manager")?
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let dir = self.fresh_dir()?;
+        let job = |cmd: &mut Command| {
+            cmd.arg("--records")
+                .arg(cfg.records.to_string())
+                .arg("--parallelism")
+                .arg(cfg.parallelism.to_string())
+                .arg("--checkpoint-dir")
+                .arg(&dir);
+            if let Some(interval) = cfg.checkpoint_interval {
+                cmd.arg("--checkpoint-interval").arg(interval);
+            }
+            cmd.args(&cfg.extra);
+        };
+        let mut tms = Vec::new();
+        for _ in 0..task_managers {
+            let mut cmd = Command::new(&self.word_count);
+            job(&mut cmd);
+            cmd.args(["--jobmanager", &addr, "--slots", &slots.to_string()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit());
+            tms.push(cmd.spawn().context("starting a task manager")?);
+        }
+        let mut jm = Command::new(&self.word_count);
+        job(&mut jm);
+        jm.args(["--role", "jobmanager", "--listen", &addr]);
+        let shown = crate::show(&jm);
+        eprintln!("  $ {shown}  (+ {task_managers} task managers)");
+        let out = jm.stderr(Stdio::inherit()).output();
+        let mut bytes_sent = Vec::new();
+        for tm in tms {
+            let o = tm
+                .wait_with_output()
+                .context("waiting for a task manager")?;
+            let text = String::from_utf8_lossy(&o.stdout);
+            let sent = text
+                .lines()
+                .find_map(|l| l.strip_prefix("task manager done: "))
+                .and_then(|rest| parse_fields(rest).ok())
+                .and_then(|f| f.get("bytes_sent").and_then(|v| v.parse().ok()));
+            match sent {
+                Some(b) if o.status.success() => bytes_sent.push(b),
+                _ => bail!("a task manager failed ({}): {text}", o.status),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = out.with_context(|| format!("could not start `{shown}`"))?;
+        if !out.status.success() {
+            bail!("`{shown}` failed ({})", out.status);
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = last_line(&stdout).with_context(|| format!("`{shown}` printed nothing"))?;
+        let summary =
+            parse_summary(line).with_context(|| format!("`{shown}`: bad closing line {line:?}"))?;
+        Ok(ClusterRun {
+            summary,
+            bytes_sent,
+        })
+    }
+}
+
+/// Throughput while running (from the first RUNNING, so the cluster's registration and
+/// deployment do not count), as the summary's `running_records_per_s`.
+fn running_rate(s: &Summary) -> Result<f64> {
+    s.extra
+        .get("running_records_per_s")
+        .context("the summary has no running_records_per_s")?
+        .parse()
+        .context("running_records_per_s is not a number")
+}
+
+/// `word_count` at p=4 with 1 s checkpoints: on two task managers of two slots each (a job
+/// manager and two task managers on loopback, TCP between the task managers), against one
+/// process. Rounds interleave the two; the ratio is of the medians.
+fn network(b: &Bench) -> Result<()> {
+    const RECORDS: u64 = 40_000_000;
+    const ROUNDS: usize = 3;
+    const TARGET_RATIO: f64 = 0.5;
+    let cfg = Config {
+        records: RECORDS,
+        parallelism: 4,
+        checkpoint_interval: Some("1s"),
+        ..Config::default()
+    };
+    let mut local = Vec::new();
+    let mut cluster = Vec::new();
+    let mut wire = Vec::new();
+    for _ in 0..ROUNDS {
+        local.push(running_rate(&b.run(&cfg)?)?);
+        let run = b.run_cluster(&cfg, 2, 2)?;
+        cluster.push(running_rate(&run.summary)?);
+        wire.push(run.bytes_sent.iter().sum::<u64>());
+    }
+    let (l, c) = (
+        median(&local).context("no runs")?,
+        median(&cluster).context("no runs")?,
+    );
+    let shown = |v: &[f64]| v.iter().map(|r| mrec(*r)).collect::<Vec<_>>().join(" ");
+    println!(
+        "
+throughput (p=4, 1s checkpoints, {RECORDS} records, {ROUNDS} rounds, median):"
+    );
+    println!(
+        "  one process            {:<40} median {}",
+        shown(&local),
+        mrec(l)
+    );
+    println!(
+        "  2 task managers x 2    {:<40} median {}",
+        shown(&cluster),
+        mrec(c)
+    );
+    println!(
+        "  ratio {:.3}  target >= {TARGET_RATIO}  {}",
+        c / l,
+        verdict(c / l >= TARGET_RATIO)
+    );
+    let bytes = median(&wire.iter().map(|w| *w as f64).collect::<Vec<_>>()).context("no runs")?;
+    // Records are hashed to their key's subtask: with half the subtasks on each task manager,
+    // about half of them cross to the other one.
+    println!(
+        "
+wire: {:.0} bytes sent by the task managers (median): {:.2} bytes per record, about {:.2} per record that crossed (half of them do)",
+        bytes,
+        bytes / RECORDS as f64,
+        2.0 * bytes / RECORDS as f64
+    );
     Ok(())
 }
 

@@ -309,8 +309,8 @@ async fn main() -> Result<()> {
         // The totals and statistics are the job manager's to report.
         writeln!(
             out,
-            "task manager done: source_records={}",
-            result.source_records
+            "task manager done: source_records={} bytes_sent={}",
+            result.source_records, result.bytes_sent
         )?;
         return Ok(());
     }
@@ -351,6 +351,13 @@ async fn main() -> Result<()> {
         result.checkpoints_completed,
         result.restarts
     );
+    if let Some(running) = result.running_duration {
+        let running = running.as_secs_f64();
+        summary.push_str(&format!(
+            " running_seconds={running:.3} running_records_per_s={:.0}",
+            records as f64 / running.max(1e-9)
+        ));
+    }
     if let (Some(p50), Some(p99)) = (percentile(&durations, 50.0), percentile(&durations, 99.0)) {
         summary.push_str(&format!(
             " checkpoint_p50_ms={} checkpoint_p99_ms={}",

@@ -152,6 +152,8 @@ pub(crate) async fn run_task_manager(
                         job_id: JobId::from_name(&executor.spec.config.job_name),
                         status: JobStatus::Finished,
                         duration: executor.started.elapsed(),
+                        running_duration: None,
+                        bytes_sent: executor.transport.bytes_sent(),
                         source_records: executor.metrics.source_records.load(Ordering::Relaxed),
                         checkpoints_completed: 0,
                         checkpoints_failed: 0,

@@ -99,6 +99,11 @@ impl ClusterTransport {
         self.tcp.local_addr()
     }
 
+    /// Bytes sent to other task managers so far.
+    pub fn bytes_sent(&self) -> u64 {
+        self.tcp.bytes_sent()
+    }
+
     /// Records where the subtasks of `generation` run, before any of them opens a channel.
     pub fn place(&self, generation: u64, placement: &[(VertexId, SubtaskIndex, SocketAddr)]) {
         self.placement.insert(generation, placement);
