@@ -217,3 +217,160 @@ fn a_task_manager_killed_mid_run_is_replaced_and_the_totals_are_exact() {
         log_tail(&log("tm3"))
     );
 }
+
+#[test]
+fn a_task_manager_with_other_job_arguments_is_refused_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let chk = tmp.path().join("chk");
+    let job = |parallelism: &str| -> Vec<String> {
+        [
+            "--records",
+            "1000",
+            "--parallelism",
+            parallelism,
+            "--checkpoint-interval",
+            "50ms",
+            "--checkpoint-dir",
+            chk.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let mut procs = Processes(Vec::new());
+    procs.0.push(word_count(
+        &job("2"),
+        &[
+            "--role".into(),
+            "jobmanager".into(),
+            "--listen".into(),
+            addr.clone(),
+        ],
+        &[],
+        &tmp.path().join("jobmanager.log"),
+    ));
+    // Built with parallelism 3, its job graph is not the job manager's.
+    let tm = word_count(
+        &job("3"),
+        &[
+            "--jobmanager".into(),
+            addr.clone(),
+            "--slots".into(),
+            "2".into(),
+        ],
+        &[],
+        &tmp.path().join("tm.log"),
+    );
+    let out = wait_output(tm, Duration::from_secs(60));
+    assert!(!out.status.success(), "a mismatched task manager ran");
+    let log = std::fs::read_to_string(tmp.path().join("tm.log")).unwrap();
+    assert!(
+        log.contains("registration refused") && log.contains("another job graph"),
+        "{log}"
+    );
+    // The job manager is still up, waiting for a fitting task manager; nothing was written.
+    assert!(procs.0[0].try_wait().unwrap().is_none());
+    assert!(
+        !chk.exists() || files_under(&chk).iter().all(|f| !f.ends_with("_metadata")),
+        "a checkpoint completed without task managers"
+    );
+}
+
+#[test]
+fn a_job_manager_started_again_with_from_resumes_the_job_on_the_same_task_managers() {
+    let server = S3Server::start("weir-jm");
+    let env = server.env();
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 1_500_000u64;
+    let out = tmp.path().join("totals.csv");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let job: Vec<String> = [
+        "--records",
+        &records.to_string(),
+        "--parallelism",
+        "4",
+        "--checkpoint-interval",
+        "50ms",
+        "--checkpoint-dir",
+        "s3://weir-jm/wc",
+        "--sink-delay",
+        "2us",
+        "--heartbeat-interval",
+        "100ms",
+        "--heartbeat-timeout",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let log = |name: &str| tmp.path().join(format!("{name}.log"));
+    let job_manager = |name: &str, extra: &[&str]| {
+        let mut role: Vec<String> = vec![
+            "--role".into(),
+            "jobmanager".into(),
+            "--listen".into(),
+            addr.clone(),
+            "--output".into(),
+            out.to_str().unwrap().into(),
+        ];
+        role.extend(extra.iter().map(|s| s.to_string()));
+        word_count(&job, &role, &env, &log(name))
+    };
+    let mut procs = Processes(Vec::new());
+    procs.0.push(job_manager("jm1", &[]));
+    for name in ["tm1", "tm2"] {
+        procs.0.push(word_count(
+            &job,
+            &[
+                "--jobmanager".into(),
+                addr.clone(),
+                "--slots".into(),
+                "2".into(),
+            ],
+            &env,
+            &log(name),
+        ));
+    }
+    let give_up = Instant::now() + Duration::from_secs(120);
+    while completed_checkpoints(&server.bucket_dir()) == 0 {
+        assert!(
+            Instant::now() < give_up,
+            "no checkpoint completed; job manager log:\n{}",
+            log_tail(&log("jm1"))
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The job manager dies; the task managers lose it, stop their subtasks and keep trying to
+    // register. A new job manager at the same address resumes from the latest checkpoint.
+    procs.0[0].kill().unwrap();
+    procs.0[0].wait().unwrap();
+    assert!(!out.exists(), "the first job manager wrote totals");
+    let jm = job_manager("jm2", &["--from", "s3://weir-jm/wc"]);
+    let jm = wait_output(jm, Duration::from_secs(240));
+    let stdout = String::from_utf8_lossy(&jm.stdout).into_owned();
+    assert!(
+        jm.status.success(),
+        "the second job manager failed; stdout:\n{stdout}\nlog:\n{}",
+        log_tail(&log("jm2"))
+    );
+    assert_eq!(
+        parse_totals(&out),
+        expected_totals(records, 42),
+        "exactly-once totals across a job manager restart"
+    );
+    let jm2_log = std::fs::read_to_string(log("jm2")).unwrap();
+    assert!(jm2_log.contains("restoring"), "{}", log_tail(&log("jm2")));
+    for tm in procs.0.drain(1..) {
+        let o = wait_output(tm, Duration::from_secs(30));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    }
+    for name in ["tm1", "tm2"] {
+        let text = std::fs::read_to_string(log(name)).unwrap();
+        assert!(
+            text.matches("registered with the job manager").count() >= 2,
+            "{name} did not register with the new job manager:\n{}",
+            log_tail(&log(name))
+        );
+    }
+}

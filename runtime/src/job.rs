@@ -494,7 +494,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         config.storage
                     )));
                 }
-                let remote = RemoteGateway::start(options, metrics.clone(), started, spec.results.clone()).await?;
+                let remote = RemoteGateway::start(options, graph_fingerprint(job), metrics.clone(), started, spec.results.clone()).await?;
                 info!(addr = %remote.local_addr(), "job manager listening");
                 Gateway::Remote(Box::new(remote))
             }

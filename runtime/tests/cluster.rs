@@ -33,6 +33,7 @@ async fn run_child(jobmanager: SocketAddr) -> ! {
         slots: 2,
         data_addr: "127.0.0.1:0".parse().unwrap(),
         pid: std::process::id(),
+        job: None,
     };
     let session = match TaskManagerSession::join(jobmanager, info, BOUND).await {
         Ok(s) => s,
@@ -184,6 +185,7 @@ async fn heartbeat_settings_are_checked() {
             slots: 1,
             data_addr: "127.0.0.1:0".parse().unwrap(),
             pid: 0,
+            job: None,
         },
         Duration::from_millis(200),
     )

@@ -31,6 +31,8 @@ struct Service {
     joined: Arc<Notify>,
     outboxes: Outboxes,
     inbound: mpsc::UnboundedSender<(TaskManagerId, Vec<u8>)>,
+    /// The fingerprint of the job graph task managers must have built, if any.
+    job: Option<u128>,
 }
 
 /// The messages waiting for each registered task manager's next fetch.
@@ -124,6 +126,15 @@ impl JobManagerService for Service {
         if info.slots == 0 {
             return Err(format!("task manager {} offers no slots", info.name));
         }
+        if let Some(expected) = self.job
+            && info.job != Some(expected)
+        {
+            warn!(name = %info.name, "refused a task manager that built another job graph");
+            return Err(format!(
+                "task manager {} built another job graph than the job manager: start every process with the same program and the same job arguments",
+                info.name
+            ));
+        }
         let now = self.started.elapsed();
         let event = self.with_membership(|m| m.register(info, now))?;
         let MembershipEvent::Registered { id, info } = &event else {
@@ -197,6 +208,16 @@ impl JobManagerServer {
         listen: SocketAddr,
         config: HeartbeatConfig,
     ) -> Result<JobManagerServer, String> {
+        Self::start_for_job(listen, config, None).await
+    }
+
+    /// As [`start`](Self::start), refusing task managers whose job graph fingerprint
+    /// ([`TaskManagerInfo::job`]) is not `job`.
+    pub async fn start_for_job(
+        listen: SocketAddr,
+        config: HeartbeatConfig,
+        job: Option<u128>,
+    ) -> Result<JobManagerServer, String> {
         config.validate()?;
         let mut listener = tarpc::serde_transport::tcp::listen(listen, Bincode::default)
             .await
@@ -215,6 +236,7 @@ impl JobManagerServer {
             joined: Arc::new(Notify::new()),
             outboxes: outboxes.clone(),
             inbound: inbound_tx,
+            job,
         };
         let serve = service.clone();
         let server = tokio::spawn(async move {

@@ -25,7 +25,8 @@ use weir_checkpoint::storage::CheckpointLocation;
 use weir_core::graph::JobGraph;
 use weir_core::ids::{CheckpointId, JobId};
 
-/// How long a stop waits for task managers to report their subtasks and uploads stopped.
+/// How long a stop waits for task managers to report their subtasks and uploads stopped, at
+/// least: past the heartbeat timeout, so that a dead one is declared lost first.
 const STOP_WAIT: Duration = Duration::from_secs(25);
 /// How long a savepoint's target may take to reach every task manager.
 const TARGET_WAIT: Duration = Duration::from_secs(10);
@@ -73,6 +74,7 @@ pub(crate) struct RemoteGateway {
     outboxes: Outboxes,
     router: JoinHandle<()>,
     slot_timeout: Duration,
+    stop_wait: Duration,
 }
 
 fn lock(state: &Mutex<RouterState>) -> MutexGuard<'_, RouterState> {
@@ -89,12 +91,13 @@ impl RemoteGateway {
     /// Starts the job manager's control plane on `options.listen`.
     pub async fn start(
         options: &JobManagerOptions,
+        fingerprint: u128,
         metrics: Arc<JobMetrics>,
         started: Instant,
         results: Vec<Arc<dyn SharedResult>>,
     ) -> Result<RemoteGateway, JobError> {
         let heartbeat: HeartbeatConfig = options.heartbeat;
-        let server = JobManagerServer::start(options.listen, heartbeat)
+        let server = JobManagerServer::start_for_job(options.listen, heartbeat, Some(fingerprint))
             .await
             .map_err(JobError::Invalid)?;
         let addr = server.local_addr();
@@ -118,6 +121,7 @@ impl RemoteGateway {
             outboxes,
             router,
             slot_timeout: options.slot_timeout,
+            stop_wait: STOP_WAIT.max(heartbeat.timeout + Duration::from_secs(5)),
         })
     }
 
@@ -357,11 +361,8 @@ impl RemoteGateway {
                 .iter()
                 .all(|tm| s.stopped.contains(tm) || !s.members.contains_key(tm))
         };
-        if !self.wait_for(Instant::now() + STOP_WAIT, all).await {
-            warn!(
-                generation,
-                "some task managers did not report their subtasks stopped within {STOP_WAIT:?}"
-            );
+        if !self.wait_for(Instant::now() + self.stop_wait, all).await {
+            warn!(generation, wait = ?self.stop_wait, "some task managers did not report their subtasks stopped");
         }
         lock(&self.state).reports = None;
     }

@@ -30,6 +30,9 @@ pub struct TaskManagerInfo {
     pub data_addr: SocketAddr,
     /// Its operating-system process id.
     pub pid: u32,
+    /// A fingerprint of the job graph it built from its program and job arguments, which must
+    /// be the job manager's; `None` for a task manager that runs no job of its own (tests).
+    pub job: Option<u128>,
 }
 
 /// A change of membership.
@@ -188,6 +191,7 @@ mod tests {
             slots,
             data_addr: "127.0.0.1:7000".parse().unwrap_or_else(|_| unreachable!()),
             pid: 1,
+            job: None,
         }
     }
 

@@ -132,6 +132,7 @@ pub(crate) async fn run_task_manager(
         slots: options.slots,
         data_addr,
         pid: std::process::id(),
+        job: Some(executor.fingerprint),
     };
     let result = async {
         loop {
@@ -144,6 +145,9 @@ pub(crate) async fn run_task_manager(
             for (_, mut r) in std::mem::take(&mut executor.running) {
                 r.stop(false).await;
             }
+            // A job manager started again numbers its generations from 1: no channel of the
+            // last session may linger under the same ids.
+            executor.transport.release_before(u64::MAX);
             match end {
                 SessionEnd::Shutdown => {
                     let _ = session.leave().await;
@@ -426,6 +430,18 @@ async fn forward(
             match reports.try_recv() {
                 Ok(r) => batch.push(FromTaskManager::Report(r)),
                 Err(_) => break,
+            }
+        }
+        for m in &batch {
+            if let FromTaskManager::Report(TaskReport {
+                task,
+                event: TaskEvent::Acknowledge { id, metrics, .. },
+                ..
+            }) = m
+            {
+                info_span!("checkpoint", id = id.0).in_scope(|| {
+                    debug!(%task, size = metrics.state_size, sync = ?metrics.sync_duration, async_ = ?metrics.async_duration, "acknowledging");
+                });
             }
         }
         let records = metrics.source_records.load(Ordering::Relaxed);
