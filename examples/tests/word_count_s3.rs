@@ -236,3 +236,67 @@ fn bad_s3_checkpoint_dirs_are_clear_errors() {
         );
     }
 }
+
+#[test]
+fn a_savepoint_on_s3_is_printed_as_a_path_to_resume_from() {
+    let server = S3Server::start("weir-sp");
+    let env = server.env();
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 400_000u64;
+    let n = records.to_string();
+    // Stops with a savepoint in the bucket once 100k records were emitted.
+    let run = word_count(
+        &[
+            "--records",
+            &n,
+            "--parallelism",
+            "2",
+            "--checkpoint-interval",
+            "20ms",
+            "--checkpoint-dir",
+            "s3://weir-sp/checkpoints",
+            "--savepoint-dir",
+            "s3://weir-sp/savepoints",
+            "--stop-with-savepoint-after",
+            "100000",
+        ],
+        &env,
+    );
+    assert!(run.success, "{}\n{}", run.stdout, run.stderr);
+    let savepoint = run
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("stopped with savepoint: "))
+        .unwrap_or_else(|| panic!("no savepoint line in:\n{}", run.stdout))
+        .to_string();
+    assert!(
+        savepoint.starts_with("s3://weir-sp/savepoints/savepoint-") && !savepoint.contains(' '),
+        "{savepoint}"
+    );
+    let latest = run
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("latest checkpoint: "))
+        .unwrap_or_else(|| panic!("no latest checkpoint line in:\n{}", run.stdout));
+    assert!(
+        latest.starts_with("s3://weir-sp/checkpoints/") && latest.contains("/chk-"),
+        "{latest}"
+    );
+    // The printed path is what --from takes: the rest of the input counts once.
+    let out = tmp.path().join("totals.csv");
+    let run = word_count(
+        &[
+            "--records",
+            &n,
+            "--parallelism",
+            "3",
+            "--from",
+            &savepoint,
+            "--output",
+            out.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert!(run.success, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(parse_totals(&out), expected_totals(records, 42));
+}

@@ -958,7 +958,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                             if let Some(mut t) = requested.remove(&id) {
                                 // Statistics first, so a client answered next sees them.
                                 canceller.publish_stats(&coordinator);
-                                let path = format!("{}/{}", t.storage.describe(), t.location.dir.trim_end_matches('/'));
+                                let path = t.storage.location_path(&t.location);
                                 info!(checkpoint = id.0, kind = ?t.kind, %path, "snapshot complete");
                                 if let Some(reply) = t.reply.take() {
                                     let _ = reply.send(Ok(path.clone()));
@@ -1020,7 +1020,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                     && let Some(reply) = t.reply.take()
                 {
                     let _ = reply.send(match &f.result {
-                        Ok(_) => Ok(format!("{}/{}", t.storage.describe(), t.location.dir.trim_end_matches('/'))),
+                        Ok(_) => Ok(t.storage.location_path(&t.location)),
                         Err(e) => Err(format!("snapshot {} failed: {e}", f.id)),
                     });
                 }
@@ -1153,7 +1153,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         trigger_refusals: refused,
                         latest_checkpoint: store
                             .latest()
-                            .map(|c| format!("{}/{}", storage.describe(), c.location.dir.trim_end_matches('/'))),
+                            .map(|c| storage.location_path(&c.location)),
                         restored_from,
                     });
                 }

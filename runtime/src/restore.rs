@@ -29,11 +29,7 @@ pub(crate) struct RestorePoint {
 
 impl RestorePoint {
     pub fn describe(&self) -> String {
-        format!(
-            "{}/{}",
-            self.storage.describe(),
-            self.location.dir.trim_end_matches('/')
-        )
+        self.storage.location_path(&self.location)
     }
 }
 

@@ -4,7 +4,7 @@
 //! - `tidy`: the workspace's dependency direction and the `//!` first line of every `.rs` file.
 //! - `test [args]`: the tests only (nextest when installed, else `cargo test`), args passed on.
 //!
-//! `ci` and `test` first make sure the S3 server the storage tests use is installed
+//! `ci`, `test` and `chaos` first make sure the S3 server the storage tests use is installed
 //! ([`s3::ensure_s3s_fs`]) and pass its path to the tests as `WEIR_S3FS_BIN`.
 //! - `bench [name]`: release-build the examples and run a named benchmark (default `wordcount`).
 //! - `chaos`: the heavy `#[ignore]`d scenarios, in release mode.
@@ -32,8 +32,9 @@ commands:
   tidy          dependency direction and `//!` first lines
   test [args]   the tests only (nextest if installed, else cargo test); args are passed on
 
-ci and test install s3s-fs (the S3 server of the storage tests) once, into $WEIR_TOOLS_DIR or
-~/.cache/weir/tools, and pass it to the tests as WEIR_S3FS_BIN (set it to use your own)
+ci, test and chaos install s3s-fs (the S3 server of the storage tests) once, into
+$WEIR_TOOLS_DIR or ~/.cache/weir/tools, and pass it to the tests as WEIR_S3FS_BIN (set it to
+use your own)
   bench [name]  release benchmarks; names: {benches}
   chaos         cargo test --workspace --release -- --ignored";
 
@@ -177,8 +178,11 @@ fn tests(root: &Path, extra: &[String]) -> Result<()> {
 }
 
 fn chaos(root: &Path) -> Result<()> {
+    // The cluster scenarios checkpoint to S3, like the ordinary tests.
+    let s3s_fs = s3::ensure_s3s_fs()?;
     let mut cmd = cargo(root);
-    cmd.args(["test", "--workspace", "--release", "--", "--ignored"]);
+    cmd.args(["test", "--workspace", "--release", "--", "--ignored"])
+        .env(s3::BIN_VAR, &s3s_fs);
     println!("chaos: running the #[ignore]d heavy scenarios in release mode");
     run_cmd(cmd)
 }

@@ -419,6 +419,10 @@ impl CheckpointStorage for FaultInjectingStorage {
         self.inner.describe()
     }
 
+    fn location_path(&self, location: &CheckpointLocation) -> String {
+        self.inner.location_path(location)
+    }
+
     async fn check_writable(&self) -> Result<(), CheckpointError> {
         self.enter(None, "check_writable", String::new).await?;
         self.inner.check_writable().await

@@ -63,10 +63,27 @@ pub struct CheckpointListing {
 ///   names the file.
 /// - [`discard`](Self::discard) is idempotent: discarding what is already gone is `Ok`.
 /// - Errors from the service keep opendal's `ErrorKind` ([`CheckpointError::storage_kind`]).
+/// `base` (a root as a URL) followed by the directory `dir`, without a trailing `/` after `dir`.
+pub fn join_path(base: &str, dir: &str) -> String {
+    let dir = dir.trim_end_matches('/');
+    if dir.is_empty() || base.ends_with('/') {
+        format!("{base}{dir}")
+    } else {
+        format!("{base}/{dir}")
+    }
+}
+
 #[async_trait]
 pub trait CheckpointStorage: Send + Sync + 'static {
     /// A human-readable description of where the root is (`file:///tmp/x`, `memory://`, …).
     fn describe(&self) -> String;
+
+    /// Where `location` is, as a user passes it back (`--from`): `file:///tmp/x/<job>/chk-3`,
+    /// `s3://bucket/prefix/<job>/chk-3`, without the remarks `describe` may add (an S3
+    /// storage's endpoint and region).
+    fn location_path(&self, location: &CheckpointLocation) -> String {
+        join_path(&self.describe(), &location.dir)
+    }
 
     /// Checks that the root can be written (creates it if needed), so that a misconfigured
     /// storage is reported at job start rather than at the first checkpoint.

@@ -3,6 +3,7 @@
 
 use super::{
     CheckpointListing, CheckpointLocation, CheckpointStorage, S3Config, SHARED_DIR_FROM_LOCATION,
+    join_path,
 };
 use crate::{CheckpointError, CheckpointMetadata};
 use async_trait::async_trait;
@@ -359,6 +360,10 @@ fn range_error(path: String, range: (u64, u64), len: u64) -> CheckpointError {
 impl CheckpointStorage for OpendalCheckpointStorage {
     fn describe(&self) -> String {
         self.description.clone()
+    }
+
+    fn location_path(&self, location: &CheckpointLocation) -> String {
+        join_path(&self.path_base, &location.dir)
     }
 
     async fn check_writable(&self) -> Result<(), CheckpointError> {
@@ -733,6 +738,33 @@ mod tests {
         assert!(resolve("j/chk-1/", "../../../etc/passwd").is_err());
         assert!(resolve("j/chk-1/", "/etc/passwd").is_err());
         assert!(resolve("j/chk-1/", "").is_err());
+    }
+
+    #[test]
+    fn location_paths_are_what_a_user_passes_back() {
+        let loc = CheckpointLocation {
+            dir: "abc/chk-3/".into(),
+        };
+        let s3 = OpendalCheckpointStorage::s3(S3Config {
+            endpoint: Some("http://127.0.0.1:9".into()),
+            region: "us-east-1".into(),
+            bucket: "bkt".into(),
+            prefix: "p/q".into(),
+            access_key_id: Some("A".into()),
+            secret_access_key: Some("S".into()),
+            session_token: None,
+            path_style: true,
+        })
+        .expect("s3 storage");
+        assert!(s3.describe().contains("endpoint"), "{}", s3.describe());
+        assert_eq!(s3.location_path(&loc), "s3://bkt/p/q/abc/chk-3");
+        let mem = OpendalCheckpointStorage::memory().expect("memory");
+        assert_eq!(mem.location_path(&loc), "memory://abc/chk-3");
+        assert_eq!(
+            join_path("file:///tmp/x", "j/chk-1/"),
+            "file:///tmp/x/j/chk-1"
+        );
+        assert_eq!(join_path("file:///tmp/x/", ""), "file:///tmp/x/");
     }
 
     #[test]
