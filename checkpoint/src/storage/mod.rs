@@ -50,6 +50,16 @@ pub struct CheckpointListing {
     pub complete: bool,
 }
 
+/// `base` (a root as a URL) followed by the directory `dir`, without a trailing `/` after `dir`.
+pub fn join_path(base: &str, dir: &str) -> String {
+    let dir = dir.trim_end_matches('/');
+    if dir.is_empty() || base.ends_with('/') {
+        format!("{base}{dir}")
+    } else {
+        format!("{base}/{dir}")
+    }
+}
+
 /// Where checkpoints are written and read.
 ///
 /// Contract:
@@ -63,16 +73,6 @@ pub struct CheckpointListing {
 ///   names the file.
 /// - [`discard`](Self::discard) is idempotent: discarding what is already gone is `Ok`.
 /// - Errors from the service keep opendal's `ErrorKind` ([`CheckpointError::storage_kind`]).
-/// `base` (a root as a URL) followed by the directory `dir`, without a trailing `/` after `dir`.
-pub fn join_path(base: &str, dir: &str) -> String {
-    let dir = dir.trim_end_matches('/');
-    if dir.is_empty() || base.ends_with('/') {
-        format!("{base}{dir}")
-    } else {
-        format!("{base}/{dir}")
-    }
-}
-
 #[async_trait]
 pub trait CheckpointStorage: Send + Sync + 'static {
     /// A human-readable description of where the root is (`file:///tmp/x`, `memory://`, …).
