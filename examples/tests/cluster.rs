@@ -374,3 +374,107 @@ fn a_job_manager_started_again_with_from_resumes_the_job_on_the_same_task_manage
         );
     }
 }
+
+#[test]
+fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 1_500_000u64;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let savepoints = tmp.path().join("savepoints");
+    let job: Vec<String> = [
+        "--records",
+        &records.to_string(),
+        "--parallelism",
+        "4",
+        "--checkpoint-interval",
+        "50ms",
+        "--checkpoint-dir",
+        tmp.path().join("chk").to_str().unwrap(),
+        "--savepoint-dir",
+        savepoints.to_str().unwrap(),
+        "--sink-delay",
+        "2us",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let log = |name: &str| tmp.path().join(format!("{name}.log"));
+    let mut procs = Processes(Vec::new());
+    for name in ["tm1", "tm2"] {
+        procs.0.push(word_count(
+            &job,
+            &[
+                "--jobmanager".into(),
+                addr.clone(),
+                "--slots".into(),
+                "2".into(),
+            ],
+            &[],
+            &log(name),
+        ));
+    }
+    let jm = word_count(
+        &job,
+        &[
+            "--role".into(),
+            "jobmanager".into(),
+            "--listen".into(),
+            addr.clone(),
+            "--stop-with-savepoint-after".into(),
+            "300000".into(),
+        ],
+        &[],
+        &log("jobmanager"),
+    );
+    let jm = wait_output(jm, Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&jm.stdout).into_owned();
+    assert!(
+        jm.status.success(),
+        "{stdout}\n{}",
+        log_tail(&log("jobmanager"))
+    );
+    let savepoint = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("stopped with savepoint: "))
+        .unwrap_or_else(|| panic!("no savepoint line:\n{stdout}"))
+        .trim_start_matches("file://")
+        .to_string();
+    // Every task manager took the savepoint's directory before its barriers.
+    for name in ["tm1", "tm2"] {
+        let text = std::fs::read_to_string(log(name)).unwrap();
+        assert!(
+            text.contains("savepoint target taken"),
+            "{name}:\n{}",
+            log_tail(&log(name))
+        );
+    }
+    for tm in procs.0.drain(..) {
+        let o = wait_output(tm, Duration::from_secs(30));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    }
+    // The rest of the input, in one process at another parallelism: each record counts once.
+    let out = tmp.path().join("totals.csv");
+    let run = Command::new(env!("CARGO_BIN_EXE_word_count"))
+        .args([
+            "--records",
+            &records.to_string(),
+            "--parallelism",
+            "3",
+            "--sink-delay",
+            "2us",
+            "--from",
+            &savepoint,
+            "--checkpoint-dir",
+            tmp.path().join("chk2").to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(parse_totals(&out), expected_totals(records, 42));
+}

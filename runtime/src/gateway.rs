@@ -76,7 +76,7 @@ impl ProcessTasks<'_> {
         &self,
         generation: u64,
         tasks: Vec<TaskDeployment>,
-        reports: &mpsc::Sender<TaskReport>,
+        reports: &mpsc::UnboundedSender<TaskReport>,
     ) -> Result<Running, JobError> {
         let job = &self.spec.job;
         let uploads = Arc::new(AtomicUsize::new(0));
@@ -143,16 +143,14 @@ impl ProcessTasks<'_> {
                 let run = AssertUnwindSafe(run_task(input, env, restore)).catch_unwind();
                 if let Err(panic) = run.await {
                     let message = panic_message(panic.as_ref());
-                    let _ = reports
-                        .send(TaskReport {
-                            generation,
-                            task: key,
-                            event: TaskEvent::Failed(TaskError::Panic {
-                                task: name,
-                                message,
-                            }),
-                        })
-                        .await;
+                    let _ = reports.send(TaskReport {
+                        generation,
+                        task: key,
+                        event: TaskEvent::Failed(TaskError::Panic {
+                            task: name,
+                            message,
+                        }),
+                    });
                 }
             }));
         }

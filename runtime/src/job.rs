@@ -500,6 +500,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             }
             _ => Gateway::Local(None),
         };
+        // The job runs in here, so that task managers hear of its end however it ends.
+        let result: Result<JobResult, JobError> = async {
         let mut commands = canceller.take_commands();
         let targets: Arc<Targets> = Arc::new(Targets::default());
         let mut stopped_with: Option<String> = None;
@@ -615,7 +617,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             }
             let mut coordinator_states: HashMap<CheckpointId, BTreeMap<OperatorId, Vec<u8>>> = HashMap::new();
             // Deploy every subtask of this generation.
-            let (report_tx, mut report_rx) = mpsc::channel::<TaskReport>(1024);
+            let (report_tx, mut report_rx) = mpsc::unbounded_channel::<TaskReport>();
             let mut deployments = Vec::new();
             for v in &job.vertices {
                 for i in 0..v.parallelism {
@@ -1129,9 +1131,6 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         warn!("discarding old checkpoints did not finish within {FINALIZE_WAIT:?}");
                     }
                     info!(?status, restarts = restart.restarts(), completed, failed, "job ended");
-                    if let Gateway::Remote(remote) = &gateway {
-                        remote.shutdown().await;
-                    }
                     return Ok(JobResult {
                         job_id,
                         status,
@@ -1186,6 +1185,12 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                 restore = Some((storage.clone(), retained));
             }
         }
+        }
+        .await;
+        if let Gateway::Remote(remote) = &gateway {
+            remote.shutdown().await;
+        }
+        result
     }
     .instrument(span)
     .await

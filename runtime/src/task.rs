@@ -102,7 +102,7 @@ pub(crate) struct TaskEnv {
     pub generation: u64,
     pub job_id: JobId,
     pub storage: Arc<dyn CheckpointStorage>,
-    pub reports: mpsc::Sender<TaskReport>,
+    pub reports: mpsc::UnboundedSender<TaskReport>,
     pub mailbox: mpsc::Receiver<TaskMessage>,
     pub started: Instant,
     pub metrics: Arc<JobMetrics>,
@@ -151,7 +151,6 @@ impl TaskEnv {
                 task: self.task,
                 event,
             })
-            .await
             .map_err(|_| TaskError::MasterGone)
     }
 }
@@ -1244,13 +1243,11 @@ fn spawn_upload(
                 }
             }
         };
-        let _ = reports
-            .send(TaskReport {
-                generation,
-                task,
-                event,
-            })
-            .await;
+        let _ = reports.send(TaskReport {
+            generation,
+            task,
+            event,
+        });
     });
 }
 

@@ -34,6 +34,7 @@ async fn run_child(jobmanager: SocketAddr) -> ! {
         data_addr: "127.0.0.1:0".parse().unwrap(),
         pid: std::process::id(),
         job: None,
+        protocol: weir_runtime::cluster::TASK_PROTOCOL_VERSION,
     };
     let session = match TaskManagerSession::join(jobmanager, info, BOUND).await {
         Ok(s) => s,
@@ -186,6 +187,7 @@ async fn heartbeat_settings_are_checked() {
             data_addr: "127.0.0.1:0".parse().unwrap(),
             pid: 0,
             job: None,
+            protocol: weir_runtime::cluster::TASK_PROTOCOL_VERSION,
         },
         Duration::from_millis(200),
     )

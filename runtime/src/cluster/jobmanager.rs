@@ -35,7 +35,10 @@ struct Service {
     job: Option<u128>,
 }
 
-/// The messages waiting for each registered task manager's next fetch.
+/// The messages for each registered task manager, numbered from 1, kept until its fetch
+/// acknowledges them: an answer lost on the way (a late reply tarpc drops, a cut connection) is
+/// sent again by the next fetch, so nothing queued is lost while the task manager stays
+/// registered.
 #[derive(Clone, Default)]
 pub struct Outboxes {
     boxes: Arc<Mutex<HashMap<TaskManagerId, Outbox>>>,
@@ -43,9 +46,15 @@ pub struct Outboxes {
 
 #[derive(Default)]
 struct Outbox {
-    queue: VecDeque<Vec<u8>>,
+    /// Unacknowledged messages, by number.
+    queue: VecDeque<(u64, Vec<u8>)>,
+    /// The number of the last message posted.
+    last: u64,
     ready: Arc<Notify>,
 }
+
+/// The most messages one fetch answers with.
+const FETCH_BATCH: usize = 256;
 
 impl Outboxes {
     fn open(&self, id: TaskManagerId) {
@@ -67,7 +76,9 @@ impl Outboxes {
         };
         match b.get_mut(&id) {
             Some(outbox) => {
-                outbox.queue.push_back(message);
+                outbox.last += 1;
+                let n = outbox.last;
+                outbox.queue.push_back((n, message));
                 outbox.ready.notify_one();
                 true
             }
@@ -75,7 +86,7 @@ impl Outboxes {
         }
     }
 
-    /// Whether every message posted to `id` has been fetched (true if it is gone).
+    /// Whether `id` has acknowledged every message posted to it (true if it is gone).
     pub fn drained(&self, id: TaskManagerId) -> bool {
         self.boxes
             .lock()
@@ -83,8 +94,14 @@ impl Outboxes {
             .unwrap_or(true)
     }
 
-    /// Takes what is queued for `id`, waiting until `deadline` for something.
-    async fn take(&self, id: TaskManagerId, deadline: Instant) -> Result<Vec<Vec<u8>>, String> {
+    /// Drops what `id` acknowledged (every message up to `acked`), then answers the messages
+    /// after it, waiting until `deadline` for one.
+    pub async fn take(
+        &self,
+        id: TaskManagerId,
+        acked: u64,
+        deadline: Instant,
+    ) -> Result<Vec<(u64, Vec<u8>)>, String> {
         loop {
             let ready = {
                 let mut b = self
@@ -94,8 +111,11 @@ impl Outboxes {
                 let outbox = b
                     .get_mut(&id)
                     .ok_or_else(|| format!("task manager {id} is not registered"))?;
+                while outbox.queue.front().is_some_and(|(n, _)| *n <= acked) {
+                    outbox.queue.pop_front();
+                }
                 if !outbox.queue.is_empty() {
-                    return Ok(outbox.queue.drain(..).collect());
+                    return Ok(outbox.queue.iter().take(FETCH_BATCH).cloned().collect());
                 }
                 outbox.ready.clone()
             };
@@ -125,6 +145,14 @@ impl JobManagerService for Service {
     async fn register(self, _: Context, info: TaskManagerInfo) -> Result<Registration, String> {
         if info.slots == 0 {
             return Err(format!("task manager {} offers no slots", info.name));
+        }
+        if info.protocol != super::TASK_PROTOCOL_VERSION {
+            return Err(format!(
+                "task manager {} speaks task protocol version {}, this job manager {}: run the same build everywhere",
+                info.name,
+                info.protocol,
+                super::TASK_PROTOCOL_VERSION
+            ));
         }
         if let Some(expected) = self.job
             && info.job != Some(expected)
@@ -177,8 +205,15 @@ impl JobManagerService for Service {
             .map_err(|_| "the job manager is shutting down".to_string())
     }
 
-    async fn fetch(self, _: Context, id: TaskManagerId) -> Result<Vec<Vec<u8>>, String> {
-        self.outboxes.take(id, Instant::now() + FETCH_WAIT).await
+    async fn fetch(
+        self,
+        _: Context,
+        id: TaskManagerId,
+        acked: u64,
+    ) -> Result<Vec<(u64, Vec<u8>)>, String> {
+        self.outboxes
+            .take(id, acked, Instant::now() + FETCH_WAIT)
+            .await
     }
 }
 
@@ -365,5 +400,59 @@ async fn detect_losses(service: Service) {
             }
             let _ = service.events.send(event);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_millis(50)
+    }
+
+    #[tokio::test]
+    async fn outbox_messages_stay_until_acknowledged_and_come_in_order() {
+        let boxes = Outboxes::default();
+        let tm = TaskManagerId(1);
+        assert!(
+            !boxes.post(tm, vec![0]),
+            "posted to a task manager never registered"
+        );
+        boxes.open(tm);
+        for b in 1..=3u8 {
+            assert!(boxes.post(tm, vec![b]));
+        }
+        let first = boxes.take(tm, 0, soon()).await.expect("take");
+        assert_eq!(first, vec![(1, vec![1]), (2, vec![2]), (3, vec![3])]);
+        // The answer was lost: the same fetch again gets the same messages.
+        assert_eq!(boxes.take(tm, 0, soon()).await.expect("again"), first);
+        assert!(!boxes.drained(tm));
+        // Two taken: only the third comes again.
+        assert_eq!(
+            boxes.take(tm, 2, soon()).await.expect("rest"),
+            vec![(3, vec![3])]
+        );
+        // All taken: a fetch waits, and a post wakes it.
+        let waiting = {
+            let boxes = boxes.clone();
+            tokio::spawn(async move {
+                boxes
+                    .take(tm, 3, Instant::now() + Duration::from_secs(10))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(boxes.post(tm, vec![4]));
+        assert_eq!(
+            waiting.await.expect("join").expect("take"),
+            vec![(4, vec![4])]
+        );
+        assert!(boxes.take(tm, 4, soon()).await.expect("empty").is_empty());
+        assert!(boxes.drained(tm));
+        boxes.close(tm);
+        let err = boxes.take(tm, 4, soon()).await.expect_err("closed");
+        assert!(err.contains("not registered"), "{err}");
     }
 }

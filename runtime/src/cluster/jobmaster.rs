@@ -54,7 +54,7 @@ struct RouterState {
     stopped: BTreeSet<TaskManagerId>,
     target_acks: HashMap<CheckpointId, BTreeSet<TaskManagerId>>,
     /// Where the current generation's reports go, while it runs.
-    reports: Option<mpsc::Sender<TaskReport>>,
+    reports: Option<mpsc::UnboundedSender<TaskReport>>,
     /// Each task manager's latest count of records its sources emitted.
     source_counts: HashMap<TaskManagerId, u64>,
 }
@@ -168,8 +168,8 @@ impl RemoteGateway {
         generation: u64,
         job: &JobGraph,
         common: DeployCommon,
-        tasks: Vec<TaskDeployment>,
-        reports: mpsc::Sender<TaskReport>,
+        mut tasks: Vec<TaskDeployment>,
+        reports: mpsc::UnboundedSender<TaskReport>,
     ) -> Result<(), JobError> {
         let needed = job
             .vertices
@@ -181,19 +181,17 @@ impl RemoteGateway {
         if !enough(&lock(&self.state)) {
             info!(needed, "waiting for task managers to offer slots");
         }
-        if !self
-            .wait_for(Instant::now() + self.slot_timeout, enough)
-            .await
-        {
-            let st = lock(&self.state);
-            return Err(JobError::NoResources(format!(
-                "the job needs {needed} slots, and within {:?} the registered task managers offer {} ({} task managers)",
-                self.slot_timeout,
-                st.members.values().map(|i| i.slots).sum::<u32>(),
-                st.members.len()
-            )));
-        }
-        let (by_tm, placement) = {
+        let give_up = Instant::now() + self.slot_timeout;
+        let (by_tm, placement) = loop {
+            if !self.wait_for(give_up, enough).await {
+                let st = lock(&self.state);
+                return Err(JobError::NoResources(format!(
+                    "the job needs {needed} slots, and within {:?} the registered task managers offer {} ({} task managers)",
+                    self.slot_timeout,
+                    st.members.values().map(|i| i.slots).sum::<u32>(),
+                    st.members.len()
+                )));
+            }
             let mut st = lock(&self.state);
             // Slot i runs subtask i of every vertex.
             let slots: Vec<(TaskManagerId, SocketAddr)> = st
@@ -201,32 +199,41 @@ impl RemoteGateway {
                 .iter()
                 .flat_map(|(id, info)| (0..info.slots).map(move |_| (*id, info.data_addr)))
                 .collect();
+            // A task manager was lost since the wait: wait again.
+            if slots.len() < needed as usize {
+                continue;
+            }
             let mut placement = Vec::new();
             st.placement.clear();
             for v in &job.vertices {
-                for i in 0..v.parallelism {
-                    let (tm, addr) = slots[i as usize];
-                    placement.push((v.id, i, addr));
+                for (i, (tm, addr)) in slots.iter().take(v.parallelism as usize).enumerate() {
+                    let i = i as u32;
+                    placement.push((v.id, i, *addr));
                     st.placement.insert(
                         TaskKey {
                             vertex: v.id,
                             subtask: i,
                         },
-                        tm,
+                        *tm,
                     );
                 }
             }
             let mut by_tm: BTreeMap<TaskManagerId, Vec<TaskDeployment>> = BTreeMap::new();
-            for t in tasks {
-                let tm = st.placement[&t.task];
+            for t in std::mem::take(&mut tasks) {
+                let Some(tm) = st.placement.get(&t.task).copied() else {
+                    return Err(JobError::Invalid(format!(
+                        "subtask {} is not in the job graph",
+                        t.task
+                    )));
+                };
                 by_tm.entry(tm).or_default().push(t);
             }
             st.generation = generation;
             st.hosting = by_tm.keys().copied().collect();
             st.stopped.clear();
             st.target_acks.clear();
-            st.reports = Some(reports);
-            (by_tm, placement)
+            st.reports = Some(reports.clone());
+            break (by_tm, placement);
         };
         for (tm, tasks) in by_tm {
             let names: Vec<String> = tasks.iter().map(|t| t.task.to_string()).collect();
@@ -254,16 +261,14 @@ impl RemoteGateway {
                     (first, st.reports.clone())
                 };
                 if let (Some(task), Some(reports)) = (first, reports) {
-                    let _ = reports
-                        .send(TaskReport {
-                            generation,
-                            task,
-                            event: TaskEvent::Failed(TaskError::TaskManagerLost {
-                                task_manager: tm.to_string(),
-                                reason: "it left before its deployment was delivered".into(),
-                            }),
-                        })
-                        .await;
+                    let _ = reports.send(TaskReport {
+                        generation,
+                        task,
+                        event: TaskEvent::Failed(TaskError::TaskManagerLost {
+                            task_manager: tm.to_string(),
+                            reason: "it left before its deployment was delivered".into(),
+                        }),
+                    });
                 }
             }
         }
@@ -367,15 +372,15 @@ impl RemoteGateway {
         lock(&self.state).reports = None;
     }
 
-    /// Tells every task manager the job is over, and waits briefly until each has taken it.
+    /// Tells every task manager the job is over, and waits briefly until each has left.
     pub async fn shutdown(&self) {
         let members: Vec<TaskManagerId> = lock(&self.state).members.keys().copied().collect();
         for tm in &members {
             self.post(*tm, &ToTaskManager::Shutdown);
         }
-        let give_up = Instant::now() + SHUTDOWN_WAIT;
-        while Instant::now() < give_up && !members.iter().all(|tm| self.outboxes.drained(*tm)) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        let gone = |s: &RouterState| members.iter().all(|tm| !s.members.contains_key(tm));
+        if !self.wait_for(Instant::now() + SHUTDOWN_WAIT, gone).await {
+            warn!("some task managers did not leave after the job ended");
         }
     }
 }
@@ -435,16 +440,14 @@ async fn on_membership(state: &Mutex<RouterState>, event: MembershipEvent) {
     };
     if let Some((task, reports, generation)) = failure {
         warn!(task_manager = %id, %reason, generation, "a task manager running subtasks was lost");
-        let _ = reports
-            .send(TaskReport {
-                generation,
-                task,
-                event: TaskEvent::Failed(TaskError::TaskManagerLost {
-                    task_manager: id.to_string(),
-                    reason,
-                }),
-            })
-            .await;
+        let _ = reports.send(TaskReport {
+            generation,
+            task,
+            event: TaskEvent::Failed(TaskError::TaskManagerLost {
+                task_manager: id.to_string(),
+                reason,
+            }),
+        });
     }
 }
 
@@ -456,7 +459,19 @@ async fn on_message(
 ) {
     match message {
         FromTaskManager::Report(report) => {
-            let reports = lock(state).reports.clone();
+            let (reports, placed_there) = {
+                let st = lock(state);
+                let placed_there = st.placement.get(&report.task) == Some(&tm);
+                (
+                    st.reports.clone(),
+                    placed_there || report.generation != st.generation,
+                )
+            };
+            // The current generation's subtasks report only from where they were deployed.
+            if !placed_there {
+                warn!(task_manager = %tm, task = %report.task, "dropped a report for a subtask not deployed there");
+                return;
+            }
             if let TaskEvent::Acknowledge { id, .. } = &report.event {
                 info_span!("checkpoint", id = id.0).in_scope(
                     || debug!(task_manager = %tm, task = %report.task, "acknowledgement received"),
@@ -464,7 +479,7 @@ async fn on_message(
             }
             match reports {
                 Some(r) => {
-                    let _ = r.send(report).await;
+                    let _ = r.send(report);
                 }
                 None => {
                     debug!(task_manager = %tm, ?report.event, "a report after its generation stopped")

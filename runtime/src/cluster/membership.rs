@@ -33,6 +33,8 @@ pub struct TaskManagerInfo {
     /// A fingerprint of the job graph it built from its program and job arguments, which must
     /// be the job manager's; `None` for a task manager that runs no job of its own (tests).
     pub job: Option<u128>,
+    /// The version of the task protocol it speaks ([`super::TASK_PROTOCOL_VERSION`]).
+    pub protocol: u8,
 }
 
 /// A change of membership.
@@ -192,6 +194,7 @@ mod tests {
             data_addr: "127.0.0.1:7000".parse().unwrap_or_else(|_| unreachable!()),
             pid: 1,
             job: None,
+            protocol: crate::cluster::TASK_PROTOCOL_VERSION,
         }
     }
 

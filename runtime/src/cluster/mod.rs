@@ -21,8 +21,8 @@
 //!   other task managers.
 //!
 //! The job manager reaches task managers without connecting to them: each task manager long-polls
-//! ([`rpc::JobManagerService::fetch`]) for what is queued for it, in order, and sends its reports
-//! in order on the same connection.
+//! ([`rpc::JobManagerService::fetch`]) for what is queued for it, numbered and kept until
+//! acknowledged, and sends its reports in order on the same connection.
 //!
 //! Heartbeats: every `heartbeat_interval` a task manager calls `heartbeat`. The job manager
 //! declares a task manager lost when none arrived for `heartbeat_timeout`; a task manager
@@ -44,6 +44,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 pub use jobmanager::JobManagerServer;
+
+/// The version of the task protocol this build speaks; a task manager of another version is
+/// refused at registration.
+pub const TASK_PROTOCOL_VERSION: u8 = protocol::PROTOCOL_VERSION;
 pub use membership::{MembershipEvent, TaskManagerId, TaskManagerInfo};
 pub use taskmanager::{JobManagerLost, TaskManagerSession};
 

@@ -66,7 +66,7 @@ pub(crate) struct Deploy {
 pub(crate) enum FromTaskManager {
     /// A subtask's report.
     Report(TaskReport),
-    /// Records its sources emitted since the task manager started.
+    /// Records its sources emitted in this session (since it registered).
     SourceRecords(u64),
     /// A subtask of `generation` processed its first record.
     FirstRecord { generation: u64 },
@@ -136,6 +136,85 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert!(matches!(got[1], FromTaskManager::SourceRecords(17)));
+        assert!(matches!(got[2], FromTaskManager::Stopped { generation: 3 }));
+    }
+
+    #[test]
+    fn acknowledgements_keep_their_state_handles_and_a_lost_task_manager_its_cause() {
+        use weir_checkpoint::coordinator::SubtaskCheckpointMetrics;
+        use weir_core::handle::{OperatorSubtaskState, StreamStateHandle, TaskStateSnapshot};
+        use weir_core::ids::OperatorId;
+        let task = TaskKey {
+            vertex: VertexId(0),
+            subtask: 0,
+        };
+        let mut state = TaskStateSnapshot::default();
+        state.operators.insert(
+            OperatorId(7),
+            OperatorSubtaskState {
+                operator: vec![weir_core::handle::OperatorStateHandle {
+                    states: vec![(
+                        "offsets".into(),
+                        weir_core::handle::OperatorStateMode::Union,
+                    )],
+                    stream: StreamStateHandle::Inline(vec![1, 2, 3]),
+                }],
+                keyed: Vec::new(),
+            },
+        );
+        let sent = vec![
+            FromTaskManager::Report(TaskReport {
+                generation: 1,
+                task,
+                event: TaskEvent::Acknowledge {
+                    id: CheckpointId(4),
+                    state: state.clone(),
+                    metrics: SubtaskCheckpointMetrics {
+                        state_size: 3,
+                        ..Default::default()
+                    },
+                },
+            }),
+            FromTaskManager::Report(TaskReport {
+                generation: 1,
+                task,
+                event: TaskEvent::Failed(TaskError::TaskManagerLost {
+                    task_manager: "tm-2".into(),
+                    reason: "no heartbeat for 2s".into(),
+                }),
+            }),
+        ];
+        let got: Vec<FromTaskManager> =
+            decode(&encode(&sent).expect("encode"), "jm").expect("decode");
+        match &got[0] {
+            FromTaskManager::Report(TaskReport {
+                event:
+                    TaskEvent::Acknowledge {
+                        id,
+                        state: s,
+                        metrics,
+                    },
+                ..
+            }) => {
+                assert_eq!(*id, CheckpointId(4));
+                assert_eq!(*s, state);
+                assert_eq!(metrics.state_size, 3);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        match &got[1] {
+            FromTaskManager::Report(TaskReport {
+                event: TaskEvent::Failed(e),
+                ..
+            }) => {
+                assert!(!e.is_echo());
+                assert!(
+                    e.to_string().contains("tm-2") && e.to_string().contains("no heartbeat"),
+                    "{e}"
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
     }
 
     #[test]

@@ -36,8 +36,9 @@ pub trait JobManagerService {
     /// Messages from a task manager about its subtasks, in order (the task protocol, encoded).
     /// `Err`: the job manager does not know it.
     async fn report(id: TaskManagerId, messages: Vec<u8>) -> Result<(), String>;
-    /// Takes the messages queued for a task manager, waiting up to [`FETCH_WAIT`] for one (a
-    /// long poll: the job manager reaches task managers without connecting to them). `Err`: the
-    /// job manager does not know it.
-    async fn fetch(id: TaskManagerId) -> Result<Vec<Vec<u8>>, String>;
+    /// The messages queued for a task manager after number `acked` (which it has taken:
+    /// they are dropped), numbered, waiting up to [`FETCH_WAIT`] for one. A long poll: the job
+    /// manager reaches task managers without connecting to them, and a lost answer is sent
+    /// again. `Err`: the job manager does not know it.
+    async fn fetch(id: TaskManagerId, acked: u64) -> Result<Vec<(u64, Vec<u8>)>, String>;
 }

@@ -12,7 +12,7 @@ use crate::config::StorageConfig;
 use crate::error::{JobError, TaskError};
 use crate::gateway::{ProcessTasks, Running};
 use crate::job::{JobResult, JobSpec, JobStatus, build_storage};
-use crate::task::{JobMetrics, Targets, TaskEvent, TaskReport};
+use crate::task::{JobMetrics, Targets, TaskEvent, TaskMessage, TaskReport};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -70,7 +70,7 @@ struct Executor {
     chain_epoch: Arc<AtomicU64>,
     storages: HashMap<String, Arc<dyn CheckpointStorage>>,
     running: BTreeMap<u64, Running>,
-    reports: mpsc::Sender<TaskReport>,
+    reports: mpsc::UnboundedSender<TaskReport>,
 }
 
 /// How a session with the job manager ended.
@@ -113,7 +113,6 @@ pub(crate) async fn run_task_manager(
     drop(entered);
     let data_addr = transport.local_addr();
     let span = info_span!("taskmanager", data = %data_addr);
-    let (reports_tx, mut reports_rx) = mpsc::channel(4096);
     let mut executor = Executor {
         runtime,
         fingerprint: graph_fingerprint(&spec.job),
@@ -125,7 +124,7 @@ pub(crate) async fn run_task_manager(
         chain_epoch: Arc::new(AtomicU64::new(0)),
         storages: HashMap::new(),
         running: BTreeMap::new(),
-        reports: reports_tx,
+        reports: mpsc::unbounded_channel().0,
     };
     let info = TaskManagerInfo {
         name: format!("taskmanager-{}@{ip}", std::process::id()),
@@ -133,6 +132,7 @@ pub(crate) async fn run_task_manager(
         data_addr,
         pid: std::process::id(),
         job: Some(executor.fingerprint),
+        protocol: super::TASK_PROTOCOL_VERSION,
     };
     let result = async {
         loop {
@@ -140,14 +140,16 @@ pub(crate) async fn run_task_manager(
                 TaskManagerSession::join(options.jobmanager, info.clone(), options.connect_timeout)
                     .await
                     .map_err(|e| JobError::JobManagerLost(e.to_string()))?;
+            // Each session has its own report channel: what a subtask or an upload of an
+            // earlier session reports goes nowhere, never to another job manager.
+            let (reports_tx, mut reports_rx) = mpsc::unbounded_channel();
+            executor.reports = reports_tx;
             let end = serve(&session, &mut executor, &mut reports_rx).await;
             // Whatever runs belongs to a job master that is gone or done.
             for (_, mut r) in std::mem::take(&mut executor.running) {
                 r.stop(false).await;
             }
-            // A job manager started again numbers its generations from 1: no channel of the
-            // last session may linger under the same ids.
-            executor.transport.release_before(u64::MAX);
+            executor.end_session();
             match end {
                 SessionEnd::Shutdown => {
                     let _ = session.leave().await;
@@ -174,8 +176,6 @@ pub(crate) async fn run_task_manager(
                 }
                 SessionEnd::Lost(reason) => {
                     warn!(%reason, "lost the job manager; subtasks stopped, registering again");
-                    // Reports of the stopped subtasks belong to no job master any more.
-                    while reports_rx.try_recv().is_ok() {}
                 }
             }
         }
@@ -195,7 +195,7 @@ pub(crate) async fn run_task_manager(
 async fn serve(
     session: &TaskManagerSession,
     executor: &mut Executor,
-    reports: &mut mpsc::Receiver<TaskReport>,
+    reports: &mut mpsc::UnboundedReceiver<TaskReport>,
 ) -> SessionEnd {
     let (control_tx, mut control_rx) = mpsc::unbounded_channel();
     let metrics = executor.metrics.clone();
@@ -213,8 +213,10 @@ async fn fetch_loop(
     control: mpsc::UnboundedSender<FromTaskManager>,
 ) -> SessionEnd {
     let from = "the job manager";
+    // The number of the last message taken.
+    let mut taken = 0u64;
     loop {
-        let batches = match session.fetch().await {
+        let batches = match session.fetch(taken).await {
             Ok(b) => b,
             Err(e) if e.contains("not registered") => return SessionEnd::Lost(e),
             Err(e) => {
@@ -224,7 +226,12 @@ async fn fetch_loop(
                 continue;
             }
         };
-        for bytes in batches {
+        for (n, bytes) in batches {
+            // Sent again after an answer that did not arrive, but already taken.
+            if n <= taken {
+                continue;
+            }
+            taken = n;
             let messages = match decode::<ToTaskManager>(&bytes, from) {
                 Ok(m) => m,
                 Err(e) => return SessionEnd::Lost(e),
@@ -239,6 +246,20 @@ async fn fetch_loop(
 }
 
 impl Executor {
+    /// Forgets what belonged to the session that ended: a job manager started again numbers
+    /// its generations and snapshots from 1 and its chain epochs from 0, so no channel, target
+    /// or epoch of the last session may linger under the same numbers.
+    fn end_session(&mut self) {
+        self.transport.release_before(u64::MAX);
+        if let Ok(mut t) = self.targets.lock() {
+            t.clear();
+        }
+        self.chain_epoch.store(0, Ordering::Release);
+        if let Ok(mut f) = self.metrics.first_record_us.lock() {
+            f.clear();
+        }
+    }
+
     fn storage(&mut self, root: Option<&str>) -> Result<Arc<dyn CheckpointStorage>, String> {
         let Some(root) = root else {
             return OpendalCheckpointStorage::memory()
@@ -267,16 +288,33 @@ impl Executor {
                 task,
                 message,
             } => {
+                // An assigned split is in no enumerator snapshot any more: if it cannot be
+                // delivered, the subtask fails (and the job restores) rather than lose it, as
+                // in one process.
+                let is_split = matches!(message, TaskMessage::Splits(_));
                 let delivered = self
                     .running
                     .get(&generation)
                     .is_some_and(|r| r.send(task, message));
-                if !delivered {
+                if !delivered && is_split {
+                    let _ = self.reports.send(TaskReport {
+                        generation,
+                        task,
+                        event: TaskEvent::Failed(TaskError::Operator {
+                            operator: "split assignment".into(),
+                            message: format!(
+                                "cannot deliver a split assignment to {task}: its mailbox is full or closed"
+                            ),
+                        }),
+                    });
+                } else if !delivered {
                     debug!(%task, generation, "a message for a subtask that is not running here");
                 }
             }
             ToTaskManager::SavepointTarget { id, root, dir } => match self.storage(Some(&root)) {
                 Ok(storage) => {
+                    info_span!("checkpoint", id = id.0)
+                        .in_scope(|| info!(%root, %dir, "savepoint target taken"));
                     if let Ok(mut t) = self.targets.lock() {
                         t.insert(id, (storage, CheckpointLocation { dir }));
                     }
@@ -343,16 +381,14 @@ impl Executor {
             let tasks = keys.clone();
             async move {
                 for task in tasks {
-                    let _ = reports
-                        .send(TaskReport {
-                            generation,
-                            task,
-                            event: TaskEvent::Failed(TaskError::Operator {
-                                operator: "deployment".into(),
-                                message: reason.clone(),
-                            }),
-                        })
-                        .await;
+                    let _ = reports.send(TaskReport {
+                        generation,
+                        task,
+                        event: TaskEvent::Failed(TaskError::Operator {
+                            operator: "deployment".into(),
+                            message: reason.clone(),
+                        }),
+                    });
                 }
             }
         };
@@ -402,12 +438,14 @@ impl Executor {
 /// with the source count and first-record times.
 async fn forward(
     session: &TaskManagerSession,
-    reports: &mut mpsc::Receiver<TaskReport>,
+    reports: &mut mpsc::UnboundedReceiver<TaskReport>,
     control: &mut mpsc::UnboundedReceiver<FromTaskManager>,
     metrics: &JobMetrics,
 ) -> SessionEnd {
     let mut tick = tokio::time::interval(METRICS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Counts are per session: the job manager knows this task manager under a new id each time.
+    let base_records = metrics.source_records.load(Ordering::Relaxed);
     let mut sent_records = 0u64;
     let mut sent_firsts = 0usize;
     let within = session.registration().heartbeat_timeout;
@@ -444,7 +482,10 @@ async fn forward(
                 });
             }
         }
-        let records = metrics.source_records.load(Ordering::Relaxed);
+        let records = metrics
+            .source_records
+            .load(Ordering::Relaxed)
+            .saturating_sub(base_records);
         if records != sent_records {
             sent_records = records;
             batch.push(FromTaskManager::SourceRecords(records));

@@ -125,17 +125,36 @@ impl TaskManagerSession {
         } = self.registration;
         let timeout = heartbeat_timeout.saturating_sub(interval);
         let mut last_answered = self.registered_at;
+        let mut last_error = String::from("none");
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            ticker.tick().await;
+            // The give-up time does not wait for a tick or an answer: a task manager stops its
+            // subtasks `timeout` after the last answer, one interval before the job manager
+            // would declare it lost.
+            let give_up = last_answered + timeout;
+            let lost = |last_error: &str| {
+                let silent = last_answered.elapsed();
+                warn!(task_manager = %id, ?silent, "job manager lost: no heartbeat answered within the timeout");
+                JobManagerLost {
+                    addr: self.jobmanager,
+                    reason: format!(
+                        "no heartbeat answered for {silent:?} (timeout {timeout:?}); last error: {last_error}"
+                    ),
+                }
+            };
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = tokio::time::sleep_until(give_up.into()) => return lost(&last_error),
+            }
             let mut ctx = context::current();
-            // An answer counts until the timeout would pass: a slow answer is not a lost one.
-            ctx.deadline = Instant::now()
-                + timeout
-                    .saturating_sub(last_answered.elapsed())
-                    .max(interval);
-            match self.client.heartbeat(ctx, id).await {
+            // An answer counts until the give-up time: a slow answer is not a lost one.
+            ctx.deadline = give_up.max(Instant::now() + interval);
+            let answer = tokio::select! {
+                a = self.client.heartbeat(ctx, id) => a,
+                _ = tokio::time::sleep_until(give_up.into()) => return lost(&last_error),
+            };
+            match answer {
                 Ok(Ok(())) => last_answered = Instant::now(),
                 Ok(Err(refused)) => {
                     warn!(task_manager = %id, reason = %refused, "the job manager refused a heartbeat");
@@ -145,17 +164,8 @@ impl TaskManagerSession {
                     };
                 }
                 Err(e) => {
-                    let silent = last_answered.elapsed();
-                    debug!(task_manager = %id, error = %e, ?silent, "heartbeat unanswered");
-                    if silent > timeout {
-                        warn!(task_manager = %id, ?silent, "job manager lost: no heartbeat answered within the timeout");
-                        return JobManagerLost {
-                            addr: self.jobmanager,
-                            reason: format!(
-                                "no heartbeat answered for {silent:?} (timeout {timeout:?}); last error: {e}"
-                            ),
-                        };
-                    }
+                    debug!(task_manager = %id, error = %e, silent = ?last_answered.elapsed(), "heartbeat unanswered");
+                    last_error = e.to_string();
                 }
             }
         }
@@ -172,13 +182,14 @@ impl TaskManagerSession {
             .map_err(|e| format!("reporting to the job manager failed: {e}"))?
     }
 
-    /// Takes the messages the job manager queued for this task manager, waiting up to
-    /// [`FETCH_WAIT`] for one.
-    pub async fn fetch(&self) -> Result<Vec<Vec<u8>>, String> {
+    /// The messages the job manager queued for this task manager after number `acked`, in
+    /// order, waiting up to [`FETCH_WAIT`] for one. Pass the number of the last message taken:
+    /// an answer lost on the way comes again.
+    pub async fn fetch(&self, acked: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
         let mut ctx = context::current();
-        ctx.deadline = deadline_after(FETCH_WAIT + self.registration.heartbeat_interval);
+        ctx.deadline = deadline_after(FETCH_WAIT + self.registration.heartbeat_timeout);
         self.client
-            .fetch(ctx, self.registration.id)
+            .fetch(ctx, self.registration.id, acked)
             .await
             .map_err(|e| format!("fetching from the job manager failed: {e}"))?
     }
