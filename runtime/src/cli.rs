@@ -1,5 +1,7 @@
 //! The `weir` command-line tool: `weir checkpoints list | inspect | verify` over a local checkpoint
-//! directory, reading it only through [`CheckpointStorage`] and the state formats.
+//! directory or an `s3://bucket/prefix` (configured from the standard AWS variables, as a job's
+//! `--checkpoint-dir s3://…` is), reading it only through [`CheckpointStorage`] and the state
+//! formats. Paths are reported as absolute local paths, or as `s3://bucket/prefix/…` URLs.
 //!
 //! - `list <root>`: every checkpoint under a storage root (`<job-id>/chk-<n>`), a job directory
 //!   or one `chk-<n>` directory, with its status: `COMPLETED`, `INCOMPLETE` (no `_metadata`),
@@ -32,7 +34,7 @@ use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 use weir_checkpoint::metadata::{METADATA_MAGIC, METADATA_READ_VERSIONS, SubtaskInFlight};
-use weir_checkpoint::storage::CheckpointLocation;
+use weir_checkpoint::storage::{CheckpointLocation, S3Config, is_s3_url};
 use weir_checkpoint::{
     CheckpointError, CheckpointMetadata, CheckpointStorage, OpendalCheckpointStorage, OperatorState,
 };
@@ -68,7 +70,8 @@ pub struct Cli {
 /// The command groups.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List, inspect and verify checkpoints and savepoints in a local checkpoint directory.
+    /// List, inspect and verify checkpoints and savepoints in a local checkpoint directory or
+    /// under an s3://bucket/prefix (configured from the AWS_* variables, as a job's).
     #[command(subcommand)]
     Checkpoints(CheckpointsCommand),
 }
@@ -84,7 +87,8 @@ pub enum CheckpointsCommand {
     /// unaligned (holds in-flight data); sorted by job, then id. Exits 0 even when some are
     /// corrupt; 2 when the path does not exist or holds no checkpoint.
     List {
-        /// A storage root (holding JOB_ID/chk-N), a job directory or a chk-N directory.
+        /// A storage root (holding JOB_ID/chk-N), a job directory or a chk-N directory; local,
+        /// or s3://bucket/prefix[/JOB_ID[/chk-N]].
         root: PathBuf,
         /// Print one JSON document instead of a table.
         #[arg(long)]
@@ -100,7 +104,8 @@ pub enum CheckpointsCommand {
     /// checkpoint there and says so. Exits 0 when the report could be made (even with failed
     /// checks, which it shows), 1 when _metadata is corrupt or unreadable, 2 for a usage error.
     Inspect {
-        /// A chk-N directory, or a root or job directory (the latest complete checkpoint).
+        /// A chk-N directory, or a root or job directory (the latest complete checkpoint);
+        /// local, or s3://bucket/prefix[/JOB_ID[/chk-N]].
         path: PathBuf,
         /// Print one JSON document instead of text.
         #[arg(long)]
@@ -116,7 +121,8 @@ pub enum CheckpointsCommand {
     /// 0, or one `CORRUPT: <file>: <reason>` line per problem and exits 1; exits 2 for a usage
     /// error (a path that does not exist or holds no complete checkpoint).
     Verify {
-        /// A chk-N directory, or a root or job directory (the latest complete checkpoint).
+        /// A chk-N directory, or a root or job directory (the latest complete checkpoint);
+        /// local, or s3://bucket/prefix[/JOB_ID[/chk-N]].
         path: PathBuf,
     },
 }
@@ -125,7 +131,8 @@ pub enum CheckpointsCommand {
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     /// The command was used wrongly: a path that does not exist, is not a directory, or holds no
-    /// (complete) checkpoint. Exit code 2.
+    /// (complete) checkpoint; an `s3://` URL that cannot work (no bucket, an invalid name, missing
+    /// credentials). Exit code 2.
     #[error("{0}")]
     Usage(String),
     /// A checkpoint could not be read: a corrupt `_metadata` where a report needs it, or a
@@ -504,11 +511,20 @@ pub struct VerifyReport {
 struct Opened {
     /// The path as the user gave it, for messages.
     shown: String,
-    /// The storage root on disk (absolute).
-    root: PathBuf,
+    /// The storage root, as paths under it are shown.
+    root: Root,
     storage: OpendalCheckpointStorage,
     /// The user's path relative to `root`: `""` or `chk-<n>/`.
     rel: String,
+}
+
+/// Where the storage root of an opened path is.
+enum Root {
+    /// A local directory (absolute): paths under it are shown as local paths.
+    Local(PathBuf),
+    /// An S3 prefix: paths under it are shown as `s3://bucket/prefix/…` (this URL, normalised,
+    /// without a trailing `/`).
+    S3(String),
 }
 
 /// A checkpoint directory found under a path.
@@ -519,14 +535,21 @@ struct Found {
 }
 
 impl Opened {
-    /// The local path of `rel` (a path relative to the storage root).
-    fn local(&self, rel: &str) -> String {
+    /// How `rel` (a path relative to the storage root) is shown: a local path, or an `s3://`
+    /// URL.
+    fn display(&self, rel: &str) -> String {
         let rel = rel.trim_end_matches('/');
-        if rel.is_empty() {
-            self.root.display().to_string()
-        } else {
-            self.root.join(rel).display().to_string()
+        match &self.root {
+            Root::Local(root) if rel.is_empty() => root.display().to_string(),
+            Root::Local(root) => root.join(rel).display().to_string(),
+            Root::S3(url) if rel.is_empty() => url.clone(),
+            Root::S3(url) => format!("{url}/{rel}"),
         }
+    }
+
+    /// Whether the storage root is on S3.
+    fn is_s3(&self) -> bool {
+        matches!(self.root, Root::S3(_))
     }
 }
 
@@ -540,7 +563,44 @@ fn parse_chk(name: &str) -> Option<u64> {
     (format!("chk-{n}") == name).then_some(n)
 }
 
+/// Opens `path`: an `s3://bucket/prefix` URL (configured from the AWS variables) or a local
+/// directory.
 fn open(path: &Path) -> Result<Opened, CliError> {
+    match path.to_str().filter(|p| is_s3_url(p)) {
+        Some(url) => open_s3(url, |name| std::env::var(name).ok()),
+        None => open_local(path),
+    }
+}
+
+/// Opens `s3://bucket/prefix[/<job-id>[/chk-<n>]]` as the job does (`--from`): configured from
+/// the standard AWS variables (looked up by `var`), a trailing `chk-<n>` opened from its parent.
+/// Nothing is requested here: a prefix that holds nothing is "no checkpoint" when it is listed.
+fn open_s3(url: &str, var: impl Fn(&str) -> Option<String>) -> Result<Opened, CliError> {
+    let shown = url.to_string();
+    let trimmed = url.trim_end_matches('/');
+    let (root_url, rel) = match trimmed.rsplit_once('/') {
+        Some((parent, name)) if parse_chk(name).is_some() && parent.len() > "s3://".len() => {
+            (parent, format!("{name}/"))
+        }
+        _ => (trimmed, String::new()),
+    };
+    let usage = |e: CheckpointError| match e {
+        CheckpointError::Config(msg) => CliError::Usage(format!("cannot open '{shown}': {msg}")),
+        e => CliError::Failed(format!("cannot open '{shown}' as checkpoint storage: {e}")),
+    };
+    let config = S3Config::from_url_and_vars(root_url, var).map_err(usage)?;
+    let root = Root::S3(config.url());
+    let storage = OpendalCheckpointStorage::s3(config).map_err(usage)?;
+    Ok(Opened {
+        shown,
+        root,
+        storage,
+        rel,
+    })
+}
+
+/// Opens a local directory.
+fn open_local(path: &Path) -> Result<Opened, CliError> {
     let shown = path.display().to_string();
     let meta = std::fs::metadata(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
@@ -574,10 +634,21 @@ fn open(path: &Path) -> Result<Opened, CliError> {
     })?;
     Ok(Opened {
         shown,
-        root,
+        root: Root::Local(root),
         storage,
         rel,
     })
+}
+
+/// Whether the storage root itself holds a `_metadata` file.
+async fn root_has_metadata(opened: &Opened) -> bool {
+    match &opened.root {
+        Root::Local(root) => root.join(METADATA_FILE).is_file(),
+        Root::S3(_) => matches!(
+            opened.storage.operator().stat(METADATA_FILE).await,
+            Ok(meta) if meta.mode().is_file()
+        ),
+    }
 }
 
 /// Every checkpoint under the opened path, sorted by id (as `find_checkpoints`).
@@ -589,10 +660,14 @@ async fn find(opened: &Opened) -> Result<Vec<Found>, CliError> {
         .await
         .map_err(|payload| {
             CliError::Failed(format!(
-                "cannot list checkpoints under '{}': the storage library failed ({}); a symbolic \
-                 link to a directory inside it is a known cause",
+                "cannot list checkpoints under '{}': the storage library failed ({}){}",
                 opened.shown,
-                panic_message(payload.as_ref())
+                panic_message(payload.as_ref()),
+                if opened.is_s3() {
+                    ""
+                } else {
+                    "; a symbolic link to a directory inside it is a known cause"
+                }
             ))
         })?;
     match listed {
@@ -607,7 +682,7 @@ async fn find(opened: &Opened) -> Result<Vec<Found>, CliError> {
         // A directory that holds a `_metadata` but is not named `chk-<n>` (a savepoint moved
         // elsewhere): its id comes from `_metadata`, which failed; it is still one checkpoint.
         Err(CheckpointError::Corrupt { .. })
-            if opened.rel.is_empty() && opened.root.join(METADATA_FILE).is_file() =>
+            if opened.rel.is_empty() && root_has_metadata(opened).await =>
         {
             Ok(vec![Found {
                 id: None,
@@ -633,11 +708,20 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-fn no_checkpoint(shown: &str) -> CliError {
-    CliError::Usage(format!(
-        "no checkpoint under '{shown}': expected a checkpoint root (holding <job-id>/chk-<n>), \
-         a job directory (holding chk-<n>) or a chk-<n> directory"
-    ))
+fn no_checkpoint(opened: &Opened) -> CliError {
+    let shown = &opened.shown;
+    if opened.is_s3() {
+        CliError::Usage(format!(
+            "no checkpoint under '{shown}': nothing there is a checkpoint root (holding \
+             <job-id>/chk-<n>/), a job prefix (holding chk-<n>/) or a chk-<n> prefix (on S3 a \
+             prefix nothing was written to is empty, not missing: check the bucket and prefix)"
+        ))
+    } else {
+        CliError::Usage(format!(
+            "no checkpoint under '{shown}': expected a checkpoint root (holding \
+             <job-id>/chk-<n>), a job directory (holding chk-<n>) or a chk-<n> directory"
+        ))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -652,13 +736,14 @@ struct LoadedMetadata {
 
 enum MetadataRead {
     Ok(Box<LoadedMetadata>),
-    Corrupt(String),
+    /// Why it is corrupt, and its size in bytes.
+    Corrupt(String, u64),
     Unreadable(String),
 }
 
 async fn read_metadata(opened: &Opened, found: &Found) -> MetadataRead {
     let rel = found.location.metadata_path();
-    let shown = opened.local(&rel);
+    let shown = opened.display(&rel);
     let bytes = match opened.storage.operator().read(&rel).await {
         Ok(buffer) => buffer.to_vec(),
         Err(e) if e.kind() == opendal::ErrorKind::NotFound => {
@@ -666,6 +751,7 @@ async fn read_metadata(opened: &Opened, found: &Found) -> MetadataRead {
         }
         Err(e) => return MetadataRead::Unreadable(format!("cannot read '{shown}': {e}")),
     };
+    let size = bytes.len() as u64;
     // The envelope first, for its version and a reason without the path (the caller names the
     // file); then the payload, as `read_metadata` decodes it.
     let format_version = match codec::open(
@@ -675,32 +761,46 @@ async fn read_metadata(opened: &Opened, found: &Found) -> MetadataRead {
         &bytes,
     ) {
         Ok((version, _)) => version,
-        Err(CoreError::Corrupt { reason, .. }) => return MetadataRead::Corrupt(reason),
-        Err(e) => return MetadataRead::Corrupt(e.to_string()),
+        Err(CoreError::Corrupt { reason, .. }) => return MetadataRead::Corrupt(reason, size),
+        Err(e) => return MetadataRead::Corrupt(e.to_string(), size),
     };
     let metadata = match CheckpointMetadata::from_bytes(METADATA_FILE, &bytes) {
         Ok(m) => m,
-        Err(CheckpointError::Corrupt { reason, .. }) => return MetadataRead::Corrupt(reason),
-        Err(e) => return MetadataRead::Corrupt(e.to_string()),
+        Err(CheckpointError::Corrupt { reason, .. }) => {
+            return MetadataRead::Corrupt(reason, size);
+        }
+        Err(e) => return MetadataRead::Corrupt(e.to_string(), size),
     };
     if let Some(id) = found.id
         && found.location.dir.ends_with(&format!("chk-{id}/"))
         && metadata.checkpoint_id.0 != id
     {
-        return MetadataRead::Corrupt(format!(
-            "it records checkpoint {}, but its directory is chk-{id}",
-            metadata.checkpoint_id.0
-        ));
+        return MetadataRead::Corrupt(
+            format!(
+                "it records checkpoint {}, but its directory is chk-{id}",
+                metadata.checkpoint_id.0
+            ),
+            size,
+        );
     }
     MetadataRead::Ok(Box::new(LoadedMetadata {
         metadata,
         format_version,
-        size: bytes.len() as u64,
+        size,
     }))
 }
 
 // ---------------------------------------------------------------------------------------------
 // list.
+
+/// The name of the directory (or S3 prefix) that holds `path`, a local path or an `s3://` URL:
+/// the job directory of a checkpoint directory.
+fn parent_name(path: &str) -> Option<&str> {
+    let separators = ['/', std::path::MAIN_SEPARATOR];
+    let mut segments = path.trim_end_matches(separators).rsplit(separators);
+    segments.next()?;
+    segments.next().filter(|name| !name.is_empty())
+}
 
 /// Lists every checkpoint under `root` (a storage root, a job directory or a `chk-<n>`
 /// directory), sorted by job, then id. Corrupt checkpoints are entries, not errors; a path that
@@ -709,15 +809,12 @@ pub async fn list(root: &Path) -> Result<Vec<ListEntry>, CliError> {
     let opened = open(root)?;
     let found = find(&opened).await?;
     if found.is_empty() {
-        return Err(no_checkpoint(&opened.shown));
+        return Err(no_checkpoint(&opened));
     }
     let mut entries = Vec::with_capacity(found.len());
     for f in &found {
-        let path = opened.local(&f.location.dir);
-        let dir_job_id = Path::new(&path)
-            .parent()
-            .and_then(|p| p.file_name())
-            .and_then(|n| n.to_str())
+        let path = opened.display(&f.location.dir);
+        let dir_job_id = parent_name(&path)
             .and_then(JobId::parse)
             .map(|j| j.to_string());
         let mut entry = ListEntry {
@@ -749,7 +846,7 @@ pub async fn list(root: &Path) -> Result<Vec<ListEntry>, CliError> {
                     entry.in_flight_size = Some(m.in_flight_size());
                     entry.unaligned = Some(!m.in_flight.is_empty());
                 }
-                MetadataRead::Corrupt(reason) => {
+                MetadataRead::Corrupt(reason, _) => {
                     entry.status = ListStatus::Corrupt;
                     entry.reason = Some(format!("_metadata: {reason}"));
                 }
@@ -850,6 +947,8 @@ enum Checked {
         checkpoint_dir: String,
         selected_from: Option<String>,
         id: Option<u64>,
+        /// `_metadata`'s size in bytes.
+        size: u64,
         problem: Problem,
     },
 }
@@ -884,6 +983,7 @@ pub async fn verify(path: &Path) -> Result<VerifyReport, CliError> {
             checkpoint_dir,
             selected_from,
             id,
+            size,
             problem,
         } => VerifyReport {
             checkpoint_dir,
@@ -891,7 +991,7 @@ pub async fn verify(path: &Path) -> Result<VerifyReport, CliError> {
             checkpoint_id: id,
             job_name: None,
             files_verified: 1,
-            bytes_verified: std::fs::metadata(&problem.file).map_or(0, |m| m.len()),
+            bytes_verified: size,
             problems: vec![problem],
         },
     })
@@ -930,7 +1030,7 @@ async fn check(path: &Path) -> Result<Checked, CliError> {
     let opened = open(path)?;
     let found = find(&opened).await?;
     if found.is_empty() {
-        return Err(no_checkpoint(&opened.shown));
+        return Err(no_checkpoint(&opened));
     }
     // The path itself is a checkpoint directory: that one, complete or not.
     let chosen = if let Some(f) = found.iter().find(|f| f.location.dir == opened.rel) {
@@ -955,16 +1055,17 @@ async fn check(path: &Path) -> Result<Checked, CliError> {
             }
         }
     };
-    let checkpoint_dir = opened.local(&chosen.location.dir);
+    let checkpoint_dir = opened.display(&chosen.location.dir);
     let selected_from = (chosen.location.dir != opened.rel).then(|| opened.shown.clone());
-    let metadata_file = opened.local(&chosen.location.metadata_path());
+    let metadata_file = opened.display(&chosen.location.metadata_path());
     let loaded = match read_metadata(&opened, chosen).await {
         MetadataRead::Ok(loaded) => loaded,
-        MetadataRead::Corrupt(reason) => {
+        MetadataRead::Corrupt(reason, size) => {
             return Ok(Checked::MetadataCorrupt {
                 checkpoint_dir,
                 selected_from,
                 id: chosen.id,
+                size,
                 problem: Problem {
                     file: metadata_file,
                     reason,
@@ -1087,7 +1188,7 @@ impl Checker<'_> {
             StreamStateHandle::File { path, crc32, .. } => StreamReport {
                 inline: false,
                 file: Some(match self.resolve(path) {
-                    Some(rel) => self.opened.local(&rel),
+                    Some(rel) => self.opened.display(&rel),
                     None => path.clone(),
                 }),
                 crc32: Some(format!("{crc32:08x}")),
@@ -1103,7 +1204,7 @@ impl Checker<'_> {
             },
             StreamStateHandle::File { path, .. } => Subject {
                 file: match self.resolve(path) {
-                    Some(rel) => self.opened.local(&rel),
+                    Some(rel) => self.opened.display(&rel),
                     None => path.clone(),
                 },
                 prefix: String::new(),
@@ -1914,5 +2015,51 @@ mod tests {
         assert_eq!(parse_chk("chk-012"), None);
         assert_eq!(parse_chk("chk-"), None);
         assert_eq!(parse_chk("shared"), None);
+    }
+
+    #[test]
+    fn parent_names_of_local_paths_and_s3_urls() {
+        assert_eq!(parent_name("/tmp/ckpt/job/chk-3"), Some("job"));
+        assert_eq!(parent_name("s3://bkt/p/job/chk-3"), Some("job"));
+        assert_eq!(parent_name("s3://bkt/job/chk-3/"), Some("job"));
+        assert_eq!(parent_name("s3://bkt"), None);
+        assert_eq!(parent_name("/chk-3"), None);
+    }
+
+    #[test]
+    fn s3_paths_are_shown_as_urls_under_the_normalised_root() {
+        let creds = |name: &str| match name {
+            "AWS_ACCESS_KEY_ID" => Some("a".to_string()),
+            "AWS_SECRET_ACCESS_KEY" => Some("s".to_string()),
+            _ => None,
+        };
+        // A trailing chk-<n> is opened from its parent; doubled `/` are normalised.
+        let o = open_s3("s3://bkt//p/job/chk-3/", creds).unwrap();
+        assert_eq!(o.rel, "chk-3/");
+        assert_eq!(o.shown, "s3://bkt//p/job/chk-3/");
+        assert_eq!(o.display(""), "s3://bkt/p/job");
+        assert_eq!(o.display("chk-3/"), "s3://bkt/p/job/chk-3");
+        assert_eq!(
+            o.display("chk-3/_metadata"),
+            "s3://bkt/p/job/chk-3/_metadata"
+        );
+        // A bucket named chk-<n>, and a bucket's root.
+        let o = open_s3("s3://chk-3", creds).unwrap();
+        assert_eq!((o.rel.as_str(), o.display("")), ("", "s3://chk-3".into()));
+        let o = open_s3("s3://bkt/chk-4", creds).unwrap();
+        assert_eq!(o.rel, "chk-4/");
+        assert_eq!(o.display("chk-4/x"), "s3://bkt/chk-4/x");
+        // Bad input is a usage error naming the problem.
+        let usage = |url: &str, var: &dyn Fn(&str) -> Option<String>| match open_s3(url, var) {
+            Err(CliError::Usage(msg)) => msg,
+            other => panic!("{url}: {:?}", other.err()),
+        };
+        let msg = usage("s3:///x", &creds);
+        assert!(
+            msg.contains("s3:///x") && msg.contains("no bucket"),
+            "{msg}"
+        );
+        let msg = usage("s3://bkt/p", &|_| None);
+        assert!(msg.contains("no credentials"), "{msg}");
     }
 }
