@@ -7,33 +7,15 @@
 
 #[path = "../../checkpoint/tests/support/s3_server.rs"]
 mod s3_server;
+#[path = "support/processes.rs"]
+mod processes;
 
+use processes::{Processes, free_port, log_tail, parse_totals, summary_field, wait_output};
 use s3_server::{S3Server, files_under};
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use weir_examples::expected_totals;
-
-/// Children killed when the test ends, whatever happened.
-struct Processes(Vec<Child>);
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `word_count` with the job arguments every process of the cluster shares, and `role`'s.
 fn word_count(job: &[String], role: &[String], env: &[(&str, String)], log: &Path) -> Child {
@@ -47,59 +29,11 @@ fn word_count(job: &[String], role: &[String], env: &[(&str, String)], log: &Pat
     cmd.spawn().unwrap()
 }
 
-fn wait_output(child: Child, within: Duration) -> Output {
-    let give_up = Instant::now() + within;
-    let mut child = child;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if Instant::now() > give_up {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "did not end within {within:?}; stdout:\n{}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn parse_totals(file: &Path) -> BTreeMap<String, i64> {
-    std::fs::read_to_string(file)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (k, v) = l.split_once(',').unwrap();
-            (k.to_string(), v.parse().unwrap())
-        })
-        .collect()
-}
-
-fn summary_field(stdout: &str, key: &str) -> u64 {
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("summary: "))
-        .unwrap_or_else(|| panic!("no summary line in:\n{stdout}"));
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
-        .parse()
-        .unwrap()
-}
-
 fn completed_checkpoints(bucket: &Path) -> usize {
     files_under(bucket)
         .iter()
         .filter(|f| f.ends_with("/_metadata"))
         .count()
-}
-
-fn log_tail(path: &PathBuf) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
 #[test]

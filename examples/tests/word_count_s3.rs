@@ -7,10 +7,11 @@
 
 #[path = "../../checkpoint/tests/support/s3_server.rs"]
 mod s3_server;
+#[path = "support/processes.rs"]
+mod processes;
 
+use processes::{parse_totals, summary_field};
 use s3_server::{S3Server, files_under};
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::Command;
 use weir_core::ids::JobId;
 use weir_examples::expected_totals;
@@ -52,30 +53,6 @@ fn word_count(args: &[&str], env: &[(&str, String)]) -> Run {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
-}
-
-fn parse_totals(file: &Path) -> BTreeMap<String, i64> {
-    std::fs::read_to_string(file)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (k, v) = l.split_once(',').unwrap();
-            (k.to_string(), v.parse().unwrap())
-        })
-        .collect()
-}
-
-/// The value of `key=` in the `summary:` line.
-fn summary_field(stdout: &str, key: &str) -> u64 {
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("summary: "))
-        .unwrap_or_else(|| panic!("no summary line in:\n{stdout}"));
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
-        .parse()
-        .unwrap()
 }
 
 /// The id of the `latest checkpoint: …/chk-<n>` line.
