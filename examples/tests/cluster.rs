@@ -5,10 +5,10 @@
 //! Needs `WEIR_S3FS_BIN` (`cargo xtask test` sets it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../checkpoint/tests/support/s3_server.rs"]
-mod s3_server;
 #[path = "support/processes.rs"]
 mod processes;
+#[path = "../../checkpoint/tests/support/s3_server.rs"]
+mod s3_server;
 
 use processes::{Processes, free_port, log_tail, parse_totals, summary_field, wait_output};
 use s3_server::{S3Server, files_under};

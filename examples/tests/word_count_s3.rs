@@ -5,10 +5,10 @@
 //! saying so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../checkpoint/tests/support/s3_server.rs"]
-mod s3_server;
 #[path = "support/processes.rs"]
 mod processes;
+#[path = "../../checkpoint/tests/support/s3_server.rs"]
+mod s3_server;
 
 use processes::{parse_totals, summary_field};
 use s3_server::{S3Server, files_under};
