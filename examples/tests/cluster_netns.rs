@@ -12,14 +12,16 @@
 //! `WEIR_S3FS_BIN`. Needs root and iproute2 (`ip`, `ss`); without them it fails, saying so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/processes.rs"]
+mod processes;
 #[path = "../../checkpoint/tests/support/s3_server.rs"]
 mod s3_server;
 
+use processes::{Processes, log_tail, parse_totals, summary_field, wait_output};
 use s3_server::{ACCESS_KEY, BIN_VAR, REGION, SECRET_KEY, files_under};
-use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use weir_examples::expected_totals;
 
@@ -35,18 +37,6 @@ const BUCKET: &str = "weir-netns";
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the link stays down: well beyond the heartbeat timeout on both sides.
 const CUT: Duration = Duration::from_secs(6);
-
-/// Children killed when the test ends, whatever happened.
-struct Processes(Vec<Child>);
-
-impl Drop for Processes {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// `ip`: from `PATH`, else where iproute2 installs it.
 fn ip_binary() -> PathBuf {
@@ -237,59 +227,11 @@ fn wait_listening(ns: &str, addr: &str, server: &mut Child, log: &Path) {
     }
 }
 
-fn wait_output(child: Child, within: Duration) -> Output {
-    let give_up = Instant::now() + within;
-    let mut child = child;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if Instant::now() > give_up {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "did not end within {within:?}; stdout:\n{}",
-                String::from_utf8_lossy(&out.stdout)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn parse_totals(file: &Path) -> BTreeMap<String, i64> {
-    std::fs::read_to_string(file)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let (k, v) = l.split_once(',').unwrap();
-            (k.to_string(), v.parse().unwrap())
-        })
-        .collect()
-}
-
-fn summary_field(stdout: &str, key: &str) -> u64 {
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("summary: "))
-        .unwrap_or_else(|| panic!("no summary line in:\n{stdout}"));
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
-        .parse()
-        .unwrap()
-}
-
 fn completed_checkpoints(bucket: &Path) -> usize {
     files_under(bucket)
         .iter()
         .filter(|f| f.ends_with("/_metadata"))
         .count()
-}
-
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
 #[test]
