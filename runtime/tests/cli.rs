@@ -5,6 +5,10 @@
 //! data (channel-state files); a version-1 `_metadata` is made by re-sealing a real one.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/checkpointed.rs"]
+mod checkpointed;
+
+use checkpointed::{KeyedJob, complete_ids};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -28,27 +32,6 @@ const WARM_UP: u64 = 2 * KEYS;
 const WANTED: u64 = 3;
 const JOB_NAME: &str = "cli-test";
 
-/// The ids of the complete checkpoints (with `_metadata`) under a checkpoint root.
-fn complete_ids(root: &Path) -> Vec<u64> {
-    let mut ids = Vec::new();
-    for job in std::fs::read_dir(root).into_iter().flatten().flatten() {
-        for chk in std::fs::read_dir(job.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = chk.file_name().to_string_lossy().to_string();
-            if let Some(id) = name.strip_prefix("chk-").and_then(|n| n.parse().ok())
-                && chk.path().join("_metadata").is_file()
-            {
-                ids.push(id);
-            }
-        }
-    }
-    ids.sort_unstable();
-    ids
-}
-
 /// Runs generator → map → key_by → sum → latest_per_key with parallelism 2, checkpointing into
 /// `root` every 20 ms and keeping 3 checkpoints; the map slows the job down after the warm-up
 /// until three checkpoints taken after it (so with every key in state) are complete.
@@ -59,43 +42,15 @@ async fn run_job(root: &Path) {
         .enable_checkpointing(Duration::from_millis(20))
         .set_checkpoint_dir(root);
     env.checkpoint_config().num_retained = 3;
-
-    let seen = AtomicU64::new(0);
-    let done = AtomicBool::new(false);
-    // The highest complete checkpoint id when the warm-up ended (u64::MAX: not yet).
-    let base = AtomicU64::new(u64::MAX);
-    let started = OnceLock::<Instant>::new();
-    let dir = root.to_path_buf();
-    let totals = env
-        .from_generator(Some(RECORDS), |i| i)
-        .uid("source")
-        .map(move |i: u64| {
-            let n = seen.fetch_add(1, Ordering::Relaxed);
-            if n >= WARM_UP && !done.load(Ordering::Relaxed) && n.is_multiple_of(16) {
-                let ids = complete_ids(&dir);
-                let last = ids.last().copied().unwrap_or(0);
-                let _ = base.compare_exchange(u64::MAX, last, Ordering::SeqCst, Ordering::SeqCst);
-                let since = *started.get_or_init(Instant::now);
-                let b = base.load(Ordering::SeqCst);
-                let fresh = ids.iter().filter(|&&id| id > b).count() as u64;
-                // Bounded, so that a stalled checkpointer fails the assertions, not the run.
-                if fresh >= WANTED || since.elapsed() > Duration::from_secs(20) {
-                    done.store(true, Ordering::Relaxed);
-                } else {
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            }
-            (i % KEYS, 1i64)
-        })
-        .uid("to-pairs")
-        .key_by(|t: &(u64, i64)| &t.0)
-        .sum()
-        .uid("sum")
-        .latest_per_key();
-    env.execute().await.expect("the job failed");
-    let totals = totals.get();
-    assert_eq!(totals.len() as u64, KEYS);
-    assert_eq!(totals.values().sum::<i64>() as u64, RECORDS);
+    KeyedJob {
+        keys: KEYS,
+        records: RECORDS,
+        warm_up: WARM_UP,
+        wanted: WANTED,
+        give_up: Duration::from_secs(20),
+    }
+    .run(env, root.to_path_buf())
+    .await;
 }
 
 /// A pristine checkpoint root made by running the job once per test process.

@@ -6,15 +6,17 @@
 //! sets it); without it the server test fails, saying so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/checkpointed.rs"]
+mod checkpointed;
 #[path = "../../checkpoint/tests/support/s3_server.rs"]
 mod s3_server;
 
+use checkpointed::{KeyedJob, complete_ids};
 use s3_server::{ACCESS_KEY, REGION, S3Server, SECRET_KEY};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 use weir_checkpoint::OpendalCheckpointStorage;
 use weir_checkpoint::storage::S3Config;
 use weir_runtime::{StorageConfig, StreamEnvironment};
@@ -43,27 +45,6 @@ const AWS_VARS: [&str; 7] = [
     "AWS_SESSION_TOKEN",
 ];
 
-/// The ids of the complete checkpoints (with `_metadata`) under a checkpoint root on disk.
-fn complete_ids(root: &Path) -> Vec<u64> {
-    let mut ids = Vec::new();
-    for job in std::fs::read_dir(root).into_iter().flatten().flatten() {
-        for chk in std::fs::read_dir(job.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = chk.file_name().to_string_lossy().to_string();
-            if let Some(id) = name.strip_prefix("chk-").and_then(|n| n.parse().ok())
-                && chk.path().join("_metadata").is_file()
-            {
-                ids.push(id);
-            }
-        }
-    }
-    ids.sort_unstable();
-    ids
-}
-
 /// Runs generator → map → key_by → sum → latest_per_key with parallelism 2, checkpointing to
 /// `s3://BUCKET/PREFIX` every 30 ms and keeping 3 checkpoints; the map slows the job down after
 /// the warm-up until two checkpoints taken after it (so with every key in state) are complete.
@@ -90,42 +71,15 @@ async fn run_job(server: &S3Server, on_disk: PathBuf) {
                 .with_inline_threshold(0),
         )));
     env.checkpoint_config().num_retained = 3;
-
-    let seen = AtomicU64::new(0);
-    let done = AtomicBool::new(false);
-    // The highest complete checkpoint id when the warm-up ended (u64::MAX: not yet).
-    let base = AtomicU64::new(u64::MAX);
-    let started = OnceLock::<Instant>::new();
-    let totals = env
-        .from_generator(Some(RECORDS), |i| i)
-        .uid("source")
-        .map(move |i: u64| {
-            let n = seen.fetch_add(1, Ordering::Relaxed);
-            if n >= WARM_UP && !done.load(Ordering::Relaxed) && n.is_multiple_of(16) {
-                let ids = complete_ids(&on_disk);
-                let last = ids.last().copied().unwrap_or(0);
-                let _ = base.compare_exchange(u64::MAX, last, Ordering::SeqCst, Ordering::SeqCst);
-                let since = *started.get_or_init(Instant::now);
-                let b = base.load(Ordering::SeqCst);
-                let fresh = ids.iter().filter(|&&id| id > b).count() as u64;
-                // Bounded, so that a stalled checkpointer fails the assertions, not the run.
-                if fresh >= WANTED || since.elapsed() > Duration::from_secs(30) {
-                    done.store(true, Ordering::Relaxed);
-                } else {
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-            }
-            (i % KEYS, 1i64)
-        })
-        .uid("to-pairs")
-        .key_by(|t: &(u64, i64)| &t.0)
-        .sum()
-        .uid("sum")
-        .latest_per_key();
-    env.execute().await.expect("the job failed");
-    let totals = totals.get();
-    assert_eq!(totals.len() as u64, KEYS);
-    assert_eq!(totals.values().sum::<i64>() as u64, RECORDS);
+    KeyedJob {
+        keys: KEYS,
+        records: RECORDS,
+        warm_up: WARM_UP,
+        wanted: WANTED,
+        give_up: Duration::from_secs(30),
+    }
+    .run(env, on_disk)
+    .await;
 }
 
 /// Runs the binary with `env` as its only AWS variables.
