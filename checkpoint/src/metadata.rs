@@ -1,6 +1,10 @@
 //! The `_metadata` file: what a complete checkpoint or savepoint contains, versioned and
-//! checksummed (magic `WCKM`, format version 2; version 1 files still read), enough to explain itself to `weir checkpoints
-//! inspect` and to restore every operator by its id.
+//! checksummed (magic `WCKM`, format version 3; versions 1 and 2 still read), enough to explain
+//! itself to `weir checkpoints inspect` and to restore every operator by its id.
+//!
+//! Version 3 records the job's fingerprint, an xxh3-128 digest per state file, and means every
+//! state file it references begins with an identity frame (`weir_core::identity`). A reader
+//! refuses a file over [`MAX_METADATA_SIZE`] without reading it.
 
 use crate::CheckpointError;
 use serde::{Deserialize, Serialize};
@@ -8,15 +12,20 @@ use std::collections::BTreeMap;
 use weir_core::CoreError;
 use weir_core::channel_state::ChannelStateHandle;
 use weir_core::element::SnapshotKind;
-use weir_core::handle::OperatorSubtaskState;
+use weir_core::fingerprint::JobFingerprint;
+use weir_core::handle::{OperatorSubtaskState, StreamStateHandle};
 use weir_core::ids::{CheckpointId, JobId, OperatorId, SubtaskIndex};
 
 /// Magic bytes of a `_metadata` file.
 pub const METADATA_MAGIC: [u8; 4] = *b"WCKM";
 /// The format version this build writes.
-pub const METADATA_VERSION: u16 = 2;
-/// Every format version this build reads. Version 1 had no in-flight data.
-pub const METADATA_READ_VERSIONS: [u16; 2] = [1, 2];
+pub const METADATA_VERSION: u16 = 3;
+/// Every format version this build reads. Version 1 had no in-flight data; versions 1 and 2
+/// have no fingerprint, CRC-32s instead of digests, and state files without identity frames.
+pub const METADATA_READ_VERSIONS: [u16; 3] = [1, 2, 3];
+/// The largest `_metadata` a reader accepts: 256 MiB. Handles are small (inline state is at
+/// most 20 KiB per handle), so a larger file is damage or not Weir's, refused before it is read.
+pub const MAX_METADATA_SIZE: u64 = 256 << 20;
 
 /// The state of one operator over all its subtasks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,6 +75,20 @@ pub struct CheckpointMetadata {
     pub operators: Vec<OperatorState>,
     /// The in-flight data of unaligned checkpoints, per subtask (since version 2).
     pub in_flight: Vec<SubtaskInFlight>,
+    /// The job's fingerprint (since version 3; `None` when read from an older file).
+    pub fingerprint: Option<JobFingerprint>,
+    /// The format version the file was read from ([`METADATA_VERSION`] for one built in
+    /// memory). Not part of the payload: the envelope carries it.
+    #[serde(skip)]
+    pub format_version: u16,
+}
+
+impl CheckpointMetadata {
+    /// Whether the state files this `_metadata` references begin with identity frames: every
+    /// file written since version 3.
+    pub fn has_identity_frames(&self) -> bool {
+        self.format_version >= 3
+    }
 }
 
 /// One subtask's persisted in-flight data, filed under the first operator of its chain.
@@ -104,6 +127,40 @@ impl From<CheckpointMetadataV1> for CheckpointMetadata {
             weir_version: v.weir_version,
             operators: v.operators,
             in_flight: Vec::new(),
+            fingerprint: None,
+            format_version: 1,
+        }
+    }
+}
+
+/// Version 2 of the payload: version 3 without the fingerprint.
+#[derive(Deserialize)]
+struct CheckpointMetadataV2 {
+    job_id: JobId,
+    job_name: String,
+    checkpoint_id: CheckpointId,
+    kind: SnapshotKind,
+    trigger_timestamp_ms: u64,
+    completion_timestamp_ms: u64,
+    weir_version: String,
+    operators: Vec<OperatorState>,
+    in_flight: Vec<SubtaskInFlight>,
+}
+
+impl From<CheckpointMetadataV2> for CheckpointMetadata {
+    fn from(v: CheckpointMetadataV2) -> Self {
+        CheckpointMetadata {
+            job_id: v.job_id,
+            job_name: v.job_name,
+            checkpoint_id: v.checkpoint_id,
+            kind: v.kind,
+            trigger_timestamp_ms: v.trigger_timestamp_ms,
+            completion_timestamp_ms: v.completion_timestamp_ms,
+            weir_version: v.weir_version,
+            operators: v.operators,
+            in_flight: v.in_flight,
+            fingerprint: None,
+            format_version: 2,
         }
     }
 }
@@ -142,12 +199,68 @@ impl CheckpointMetadata {
         let (version, payload) =
             weir_core::codec::open(path, METADATA_MAGIC, &METADATA_READ_VERSIONS, bytes)
                 .map_err(corrupt)?;
-        if version == 1 {
-            let v1: CheckpointMetadataV1 =
-                weir_core::codec::decode(path, payload).map_err(corrupt)?;
-            return Ok(v1.into());
+        let metadata: CheckpointMetadata = match version {
+            1 => weir_core::codec::decode::<CheckpointMetadataV1>(path, payload)
+                .map_err(corrupt)?
+                .into(),
+            2 => weir_core::codec::decode::<CheckpointMetadataV2>(path, payload)
+                .map_err(corrupt)?
+                .into(),
+            _ => CheckpointMetadata {
+                format_version: version,
+                ..weir_core::codec::decode(path, payload).map_err(corrupt)?
+            },
+        };
+        // Version 3 records digests: a legacy handle in it is damage.
+        if version >= 3
+            && let Some(h) = metadata.handles().find(|h| h.is_legacy())
+        {
+            return Err(CheckpointError::Corrupt {
+                path: path.to_string(),
+                reason: format!(
+                    "a version {version} file records a handle without a digest: {}",
+                    h.path().unwrap_or("<inline>")
+                ),
+            });
         }
-        weir_core::codec::decode(path, payload).map_err(corrupt)
+        Ok(metadata)
+    }
+
+    /// Checks the file against where it lies: a `chk-<n>` directory must hold checkpoint `n`,
+    /// and one under a job directory `<job-id>/` a checkpoint of that job. A `_metadata`
+    /// copied in from another checkpoint or job is refused here.
+    pub fn check_location(&self, location: &crate::CheckpointLocation) -> Result<(), String> {
+        if let Some(id) = location.checkpoint_id()
+            && id != self.checkpoint_id
+        {
+            return Err(format!(
+                "it records checkpoint {}, but its directory is chk-{}",
+                self.checkpoint_id.0, id.0
+            ));
+        }
+        if let Some(job) = location.job_id()
+            && job != self.job_id
+        {
+            return Err(format!(
+                "it records job {}, but it lies in the directory of job {job}",
+                self.job_id
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every stream handle the file records: keyed, operator and channel state.
+    pub fn handles(&self) -> impl Iterator<Item = &StreamStateHandle> {
+        self.operators
+            .iter()
+            .flat_map(|o| o.subtasks.values())
+            .flat_map(|s| {
+                s.keyed
+                    .iter()
+                    .map(|k| &k.stream)
+                    .chain(s.operator.iter().map(|o| &o.stream))
+            })
+            .chain(self.in_flight.iter().map(|f| &f.handle.stream))
     }
 }
 
@@ -175,7 +288,24 @@ mod tests {
         operators: Vec<OperatorState>,
     }
 
-    fn operators() -> Vec<OperatorState> {
+    /// A file handle as the given version records it.
+    fn file(version: u16, path: &str, size: u64) -> StreamStateHandle {
+        if version >= 3 {
+            StreamStateHandle::File {
+                path: path.to_string(),
+                size,
+                digest: weir_core::identity::Digest([0xab; 16]),
+            }
+        } else {
+            StreamStateHandle::LegacyFile {
+                path: path.to_string(),
+                size,
+                crc32: 0xdead_beef,
+            }
+        }
+    }
+
+    fn operators(version: u16) -> Vec<OperatorState> {
         let mut subtasks = BTreeMap::new();
         subtasks.insert(
             1,
@@ -185,11 +315,7 @@ mod tests {
                     header: (0, 12),
                     offsets: vec![12, 40, 40, 77],
                     end: 90,
-                    stream: StreamStateHandle::File {
-                        path: "chk-7/sum-1-keyed".to_string(),
-                        size: 90,
-                        crc32: 0xdead_beef,
-                    },
+                    stream: file(version, "chk-7/sum-1-keyed", 90),
                 }],
                 operator: vec![OperatorStateHandle {
                     states: vec![("offsets".to_string(), OperatorStateMode::Union)],
@@ -219,7 +345,7 @@ mod tests {
         ]
     }
 
-    fn metadata(in_flight: Vec<SubtaskInFlight>) -> CheckpointMetadata {
+    fn metadata(version: u16, in_flight: Vec<SubtaskInFlight>) -> CheckpointMetadata {
         CheckpointMetadata {
             job_id: JobId::from_name("metadata-test"),
             job_name: "metadata-test".to_string(),
@@ -228,12 +354,18 @@ mod tests {
             trigger_timestamp_ms: 1_700_000_000_000,
             completion_timestamp_ms: 1_700_000_000_250,
             weir_version: "0.1.0".to_string(),
-            operators: operators(),
+            operators: operators(version),
             in_flight,
+            fingerprint: (version >= 3).then(|| JobFingerprint {
+                job_name: "metadata-test".to_string(),
+                sources: [("seed".to_string(), "42".to_string())].into(),
+                ..JobFingerprint::default()
+            }),
+            format_version: version,
         }
     }
 
-    fn in_flight() -> SubtaskInFlight {
+    fn in_flight(version: u16) -> SubtaskInFlight {
         let channel = ChannelInfo {
             from: OperatorId::from_uid("source"),
             to: OperatorId::from_uid("sum"),
@@ -244,11 +376,7 @@ mod tests {
             operator_id: OperatorId::from_uid("sum"),
             subtask: 1,
             handle: ChannelStateHandle {
-                stream: StreamStateHandle::File {
-                    path: "chk-7/sum-1-channels".to_string(),
-                    size: 321,
-                    crc32: 0x0123_4567,
-                },
+                stream: file(version, "chk-7/sum-1-channels", 321),
                 sections: vec![
                     ChannelSectionSummary {
                         direction: ChannelDirection::Input,
@@ -287,18 +415,49 @@ mod tests {
         weir_core::codec::seal(METADATA_MAGIC, 1, &payload)
     }
 
+    /// Version 2 of the payload as a v2 build wrote it.
+    #[derive(Serialize)]
+    struct WrittenV2 {
+        job_id: JobId,
+        job_name: String,
+        checkpoint_id: CheckpointId,
+        kind: SnapshotKind,
+        trigger_timestamp_ms: u64,
+        completion_timestamp_ms: u64,
+        weir_version: String,
+        operators: Vec<OperatorState>,
+        in_flight: Vec<SubtaskInFlight>,
+    }
+
+    fn sealed_v2(m: &CheckpointMetadata) -> Vec<u8> {
+        let v2 = WrittenV2 {
+            job_id: m.job_id,
+            job_name: m.job_name.clone(),
+            checkpoint_id: m.checkpoint_id,
+            kind: m.kind,
+            trigger_timestamp_ms: m.trigger_timestamp_ms,
+            completion_timestamp_ms: m.completion_timestamp_ms,
+            weir_version: m.weir_version.clone(),
+            operators: m.operators.clone(),
+            in_flight: m.in_flight.clone(),
+        };
+        let payload = weir_core::codec::encode("v2 metadata", &v2).unwrap();
+        weir_core::codec::seal(METADATA_MAGIC, 2, &payload)
+    }
+
     #[test]
-    fn version_2_round_trips_with_in_flight_data() {
-        let m = metadata(vec![in_flight()]);
+    fn version_3_round_trips_with_in_flight_data_and_fingerprint() {
+        let m = metadata(3, vec![in_flight(3)]);
         let bytes = m.to_bytes().unwrap();
         assert_eq!(
             u16::from_le_bytes([bytes[4], bytes[5]]),
             METADATA_VERSION,
             "the envelope must carry the version this build writes"
         );
-        assert_eq!(METADATA_VERSION, 2);
+        assert_eq!(METADATA_VERSION, 3);
         let back = CheckpointMetadata::from_bytes("chk-7/_metadata", &bytes).unwrap();
-        assert_eq!(back, m, "a v2 file must decode to what was written");
+        assert_eq!(back, m, "a v3 file must decode to what was written");
+        assert!(back.has_identity_frames());
         assert_eq!(back.in_flight_size(), 321);
         assert_eq!(
             back.state_size(),
@@ -309,11 +468,36 @@ mod tests {
 
     #[test]
     fn version_1_files_read_without_in_flight_data() {
-        let m = metadata(Vec::new());
+        let m = metadata(1, Vec::new());
         let back = CheckpointMetadata::from_bytes("chk-7/_metadata", &sealed_v1(&m))
             .expect("a version 1 file must still be read");
         assert!(back.in_flight.is_empty(), "v1 had no in-flight data");
         assert_eq!(back, m, "every v1 field must be read as written");
+        assert!(!back.has_identity_frames());
+    }
+
+    #[test]
+    fn version_2_files_read_with_legacy_handles() {
+        let m = metadata(2, vec![in_flight(2)]);
+        let back = CheckpointMetadata::from_bytes("chk-7/_metadata", &sealed_v2(&m))
+            .expect("a version 2 file must still be read");
+        assert_eq!(back, m, "every v2 field must be read as written");
+        assert!(
+            back.handles()
+                .filter(|h| h.path().is_some())
+                .all(|h| h.is_legacy())
+        );
+        assert!(back.fingerprint.is_none() && !back.has_identity_frames());
+    }
+
+    #[test]
+    fn a_version_3_file_with_a_legacy_handle_is_refused() {
+        let mut m = metadata(3, vec![in_flight(2)]);
+        m.format_version = 3;
+        let err = CheckpointMetadata::from_bytes("chk-7/_metadata", &m.to_bytes().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("without a digest"), "{err}");
     }
 
     #[test]
@@ -321,7 +505,7 @@ mod tests {
         // A v2 payload labelled v1 leaves the in-flight list unread; a v1 payload labelled v2
         // ends before it. Either is corrupt, never silently misread.
         let v2_payload =
-            weir_core::codec::encode("metadata", &metadata(vec![in_flight()])).unwrap();
+            weir_core::codec::encode("metadata", &metadata(3, vec![in_flight(3)])).unwrap();
         let err = CheckpointMetadata::from_bytes(
             "chk-7/_metadata",
             &weir_core::codec::seal(METADATA_MAGIC, 1, &v2_payload),
@@ -331,7 +515,7 @@ mod tests {
             matches!(&err, CheckpointError::Corrupt { path, .. } if path == "chk-7/_metadata"),
             "{err}"
         );
-        let mut v1_as_v2 = sealed_v1(&metadata(Vec::new()));
+        let mut v1_as_v2 = sealed_v1(&metadata(1, Vec::new()));
         v1_as_v2[4..6].copy_from_slice(&2u16.to_le_bytes());
         let body_end = v1_as_v2.len() - weir_core::codec::ENVELOPE_TRAILER_LEN;
         let crc = crc32fast::hash(&v1_as_v2[..body_end]);
@@ -345,19 +529,20 @@ mod tests {
 
     #[test]
     fn unknown_versions_are_rejected_naming_the_file() {
-        let payload = weir_core::codec::encode("metadata", &metadata(vec![in_flight()])).unwrap();
-        let bytes = weir_core::codec::seal(METADATA_MAGIC, 3, &payload);
+        let payload =
+            weir_core::codec::encode("metadata", &metadata(3, vec![in_flight(3)])).unwrap();
+        let bytes = weir_core::codec::seal(METADATA_MAGIC, 4, &payload);
         let err = CheckpointMetadata::from_bytes("jobs/abc/chk-7/_metadata", &bytes).unwrap_err();
         match &err {
             CheckpointError::Corrupt { path, reason } => {
                 assert_eq!(path, "jobs/abc/chk-7/_metadata");
-                assert!(reason.contains("format version 3"), "{reason}");
+                assert!(reason.contains("format version 4"), "{reason}");
             }
             other => panic!("expected a corrupt-file error, got {other:?}"),
         }
         let shown = err.to_string();
         assert!(
-            shown.contains("jobs/abc/chk-7/_metadata") && shown.contains("version 3"),
+            shown.contains("jobs/abc/chk-7/_metadata") && shown.contains("version 4"),
             "the error must name the file and the version: {shown}"
         );
     }

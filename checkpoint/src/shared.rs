@@ -32,10 +32,7 @@ pub struct SharedStateRegistry {
 
 /// The path of a shared file handle, if it is one.
 fn shared_path(handle: &StreamStateHandle) -> Option<&str> {
-    match handle {
-        StreamStateHandle::File { path, .. } if is_shared(handle) => Some(path),
-        _ => None,
-    }
+    handle.path().filter(|_| is_shared(handle))
 }
 
 /// Every shared file handle an acknowledgement carries.
@@ -164,7 +161,7 @@ mod tests {
         StreamStateHandle::File {
             path: path.to_string(),
             size: 100,
-            crc32: 7,
+            digest: weir_core::identity::Digest([7; 16]),
         }
     }
 
@@ -202,10 +199,7 @@ mod tests {
     fn paths(handles: Vec<StreamStateHandle>) -> Vec<String> {
         let mut out: Vec<String> = handles
             .into_iter()
-            .filter_map(|h| match h {
-                StreamStateHandle::File { path, .. } => Some(path),
-                StreamStateHandle::Inline(_) => None,
-            })
+            .filter_map(|h| h.path().map(str::to_string))
             .collect();
         out.sort();
         out

@@ -24,6 +24,8 @@ fn metadata(job: JobId, id: u64) -> CheckpointMetadata {
         weir_version: "test".to_string(),
         operators: Vec::new(),
         in_flight: Vec::new(),
+        fingerprint: None,
+        format_version: weir_checkpoint::metadata::METADATA_VERSION,
     }
 }
 
@@ -107,7 +109,7 @@ async fn fs_uses_flinks_layout_on_disk() {
         StreamStateHandle::File {
             path: "op-0".to_string(),
             size: 10,
-            crc32: crc32fast::hash(b"0123456789")
+            digest: weir_core::identity::Digest::of(b"0123456789")
         }
     );
     assert_eq!(std::fs::read(chk.join("op-0")).unwrap(), b"0123456789");
@@ -251,7 +253,7 @@ async fn fs_corrupt_state_file_is_reported_naming_the_file() {
     let e = storage.read_state(&loc, &h, None).await.unwrap_err();
     assert!(
         matches!(&e, CheckpointError::Corrupt { path, reason }
-            if path.contains(file.to_str().unwrap()) && reason.contains("checksum")),
+            if path.contains(file.to_str().unwrap()) && reason.contains("digest mismatch")),
         "{e:?}"
     );
     // A ranged read skips the whole-file checksum (the caller's format covers it).

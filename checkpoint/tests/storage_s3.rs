@@ -46,6 +46,8 @@ fn metadata(job: JobId, id: u64) -> CheckpointMetadata {
         weir_version: "test".to_string(),
         operators: Vec::new(),
         in_flight: Vec::new(),
+        fingerprint: None,
+        format_version: weir_checkpoint::metadata::METADATA_VERSION,
     }
 }
 
@@ -154,7 +156,7 @@ async fn s3_large_state_round_trips_through_a_multipart_upload() {
         StreamStateHandle::File {
             path: "keyed".to_string(),
             size: len as u64,
-            crc32: crc32fast::hash(&data)
+            digest: weir_core::identity::Digest::of(&data)
         }
     );
     let on_disk = server.bucket_dir().join(format!("large/{job}/chk-1/keyed"));

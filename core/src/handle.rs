@@ -2,17 +2,32 @@
 //! `_metadata` records. The state backends produce them, checkpoint storage persists them, and
 //! neither knows the other.
 
+use crate::identity::Digest;
 use crate::ids::OperatorId;
 use crate::keygroup::{KeyGroup, KeyGroupRange};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Where a snapshot's bytes are.
+///
+/// The variants' order is part of `_metadata`'s encoding: `LegacyFile` is what `_metadata`
+/// versions 1 and 2 recorded, and is only read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StreamStateHandle {
     /// Small state kept inside `_metadata` itself (Flink's `ByteStreamStateHandle`, used below
     /// the memory threshold).
     Inline(Vec<u8>),
+    /// A file recorded by `_metadata` version 1 or 2, with a CRC-32 of the whole file (which,
+    /// for a file that ends in its own CRC, is the same for every file: it is checked, but
+    /// proves little). Such files carry no identity frame.
+    LegacyFile {
+        /// Path relative to the directory of the `_metadata` referring to it.
+        path: String,
+        /// Its length in bytes.
+        size: u64,
+        /// CRC-32 of the whole file.
+        crc32: u32,
+    },
     /// A file written through checkpoint storage.
     File {
         /// Path relative to the directory that holds the `_metadata` referring to it, so a
@@ -20,8 +35,8 @@ pub enum StreamStateHandle {
         path: String,
         /// Its length in bytes.
         size: u64,
-        /// CRC-32 of the whole file.
-        crc32: u32,
+        /// The xxh3-128 digest of the whole file.
+        digest: Digest,
     },
 }
 
@@ -30,7 +45,35 @@ impl StreamStateHandle {
     pub fn size(&self) -> u64 {
         match self {
             StreamStateHandle::Inline(b) => b.len() as u64,
-            StreamStateHandle::File { size, .. } => *size,
+            StreamStateHandle::LegacyFile { size, .. } | StreamStateHandle::File { size, .. } => {
+                *size
+            }
+        }
+    }
+
+    /// The file's path (relative to its `_metadata`), `None` for inline state.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            StreamStateHandle::Inline(_) => None,
+            StreamStateHandle::LegacyFile { path, .. } | StreamStateHandle::File { path, .. } => {
+                Some(path)
+            }
+        }
+    }
+
+    /// Whether it is a file recorded by a `_metadata` of version 1 or 2 (no identity frame, a
+    /// CRC-32 instead of a digest).
+    pub fn is_legacy(&self) -> bool {
+        matches!(self, StreamStateHandle::LegacyFile { .. })
+    }
+
+    /// How the handle's bytes are checked, for reports: `xxh3-128 <hex>`, `crc32 <hex>`, or
+    /// `None` for inline state (covered by `_metadata`'s checksum).
+    pub fn checksum_text(&self) -> Option<String> {
+        match self {
+            StreamStateHandle::Inline(_) => None,
+            StreamStateHandle::LegacyFile { crc32, .. } => Some(format!("crc32 {crc32:08x}")),
+            StreamStateHandle::File { digest, .. } => Some(format!("xxh3-128 {digest}")),
         }
     }
 }

@@ -10,6 +10,8 @@
 //! - [`partition`]: how a record picks its output channel.
 //! - [`channel_state`]: in-flight data of unaligned checkpoints and its file format.
 //! - [`handle`]: state handles, the facts a snapshot leaves behind and a checkpoint records.
+//! - [`fingerprint`]: what a checkpoint records of its job (operators, source settings).
+//! - [`identity`]: the identity frame at the head of every state file, and file digests.
 //! - [`codec`]: postcard encoding and the versioned, checksummed file envelope.
 //! - [`error`]: the errors of this crate.
 //!
@@ -21,8 +23,10 @@ pub mod codec;
 pub mod config;
 pub mod element;
 pub mod error;
+pub mod fingerprint;
 pub mod graph;
 pub mod handle;
+pub mod identity;
 pub mod ids;
 pub mod keygroup;
 pub mod partition;

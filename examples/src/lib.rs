@@ -46,6 +46,8 @@ pub struct WordCountOptions {
     pub savepoint_dir: Option<PathBuf>,
     /// Restore even if some state maps to no operator.
     pub allow_non_restored_state: bool,
+    /// Restore even if the checkpoint was taken with other `records` or `seed`.
+    pub allow_changed_sources: bool,
     /// Checkpointing mode.
     pub mode: CheckpointingMode,
     /// Credits per channel.
@@ -80,6 +82,7 @@ impl Default for WordCountOptions {
             checkpoint_every_records: None,
             savepoint_dir: None,
             allow_non_restored_state: false,
+            allow_changed_sources: false,
             mode: CheckpointingMode::ExactlyOnce,
             buffers_per_channel: 4,
             sink_delay: None,
@@ -173,6 +176,17 @@ pub fn build(
         config.checkpoint.every_records = opts.checkpoint_every_records;
         config.savepoint_dir = opts.savepoint_dir.clone();
         config.allow_non_restored_state = opts.allow_non_restored_state;
+        config.allow_changed_sources = opts.allow_changed_sources;
+        // What decides the records a replay reads: the checkpoint records them, and a restore
+        // with other values is refused.
+        config.source_config.insert(
+            "records".to_string(),
+            opts.records
+                .map_or_else(|| "unbounded".to_string(), |r| r.to_string()),
+        );
+        config
+            .source_config
+            .insert("seed".to_string(), opts.seed.to_string());
         config.checkpoint.mode = opts.mode;
         config.buffers_per_channel = opts.buffers_per_channel;
         config.checkpoint.unaligned = opts.unaligned;

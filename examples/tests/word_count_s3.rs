@@ -130,25 +130,35 @@ fn word_count_checkpoints_to_s3_recovers_through_it_and_resumes_from_it() {
         "objects outside the job's prefix: {objects:?}"
     );
 
-    // A second run resumes from the bucket with another seed: each record still counts once
-    // (the totals add up to `records`), and the restored counts show (they differ from a fresh
-    // run with that seed).
+    // A second run from the bucket with another seed is refused: its replay would read other
+    // records. The checkpoint's fingerprint names the difference.
     let resumed = tmp.path().join("resumed.csv");
-    let run = word_count(
-        &[
-            "--records",
-            &n,
-            "--parallelism",
-            "2",
-            "--seed",
-            "7",
-            "--from",
-            "s3://weir-e2e/runs/wc",
-            "--output",
-            resumed.to_str().unwrap(),
-        ],
-        &env,
+    let args = [
+        "--records",
+        &n,
+        "--parallelism",
+        "2",
+        "--seed",
+        "7",
+        "--from",
+        "s3://weir-e2e/runs/wc",
+        "--output",
+        resumed.to_str().unwrap(),
+    ];
+    let run = word_count(&args, &env);
+    assert!(!run.success, "stdout:\n{}", run.stdout);
+    assert!(
+        run.stderr
+            .contains("source setting 'seed' is 42 in the checkpoint and 7 in the job"),
+        "{}",
+        run.stderr
     );
+    // With --allow-changed-sources it resumes: each record still counts once (the totals add
+    // up to `records`), and the restored counts show (they differ from a fresh run with that
+    // seed).
+    let mut allowed = args.to_vec();
+    allowed.push("--allow-changed-sources");
+    let run = word_count(&allowed, &env);
     assert!(
         run.success,
         "stdout:\n{}\nstderr:\n{}",

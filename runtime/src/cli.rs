@@ -39,16 +39,16 @@ use weir_checkpoint::{
     CheckpointError, CheckpointMetadata, CheckpointStorage, OpendalCheckpointStorage, OperatorState,
 };
 use weir_core::CoreError;
-use weir_core::channel_state::{ChannelDirection, ChannelSectionSummary};
 use weir_core::codec;
 use weir_core::element::SnapshotKind;
-use weir_core::handle::{
-    KeyedStateHandle, OperatorStateHandle, OperatorStateMode, StreamStateHandle,
-};
+use weir_core::handle::{KeyedStateHandle, OperatorStateHandle, StreamStateHandle};
+use weir_core::identity::{FileIdentity, StateFileKind};
 use weir_core::ids::{JobId, OperatorId};
 use weir_core::keygroup::KeyGroupRange;
-use weir_state::OperatorStateBackend;
-use weir_state::format::{SnapshotHeader, part_sections, whole_stream_part};
+use weir_state::format::{SnapshotHeader, whole_stream_part};
+
+use crate::error::reason_of;
+use crate::verify;
 
 /// The most section failures reported per keyed-state stream (the rest are counted).
 const MAX_SECTION_PROBLEMS: usize = 5;
@@ -275,8 +275,9 @@ pub struct StreamReport {
     pub inline: bool,
     /// The file, when it is not inline.
     pub file: Option<String>,
-    /// The file's CRC-32 recorded in `_metadata` (hex), when it is not inline.
-    pub crc32: Option<String>,
+    /// The file's checksum recorded in `_metadata`, when it is not inline: `xxh3-128 <hex>`
+    /// (a digest), or `crc32 <hex>` for a file of a version 1 or 2 `_metadata`.
+    pub checksum: Option<String>,
 }
 
 /// A key-group range (inclusive).
@@ -771,17 +772,8 @@ async fn read_metadata(opened: &Opened, found: &Found) -> MetadataRead {
         }
         Err(e) => return MetadataRead::Corrupt(e.to_string(), size),
     };
-    if let Some(id) = found.id
-        && found.location.dir.ends_with(&format!("chk-{id}/"))
-        && metadata.checkpoint_id.0 != id
-    {
-        return MetadataRead::Corrupt(
-            format!(
-                "it records checkpoint {}, but its directory is chk-{id}",
-                metadata.checkpoint_id.0
-            ),
-            size,
-        );
+    if let Err(reason) = metadata.check_location(&found.location) {
+        return MetadataRead::Corrupt(reason, size);
     }
     MetadataRead::Ok(Box::new(LoadedMetadata {
         metadata,
@@ -1086,26 +1078,18 @@ async fn check(path: &Path) -> Result<Checked, CliError> {
         files: BTreeMap::new(),
     };
     let m = &loaded.metadata;
+    for reason in verify::metadata_self_problems(m) {
+        checker.problems.push(Problem {
+            file: checker.metadata_file.clone(),
+            reason,
+        });
+    }
     let mut operators = Vec::with_capacity(m.operators.len());
     for op in &m.operators {
-        operators.push(checker.operator(op).await);
+        operators.push(checker.operator(m, op).await);
     }
     let mut in_flight = Vec::with_capacity(m.in_flight.len());
-    let mut seen = BTreeMap::new();
     for entry in &m.in_flight {
-        if let Some(first) = seen.insert((entry.operator_id, entry.subtask), in_flight.len()) {
-            checker.problems.push(Problem {
-                file: checker.metadata_file.clone(),
-                reason: format!(
-                    "in-flight data of subtask {} of operator {} is recorded twice (entries {} \
-                     and {})",
-                    entry.subtask,
-                    entry.operator_id,
-                    first + 1,
-                    in_flight.len() + 1
-                ),
-            });
-        }
         in_flight.push(checker.in_flight(m, entry).await);
     }
     let files_verified = 1 + checker.files.len() as u64;
@@ -1183,16 +1167,18 @@ impl Checker<'_> {
             StreamStateHandle::Inline(_) => StreamReport {
                 inline: true,
                 file: None,
-                crc32: None,
+                checksum: None,
             },
-            StreamStateHandle::File { path, crc32, .. } => StreamReport {
-                inline: false,
-                file: Some(match self.resolve(path) {
-                    Some(rel) => self.opened.display(&rel),
-                    None => path.clone(),
-                }),
-                crc32: Some(format!("{crc32:08x}")),
-            },
+            StreamStateHandle::File { path, .. } | StreamStateHandle::LegacyFile { path, .. } => {
+                StreamReport {
+                    inline: false,
+                    file: Some(match self.resolve(path) {
+                        Some(rel) => self.opened.display(&rel),
+                        None => path.clone(),
+                    }),
+                    checksum: stream.checksum_text(),
+                }
+            }
         }
     }
 
@@ -1202,21 +1188,23 @@ impl Checker<'_> {
                 file: self.metadata_file.clone(),
                 prefix: format!("inline {what}: "),
             },
-            StreamStateHandle::File { path, .. } => Subject {
-                file: match self.resolve(path) {
-                    Some(rel) => self.opened.display(&rel),
-                    None => path.clone(),
-                },
-                prefix: String::new(),
-            },
+            StreamStateHandle::File { path, .. } | StreamStateHandle::LegacyFile { path, .. } => {
+                Subject {
+                    file: match self.resolve(path) {
+                        Some(rel) => self.opened.display(&rel),
+                        None => path.clone(),
+                    },
+                    prefix: String::new(),
+                }
+            }
         }
     }
 
     fn note_file(&mut self, stream: &StreamStateHandle) {
-        if let StreamStateHandle::File { path, size, .. } = stream
+        if let Some(path) = stream.path()
             && let Some(rel) = self.resolve(path)
         {
-            self.files.insert(rel, *size);
+            self.files.insert(rel, stream.size());
         }
     }
 
@@ -1226,16 +1214,13 @@ impl Checker<'_> {
             .storage
             .read_state(self.location, stream, None)
             .await
-            .map_err(|e| error_reason(&e))
+            .map_err(|e| reason_of(&e))
     }
 
     /// The raw bytes of a file whose verified read failed, to locate the damage; `None` when
     /// they cannot be read either.
     async fn read_raw(&self, stream: &StreamStateHandle) -> Option<Vec<u8>> {
-        let StreamStateHandle::File { path, .. } = stream else {
-            return None;
-        };
-        let rel = self.resolve(path)?;
+        let rel = self.resolve(stream.path()?)?;
         self.opened
             .storage
             .operator()
@@ -1245,57 +1230,43 @@ impl Checker<'_> {
             .map(|b| b.to_vec())
     }
 
-    async fn operator(&mut self, op: &OperatorState) -> OperatorReport {
-        let who = match &op.uid {
-            Some(uid) => format!("operator '{}' (uid {uid})", op.name),
-            None => format!("operator '{}' (id {})", op.name, op.operator_id),
-        };
+    async fn operator(&mut self, m: &CheckpointMetadata, op: &OperatorState) -> OperatorReport {
         let mut subtasks = Vec::with_capacity(op.subtasks.len());
-        let mut ranges: Vec<(KeyGroupRange, u32)> = Vec::new();
         for (&index, state) in &op.subtasks {
-            let who = format!("{who}, subtask {index}");
-            if index >= op.parallelism {
-                self.problems.push(Problem {
-                    file: self.metadata_file.clone(),
-                    reason: format!(
-                        "{who}: the subtask index is not below the parallelism {}",
-                        op.parallelism
-                    ),
-                });
-            }
+            let who = verify::who(op, index);
             let mut keyed = Vec::with_capacity(state.keyed.len());
+            let mut frames = Vec::with_capacity(state.keyed.len());
             for h in &state.keyed {
-                // An incremental chain's links (a full snapshot and its deltas) share one range.
-                if !ranges.contains(&(h.key_group_range, index)) {
-                    ranges.push((h.key_group_range, index));
+                let (report, frame) = self.keyed(m, op, h, &who).await;
+                keyed.push(report);
+                frames.extend(frame);
+            }
+            // The frames of a subtask's keyed files, its incremental chain as a whole.
+            if m.has_identity_frames()
+                && frames.len() == state.keyed.len()
+                && let Err(reason) =
+                    verify::check_keyed_frames(m, op.operator_id, index, &state.keyed, &frames)
+                && let Some(last) = state.keyed.last()
+            {
+                let subject = self.subject(&last.stream, &format!("keyed state of {who}"));
+                self.problems.push(Problem {
+                    file: subject.file,
+                    reason: format!("{}{reason}", subject.prefix),
+                });
+                if let Some(r) = keyed.last_mut() {
+                    r.verification.ok = false;
+                    r.verification.detail = reason;
                 }
-                keyed.push(self.keyed(op, h, &who).await);
             }
             let mut operator = Vec::with_capacity(state.operator.len());
             for h in &state.operator {
-                operator.push(self.operator_state(h, &who).await);
+                operator.push(self.operator_state(m, op, index, h, &who).await);
             }
             subtasks.push(SubtaskReport {
                 subtask: index,
                 keyed,
                 operator,
             });
-        }
-        // The key-group ranges of an operator's subtasks must not overlap.
-        ranges.sort_by_key(|(r, _)| (r.start, r.end));
-        for pair in ranges.windows(2) {
-            if let [(a, sa), (b, sb)] = pair
-                && !a.is_empty()
-                && !b.is_empty()
-                && b.start <= a.end
-            {
-                self.problems.push(Problem {
-                    file: self.metadata_file.clone(),
-                    reason: format!(
-                        "{who}: the key groups {a} of subtask {sa} and {b} of subtask {sb} overlap"
-                    ),
-                });
-            }
         }
         OperatorReport {
             operator_id: op.operator_id.to_string(),
@@ -1308,30 +1279,20 @@ impl Checker<'_> {
         }
     }
 
+    /// Checks one keyed handle as a restore reads it (the header by its range), then the
+    /// whole file: size, digest, identity frame (returned, for the chain check) and every
+    /// key-group section.
     async fn keyed(
         &mut self,
+        m: &CheckpointMetadata,
         op: &OperatorState,
         h: &KeyedStateHandle,
         who: &str,
-    ) -> KeyedHandleReport {
+    ) -> (KeyedHandleReport, Option<FileIdentity>) {
         self.note_file(&h.stream);
         let subject = self.subject(&h.stream, &format!("keyed state of {who}"));
         let mut errors: Vec<String> = Vec::new();
         let range = h.key_group_range;
-
-        if !range.is_empty() && range.end >= op.max_parallelism {
-            errors.push(format!(
-                "the key groups {range} do not fit the operator's max parallelism {}",
-                op.max_parallelism
-            ));
-        }
-        if h.offsets.len() != range.len() as usize {
-            errors.push(format!(
-                "the handle has {} section offsets for the {} key groups {range}",
-                h.offsets.len(),
-                range.len()
-            ));
-        }
 
         // The header, read by its range as a restore reads it.
         let mut states = Vec::new();
@@ -1342,21 +1303,9 @@ impl Checker<'_> {
             .read_state(self.location, &h.stream, Some(h.header))
             .await
         {
-            Ok(bytes) => match SnapshotHeader::decode(&bytes) {
+            Ok(bytes) => match verify::check_keyed_header(op, h, &bytes) {
                 Ok(header) => {
                     header_max_parallelism = Some(header.max_parallelism);
-                    if header.key_group_range != range {
-                        errors.push(format!(
-                            "the header covers key groups {}, the handle {range}",
-                            header.key_group_range
-                        ));
-                    }
-                    if header.max_parallelism != op.max_parallelism {
-                        errors.push(format!(
-                            "the header's max parallelism is {}, the operator's {}",
-                            header.max_parallelism, op.max_parallelism
-                        ));
-                    }
                     states = header
                         .states
                         .iter()
@@ -1370,14 +1319,14 @@ impl Checker<'_> {
                         })
                         .collect();
                 }
-                // The error names the keyed snapshot header.
-                Err(e) => errors.push(e.to_string()),
+                Err(e) => errors.extend(e),
             },
-            Err(e) => errors.push(format!("header: {}", error_reason(&e))),
+            Err(e) => errors.push(format!("header: {}", reason_of(&e))),
         }
 
-        // The whole stream (size and CRC-32 of a file), then every key-group section.
+        // The whole stream (size and digest of a file), its frame, then every section.
         let mut sections_checked = None;
+        let mut frame = None;
         match self.read_whole(&h.stream).await {
             Ok(bytes) => {
                 if h.end != bytes.len() as u64 {
@@ -1386,6 +1335,12 @@ impl Checker<'_> {
                         h.end,
                         bytes.len()
                     ));
+                }
+                if m.has_identity_frames() {
+                    match weir_core::identity::open_frame(&bytes) {
+                        Ok((identity, _)) => frame = Some(identity),
+                        Err(e) => errors.push(e.to_string()),
+                    }
                 }
                 match check_sections(h, &bytes) {
                     Ok(n) => sections_checked = Some(n),
@@ -1407,48 +1362,47 @@ impl Checker<'_> {
             &subject,
             errors,
             match (&h.stream, sections_checked) {
-                (StreamStateHandle::File { .. }, Some(n)) => {
-                    format!("size and CRC-32 match; header and {n} key-group sections checked")
-                }
-                (_, Some(n)) => format!(
+                (StreamStateHandle::Inline(_), Some(n)) => format!(
                     "inline (covered by _metadata's checksum); header and {n} key-group sections \
                      checked"
+                ),
+                (_, Some(n)) => format!(
+                    "size and {} match; header and {n} key-group sections checked",
+                    checksum_name(&h.stream)
                 ),
                 (_, None) => String::new(),
             },
         );
-        KeyedHandleReport {
+        let report = KeyedHandleReport {
             key_groups: range.into(),
             max_parallelism: header_max_parallelism,
             states,
             size: h.stream.size(),
             stream: self.stream_report(&h.stream),
             verification,
-        }
+        };
+        (report, frame)
     }
 
-    async fn operator_state(&mut self, h: &OperatorStateHandle, who: &str) -> OperatorHandleReport {
+    async fn operator_state(
+        &mut self,
+        m: &CheckpointMetadata,
+        op: &OperatorState,
+        subtask: u32,
+        h: &OperatorStateHandle,
+        who: &str,
+    ) -> OperatorHandleReport {
         self.note_file(&h.stream);
         let subject = self.subject(&h.stream, &format!("operator state of {who}"));
         let mut errors = Vec::new();
         match self.read_whole(&h.stream).await {
             Ok(bytes) => {
-                let mut backend = OperatorStateBackend::new();
-                match backend.restore(&[&bytes]) {
-                    Ok(()) => {
-                        let mut found = backend.snapshot().states();
-                        let mut recorded = h.states.clone();
-                        found.sort_by(|a, b| a.0.cmp(&b.0));
-                        recorded.sort_by(|a, b| a.0.cmp(&b.0));
-                        if found != recorded {
-                            errors.push(format!(
-                                "the blob holds the states {}, _metadata records {}",
-                                state_list(&found),
-                                state_list(&recorded)
-                            ));
-                        }
-                    }
-                    Err(e) => errors.push(e.to_string()),
+                let expected =
+                    verify::expected(m, op.operator_id, subtask, None, StateFileKind::Operator);
+                if let Err(e) = verify::open_file(m, &bytes, &expected)
+                    .and_then(|at| verify::check_operator_payload(h, &bytes[at..]))
+                {
+                    errors.push(e);
                 }
             }
             Err(reason) => errors.push(reason),
@@ -1459,7 +1413,10 @@ impl Checker<'_> {
             if matches!(h.stream, StreamStateHandle::Inline(_)) {
                 "inline (covered by _metadata's checksum); content decoded".to_string()
             } else {
-                "size and CRC-32 match; content decoded".to_string()
+                format!(
+                    "size and {} match; content decoded",
+                    checksum_name(&h.stream)
+                )
             },
         );
         OperatorHandleReport {
@@ -1468,7 +1425,7 @@ impl Checker<'_> {
                 .iter()
                 .map(|(name, mode)| OperatorStateEntry {
                     name: name.clone(),
-                    mode: mode_name(*mode).to_string(),
+                    mode: verify::mode_name(*mode).to_string(),
                 })
                 .collect(),
             size: h.stream.size(),
@@ -1477,9 +1434,9 @@ impl Checker<'_> {
         }
     }
 
-    /// Verifies the channel-state file of one subtask's in-flight data: its size and CRC-32, its
-    /// envelope, every section's batch framing and record count, and the sections against the
-    /// summaries `_metadata` records for them.
+    /// Verifies the channel-state file of one subtask's in-flight data: its size and digest, its
+    /// identity frame and envelope, every section's batch framing and record count, and the
+    /// sections against the summaries `_metadata` records for them.
     async fn in_flight(
         &mut self,
         m: &CheckpointMetadata,
@@ -1488,105 +1445,32 @@ impl Checker<'_> {
         let h = &entry.handle;
         let op = operator_by_id(m, entry.operator_id);
         let who = match op {
-            Some(op) => match &op.uid {
-                Some(uid) => format!(
-                    "operator '{}' (uid {uid}), subtask {}",
-                    op.name, entry.subtask
-                ),
-                None => format!(
-                    "operator '{}' (id {}), subtask {}",
-                    op.name, op.operator_id, entry.subtask
-                ),
-            },
+            Some(op) => verify::who(op, entry.subtask),
             None => format!("operator {}, subtask {}", entry.operator_id, entry.subtask),
         };
-
-        // What `_metadata` says of the subtask, checked against itself.
-        let mut metadata_errors = Vec::new();
-        match op {
-            None => metadata_errors
-                .push("the operator is not one of the checkpoint's operators".to_string()),
-            Some(op) if entry.subtask >= op.parallelism => metadata_errors.push(format!(
-                "the subtask index is not below the operator's parallelism {}",
-                op.parallelism
-            )),
-            Some(_) => {}
-        }
-        for (i, s) in h.sections.iter().enumerate() {
-            let (end, index) = match s.direction {
-                ChannelDirection::Input => ("consumer", s.channel.consumer),
-                ChannelDirection::Output => ("producer", s.channel.producer),
-            };
-            if index != entry.subtask {
-                metadata_errors.push(format!(
-                    "section {} ({}) is filed under subtask {}, but the channel's {end} is \
-                     subtask {index}",
-                    i + 1,
-                    section_label(s),
-                    entry.subtask
-                ));
-            }
-        }
-        for e in metadata_errors {
-            self.problems.push(Problem {
-                file: self.metadata_file.clone(),
-                reason: format!("in-flight data of {who}: {e}"),
-            });
-        }
-
-        // The file: size and CRC-32, envelope, sections, agreement with `_metadata`.
         self.note_file(&h.stream);
         let subject = self.subject(&h.stream, &format!("in-flight data of {who}"));
         let mut errors = Vec::new();
         let mut checked = None;
         match self.read_whole(&h.stream).await {
             Ok(bytes) => {
-                match weir_core::channel_state::decode_file("channel-state file", &bytes) {
-                    Ok(sections) => {
-                        let mut failed = 0usize;
-                        let mut note = |errors: &mut Vec<String>, e: String| {
-                            failed += 1;
-                            if errors.len() < MAX_SECTION_PROBLEMS {
-                                errors.push(e);
-                            }
-                        };
-                        // The error names the section's channel.
-                        for section in &sections {
-                            if let Err(e) = section.verify() {
-                                note(&mut errors, e.to_string());
-                            }
-                        }
-                        if sections.len() != h.sections.len() {
-                            note(
-                                &mut errors,
-                                format!(
-                                    "the file holds {} sections, _metadata records {}",
-                                    sections.len(),
-                                    h.sections.len()
-                                ),
-                            );
-                        }
-                        for (i, (found, recorded)) in sections.iter().zip(&h.sections).enumerate() {
-                            let found = found.summary();
-                            for e in section_mismatches(i, &found, recorded) {
-                                note(&mut errors, e);
-                            }
-                        }
-                        if failed > errors.len() {
-                            errors.push(format!(
-                                "and {} more section checks fail",
-                                failed - errors.len()
-                            ));
-                        }
-                        if errors.is_empty() {
-                            checked = Some(sections.len());
-                        }
-                    }
-                    Err(CoreError::Corrupt { reason, .. }) => errors.push(reason),
-                    Err(CoreError::Decode { reason, .. }) => {
-                        errors.push(format!("cannot decode the sections: {reason}"));
-                    }
-                    Err(e) => errors.push(e.to_string()),
+                let expected = verify::expected(
+                    m,
+                    entry.operator_id,
+                    entry.subtask,
+                    None,
+                    StateFileKind::ChannelState,
+                );
+                match verify::open_file(m, &bytes, &expected) {
+                    Ok(at) => match verify::check_channel_payload(
+                        &h.sections,
+                        &bytes[at..],
+                        MAX_SECTION_PROBLEMS,
+                    ) {
+                        Ok(sections) => checked = Some(sections.len()),
+                        Err(e) => errors.extend(e),
+                    },
+                    Err(e) => errors.push(e),
                 }
             }
             Err(reason) => errors.push(reason),
@@ -1595,13 +1479,14 @@ impl Checker<'_> {
             &subject,
             errors,
             match (&h.stream, checked) {
-                (StreamStateHandle::File { .. }, Some(n)) => format!(
-                    "size and CRC-32 match; {n} section{} decoded and checked against _metadata",
+                (StreamStateHandle::Inline(_), Some(n)) => format!(
+                    "inline (covered by _metadata's checksum); {n} section{} decoded and checked \
+                     against _metadata",
                     if n == 1 { "" } else { "s" }
                 ),
                 (_, Some(n)) => format!(
-                    "inline (covered by _metadata's checksum); {n} section{} decoded and checked \
-                     against _metadata",
+                    "size and {} match; {n} section{} decoded and checked against _metadata",
+                    checksum_name(&h.stream),
                     if n == 1 { "" } else { "s" }
                 ),
                 (_, None) => String::new(),
@@ -1620,7 +1505,7 @@ impl Checker<'_> {
                 .sections
                 .iter()
                 .map(|s| ChannelSectionReport {
-                    direction: direction_name(s.direction).to_string(),
+                    direction: verify::direction_name(s.direction).to_string(),
                     channel: s.channel.to_string(),
                     from_operator_id: s.channel.from.to_string(),
                     from_operator: name_of(s.channel.from),
@@ -1660,105 +1545,19 @@ impl Checker<'_> {
 fn check_sections(h: &KeyedStateHandle, stream: &[u8]) -> Result<usize, Vec<String>> {
     let part = whole_stream_part(h, stream).map_err(|e| vec![e.to_string()])?;
     let header = SnapshotHeader::decode(part.header).map_err(|e| vec![e.to_string()])?;
-    let sections = part_sections(&part, &h.key_group_range).map_err(|e| vec![e.to_string()])?;
-    let mut errors = Vec::new();
-    let mut failed = 0usize;
-    for (kg, bytes) in &sections {
-        if let Err(e) = header.parse_section(*kg, bytes) {
-            failed += 1;
-            if errors.len() < MAX_SECTION_PROBLEMS {
-                errors.push(e.to_string());
-            }
-        }
-    }
-    if failed > errors.len() {
-        errors.push(format!(
-            "and {} more key-group sections fail their checks",
-            failed - errors.len()
-        ));
-    }
-    if errors.is_empty() {
-        Ok(sections.len())
-    } else {
-        Err(errors)
+    verify::check_keyed_sections(&header, &part, &h.key_group_range, MAX_SECTION_PROBLEMS)
+}
+
+/// How a file handle's bytes are checked, for verdicts.
+fn checksum_name(stream: &StreamStateHandle) -> &'static str {
+    match stream {
+        StreamStateHandle::LegacyFile { .. } => "CRC-32",
+        _ => "xxh3-128 digest",
     }
 }
 
 fn operator_by_id(m: &CheckpointMetadata, id: OperatorId) -> Option<&OperatorState> {
     m.operators.iter().find(|o| o.operator_id == id)
-}
-
-fn direction_name(direction: ChannelDirection) -> &'static str {
-    match direction {
-        ChannelDirection::Input => "input",
-        ChannelDirection::Output => "output",
-    }
-}
-
-/// `input channel 1a2b3c4d[0] -> 5e6f7a8b[1]`.
-fn section_label(s: &ChannelSectionSummary) -> String {
-    format!("{} channel {}", direction_name(s.direction), s.channel)
-}
-
-/// How section `i` of a channel-state file differs from what `_metadata` records of it.
-fn section_mismatches(
-    i: usize,
-    found: &ChannelSectionSummary,
-    recorded: &ChannelSectionSummary,
-) -> Vec<String> {
-    let n = i + 1;
-    let mut out = Vec::new();
-    if found.direction != recorded.direction || found.channel != recorded.channel {
-        out.push(format!(
-            "section {n} holds the {}, _metadata records the {}",
-            section_label(found),
-            section_label(recorded)
-        ));
-        return out;
-    }
-    if found.records != recorded.records {
-        out.push(format!(
-            "section {n} ({}) holds {} records, _metadata records {}",
-            section_label(found),
-            found.records,
-            recorded.records
-        ));
-    }
-    if found.bytes != recorded.bytes {
-        out.push(format!(
-            "section {n} ({}) holds {} bytes, _metadata records {}",
-            section_label(found),
-            found.bytes,
-            recorded.bytes
-        ));
-    }
-    out
-}
-
-/// The reason of a storage error, without the path (the caller names the file).
-fn error_reason(e: &CheckpointError) -> String {
-    match e {
-        CheckpointError::Corrupt { reason, .. } => reason.clone(),
-        CheckpointError::Storage { source, .. }
-            if source.kind() == opendal::ErrorKind::NotFound =>
-        {
-            "missing: the file does not exist".to_string()
-        }
-        CheckpointError::Storage { source, .. } => source.to_string(),
-        other => other.to_string(),
-    }
-}
-
-fn state_list(states: &[(String, OperatorStateMode)]) -> String {
-    let names: Vec<String> = states
-        .iter()
-        .map(|(n, m)| format!("'{n}' ({})", mode_name(*m)))
-        .collect();
-    if names.is_empty() {
-        "none".to_string()
-    } else {
-        names.join(", ")
-    }
 }
 
 /// Renders an inspection as text.
@@ -1925,8 +1724,8 @@ pub fn render_inspect(r: &InspectReport) -> String {
 }
 
 fn where_(stream: &StreamReport) -> String {
-    match (&stream.file, &stream.crc32) {
-        (Some(file), Some(crc)) => format!("file {file} (crc32 {crc})"),
+    match (&stream.file, &stream.checksum) {
+        (Some(file), Some(sum)) => format!("file {file} ({sum})"),
         (Some(file), None) => format!("file {file}"),
         _ => "inline in _metadata".to_string(),
     }
@@ -1956,14 +1755,6 @@ fn kind_name(kind: SnapshotKind) -> &'static str {
         SnapshotKind::Checkpoint => "checkpoint",
         SnapshotKind::Savepoint => "savepoint",
         SnapshotKind::SynchronousSavepoint => "synchronous savepoint",
-    }
-}
-
-fn mode_name(mode: OperatorStateMode) -> &'static str {
-    match mode {
-        OperatorStateMode::SplitDistribute => "split-distribute",
-        OperatorStateMode::Union => "union",
-        OperatorStateMode::Broadcast => "broadcast",
     }
 }
 

@@ -1,6 +1,7 @@
 //! A job's configuration: parallelism, checkpointing, storage, restarts and buffers.
 
 use crate::restart::RestartStrategy;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use weir_checkpoint::storage::{S3Config, is_s3_url};
@@ -72,6 +73,12 @@ pub struct JobConfig {
     /// Restore even if the checkpoint has state for operators this job no longer has (that
     /// state is dropped, with a warning). Off: such a restore is an error.
     pub allow_non_restored_state: bool,
+    /// The source settings that decide what a replay reads (for `word_count`: its record count
+    /// and seed), recorded in every checkpoint's fingerprint. A restore into a job whose
+    /// settings differ is refused, naming the difference, unless `allow_changed_sources`.
+    pub source_config: BTreeMap<String, String>,
+    /// Restore even though the source settings differ from the checkpoint's.
+    pub allow_changed_sources: bool,
     /// How keyed-state snapshots compress each key group (Flink's
     /// `execution.checkpointing.snapshot-compression`; default none).
     pub snapshot_compression: weir_state::Compression,
@@ -104,6 +111,8 @@ impl Default for JobConfig {
             buffers_per_channel: 4,
             savepoint_dir: None,
             allow_non_restored_state: false,
+            source_config: BTreeMap::new(),
+            allow_changed_sources: false,
             snapshot_compression: weir_state::Compression::None,
             incremental: false,
             incremental_max_chain: DEFAULT_INCREMENTAL_MAX_CHAIN,

@@ -170,6 +170,24 @@ impl StreamEnvironment {
         self
     }
 
+    /// Declares a source setting that decides what a replay reads (a topic, a file, a record
+    /// count, a seed). Every checkpoint records these in its job fingerprint, and a restore into
+    /// a job whose settings differ is refused, naming the difference, unless
+    /// [`set_allow_changed_sources`](Self::set_allow_changed_sources).
+    pub fn set_source_config(&self, key: &str, value: impl ToString) -> &Self {
+        self.config_mut()
+            .source_config
+            .insert(key.to_string(), value.to_string());
+        self
+    }
+
+    /// Restores even though the source settings differ from the checkpoint's (the user
+    /// vouches that the sources still replay the same records).
+    pub fn set_allow_changed_sources(&self, allow: bool) -> &Self {
+        self.config_mut().allow_changed_sources = allow;
+        self
+    }
+
     /// Starts the job from a checkpoint directory, or from the latest complete checkpoint under
     /// a checkpoint root (like `flink run -s`). An `s3://bucket/prefix` path is read from S3,
     /// configured from the AWS environment variables as [`StorageConfig::from_location`] does.

@@ -142,3 +142,17 @@ pub enum JobError {
         cause: String,
     },
 }
+
+/// The reason of a storage error, without the path (the caller names the file).
+pub(crate) fn reason_of(e: &CheckpointError) -> String {
+    match e {
+        CheckpointError::Corrupt { reason, .. } => reason.clone(),
+        CheckpointError::Storage { source, .. }
+            if source.kind() == opendal::ErrorKind::NotFound =>
+        {
+            "missing: the file does not exist".to_string()
+        }
+        CheckpointError::Storage { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+}

@@ -124,6 +124,7 @@ impl ProcessTasks<'_> {
                 name: name.clone(),
                 generation,
                 job_id: self.job_id,
+                head_operator: job.stream_graph.node(v.head()).operator_id,
                 storage: self.storage.clone(),
                 reports: reports.clone(),
                 mailbox: mrx,

@@ -10,7 +10,7 @@ use crate::deploy::{EnumeratorFactory, NodeFactory};
 use crate::error::JobError;
 use crate::gateway::{Gateway, ProcessTasks, TaskDeployment, TaskSettings};
 use crate::restart::RestartTracker;
-use crate::restore::{candidates_at, load_first_good};
+use crate::restore::{RestoreChecks, candidates_at, load_first_good};
 use crate::source::{SplitAssignment, SplitEnumerator};
 use crate::task::{JobMetrics, Targets, TaskEvent, TaskMessage, TaskReport};
 use std::any::Any;
@@ -35,6 +35,7 @@ use weir_checkpoint::{
 };
 use weir_core::config::ExternalizedRetention;
 use weir_core::element::{CheckpointBarrier, SnapshotKind};
+use weir_core::fingerprint::JobFingerprint;
 use weir_core::graph::{ExecutionGraph, ExecutionState, JobGraph};
 use weir_core::handle::{StreamStateHandle, TaskStateSnapshot};
 use weir_core::ids::{CheckpointId, JobId, NodeId, OperatorId, VertexId};
@@ -383,7 +384,7 @@ pub(crate) fn build_storage(
 }
 
 fn build_metadata(
-    job: &JobGraph,
+    (job, fingerprint): (&JobGraph, &JobFingerprint),
     job_id: JobId,
     id: CheckpointId,
     kind: SnapshotKind,
@@ -438,6 +439,8 @@ fn build_metadata(
                 })
             })
             .collect(),
+        fingerprint: Some(fingerprint.clone()),
+        format_version: weir_checkpoint::metadata::METADATA_VERSION,
     }
 }
 
@@ -450,6 +453,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
     async move {
         let config = &spec.config;
         let job = &spec.job;
+        let fingerprint = JobFingerprint::of(&job.stream_graph, &config.source_config);
         config
             .checkpoint
             .validate()
@@ -566,7 +570,12 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             let mut restored_meta: Option<CheckpointMetadata> = None;
             let mut contexts = match &restore {
                 Some((s, locations)) => {
-                    let loaded = load_first_good(s.clone(), locations, job, config.allow_non_restored_state).await;
+                    let checks = RestoreChecks {
+                        fingerprint: &fingerprint,
+                        allow_non_restored_state: config.allow_non_restored_state,
+                        allow_changed_sources: config.allow_changed_sources,
+                    };
+                    let loaded = load_first_good(s.clone(), locations, job, &checks).await;
                     let (point, contexts) = match loaded {
                         Ok(found) => found,
                         // During a failover, a restore that fails (a transient storage error) is one
@@ -927,7 +936,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         CoordinatorAction::Finalize { id, kind, timestamp_ms, acks } => {
                             finalizing.insert(id);
                             let coordinators = coordinator_states.remove(&id).unwrap_or_default();
-                            let metadata = build_metadata(job, job_id, id, kind, timestamp_ms, &acks, &coordinators);
+                            let metadata = build_metadata((job, &fingerprint), job_id, id, kind, timestamp_ms, &acks, &coordinators);
                             let (s, location) = targets
                                 .lock()
                                 .ok()

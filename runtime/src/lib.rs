@@ -37,6 +37,8 @@ pub(crate) mod restore;
 pub mod sink;
 pub mod source;
 pub(crate) mod task;
+pub(crate) mod upload;
+pub(crate) mod verify;
 pub mod writer;
 
 pub use config::{JobConfig, StorageConfig};

@@ -8,17 +8,21 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use tracing::warn;
+use weir_checkpoint::OperatorState;
 use weir_checkpoint::storage::{CheckpointListing, CheckpointLocation, S3Config, is_s3_url};
 use weir_checkpoint::{
     CheckpointError, CheckpointMetadata, CheckpointStorage, OpendalCheckpointStorage,
 };
+use weir_core::fingerprint::JobFingerprint;
 use weir_core::graph::JobGraph;
-use weir_core::handle::StreamStateHandle;
+use weir_core::handle::{KeyedStateHandle, StreamStateHandle};
+use weir_core::identity::StateFileKind;
 use weir_core::ids::{SubtaskIndex, VertexId};
 use weir_core::keygroup::KeyGroupRange;
 use weir_core::keygroup::compute_key_group_range_for_operator_index;
-use weir_state::format::{SnapshotHeader, part_sections};
-use weir_state::{RestorePart, StateError};
+use weir_state::RestorePart;
+
+use crate::verify;
 
 /// A checkpoint chosen for a restore.
 pub(crate) struct RestorePoint {
@@ -90,13 +94,61 @@ pub(crate) async fn candidates_at(
     Ok((storage, found))
 }
 
+/// What a restore must check of a checkpoint besides its files: that it is of this job.
+pub(crate) struct RestoreChecks<'a> {
+    /// The fingerprint of the job about to restore.
+    pub fingerprint: &'a JobFingerprint,
+    /// Drop state of operators the job no longer has.
+    pub allow_non_restored_state: bool,
+    /// Restore although the source settings differ.
+    pub allow_changed_sources: bool,
+}
+
+impl RestoreChecks<'_> {
+    /// Refuses a checkpoint of another job: an operator whose kind or key groups changed, or
+    /// other source settings (unless allowed). A user error, not corruption: no fallback.
+    fn check_job(&self, point: &RestorePoint) -> Result<(), JobError> {
+        let Some(recorded) = &point.metadata.fingerprint else {
+            warn!(checkpoint = %point.describe(), "the checkpoint predates job fingerprints (format version {}); its job and source settings cannot be checked", point.metadata.format_version);
+            return Ok(());
+        };
+        let diff = self.fingerprint.diff(recorded);
+        let mut refused = diff.graph.clone();
+        if !diff.sources.is_empty() {
+            if self.allow_changed_sources {
+                warn!(checkpoint = %point.describe(), differences = %diff.sources.join("; "), "restoring with changed source settings (allow_changed_sources)");
+            } else {
+                refused.extend(diff.sources.iter().cloned());
+            }
+        }
+        if refused.is_empty() {
+            return Ok(());
+        }
+        let hint = if diff.sources.is_empty() || self.allow_changed_sources {
+            String::new()
+        } else {
+            "; a replay with other source settings reads other records, so the results would be \
+             wrong: restore with the settings of the checkpoint, or allow changed sources \
+             (--allow-changed-sources) if the sources replay the same records"
+                .to_string()
+        };
+        Err(JobError::Restore {
+            path: point.describe(),
+            reason: format!(
+                "the checkpoint is of another job: {}{hint}",
+                refused.join("; ")
+            ),
+        })
+    }
+}
+
 /// Loads each candidate newest first, falling back past corrupt ones (with a warning that names
 /// the file), and returns the restore contexts of the first that loads entirely.
 pub(crate) async fn load_first_good(
     storage: Arc<dyn CheckpointStorage>,
     candidates: &[CheckpointLocation],
     job: &JobGraph,
-    allow_non_restored_state: bool,
+    checks: &RestoreChecks<'_>,
 ) -> Result<
     (
         RestorePoint,
@@ -114,7 +166,20 @@ pub(crate) async fn load_first_good(
                 location: location.clone(),
                 metadata,
             };
-            let contexts = assign(&point, job, allow_non_restored_state).await?;
+            // Damage first (a swapped `_metadata` falls back), then whether it is this job's.
+            let problems = verify::metadata_problems(&point.location, &point.metadata);
+            if let Some(first) = problems.first() {
+                let more = match problems.len() {
+                    1 => String::new(),
+                    n => format!(" (and {} more problems)", n - 1),
+                };
+                return Err(corrupt(
+                    point.location.metadata_path(),
+                    format!("{first}{more}"),
+                ));
+            }
+            checks.check_job(&point)?;
+            let contexts = assign(&point, job, checks.allow_non_restored_state).await?;
             Ok::<_, JobError>((point, contexts))
         };
         match attempt.await {
@@ -137,7 +202,9 @@ pub(crate) async fn load_first_good(
     }))
 }
 
-/// Assigns a checkpoint's state to every subtask of `job`.
+/// Assigns a checkpoint's state to every subtask of `job`, after the verifier's checks
+/// ([`crate::verify`]) of `_metadata` and of every file read: a damaged, foreign or swapped
+/// file is a corrupt checkpoint, so the caller falls back to the previous one.
 pub(crate) async fn assign(
     point: &RestorePoint,
     job: &JobGraph,
@@ -148,6 +215,7 @@ pub(crate) async fn assign(
         path: point.describe(),
         reason,
     };
+    verify_keyed_frames(point).await?;
     let mut contexts: HashMap<(VertexId, SubtaskIndex), RestoreContext> = HashMap::new();
     for v in &job.vertices {
         for i in 0..v.parallelism {
@@ -188,21 +256,7 @@ pub(crate) async fn assign(
         }
         let vertex = job.vertex_of[node.id.0 as usize];
         let p_new = node.parallelism;
-        // Operator state: blobs per old subtask.
-        let mut old_blobs: Vec<Vec<Vec<u8>>> = Vec::new();
-        for state in op.subtasks.values() {
-            let mut blobs = Vec::new();
-            for h in &state.operator {
-                blobs.push(
-                    point
-                        .storage
-                        .read_state(&point.location, &h.stream, None)
-                        .await?
-                        .to_vec(),
-                );
-            }
-            old_blobs.push(blobs);
-        }
+        let old_blobs = read_operator_state(point, op).await?;
         let has_operator_state = old_blobs.iter().any(|b| !b.is_empty());
         let new_blobs: Vec<Vec<Vec<u8>>> = if !has_operator_state {
             vec![Vec::new(); p_new as usize]
@@ -224,37 +278,9 @@ pub(crate) async fn assign(
             };
             for state in op.subtasks.values() {
                 for h in &state.keyed {
-                    let Some((start, end)) = h.byte_range_for(&range) else {
-                        continue;
-                    };
-                    let header = point
-                        .storage
-                        .read_state(&point.location, &h.stream, Some(h.header))
-                        .await?
-                        .to_vec();
-                    let sections = point
-                        .storage
-                        .read_state(&point.location, &h.stream, Some((start, end)))
-                        .await?;
-                    let r = RestoredKeyed {
-                        handle: h.clone(),
-                        header,
-                        sections,
-                        sections_offset: start,
-                    };
-                    verify_keyed(&r, &range).map_err(|e| {
-                        let file = match &h.stream {
-                            StreamStateHandle::File { path, .. } => {
-                                format!("{}{path}", point.location.dir)
-                            }
-                            StreamStateHandle::Inline(_) => point.location.metadata_path(),
-                        };
-                        JobError::Storage(CheckpointError::Corrupt {
-                            path: file,
-                            reason: e.to_string(),
-                        })
-                    })?;
-                    restored.keyed.push(r);
+                    if let Some(r) = read_keyed(point, op, h, &range).await? {
+                        restored.keyed.push(r);
+                    }
                 }
             }
             if let Some(ctx) = contexts.get_mut(&(vertex, i)) {
@@ -264,6 +290,140 @@ pub(crate) async fn assign(
     }
     assign_in_flight(point, job, allow_non_restored_state, &mut contexts).await?;
     Ok(contexts)
+}
+
+/// A corrupt-checkpoint error naming `file` (relative to the storage root).
+fn corrupt(file: String, reason: String) -> JobError {
+    JobError::Storage(CheckpointError::Corrupt { path: file, reason })
+}
+
+/// The file a stream is in, relative to the storage root, for errors: `_metadata` for inline
+/// state.
+fn file_of(point: &RestorePoint, stream: &StreamStateHandle) -> String {
+    match stream.path() {
+        Some(path) => format!("{}{path}", point.location.dir),
+        None => point.location.metadata_path(),
+    }
+}
+
+/// Checks the identity frame of every keyed file, each subtask's chain as a whole, before any
+/// section is read.
+async fn verify_keyed_frames(point: &RestorePoint) -> Result<(), JobError> {
+    let meta = &point.metadata;
+    if !meta.has_identity_frames() {
+        return Ok(());
+    }
+    for op in &meta.operators {
+        for (&subtask, state) in &op.subtasks {
+            let mut frames = Vec::with_capacity(state.keyed.len());
+            for h in &state.keyed {
+                let frame = verify::read_keyed_frame(&*point.storage, &point.location, h)
+                    .await
+                    .map_err(|reason| corrupt(file_of(point, &h.stream), reason))?;
+                frames.push(frame);
+            }
+            verify::check_keyed_frames(meta, op.operator_id, subtask, &state.keyed, &frames)
+                .map_err(|reason| {
+                    let file = state.keyed.last().map_or_else(
+                        || point.location.metadata_path(),
+                        |h| file_of(point, &h.stream),
+                    );
+                    corrupt(
+                        file,
+                        format!("keyed state of {}: {reason}", verify::who(op, subtask)),
+                    )
+                })?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads and checks each old subtask's operator-state blobs (their payloads, without frames).
+async fn read_operator_state(
+    point: &RestorePoint,
+    op: &OperatorState,
+) -> Result<Vec<Vec<Vec<u8>>>, JobError> {
+    let meta = &point.metadata;
+    let mut old_blobs = Vec::with_capacity(op.subtasks.len());
+    for (&subtask, state) in &op.subtasks {
+        let mut blobs = Vec::new();
+        for h in &state.operator {
+            let bytes = point
+                .storage
+                .read_state(&point.location, &h.stream, None)
+                .await?;
+            let expected =
+                verify::expected(meta, op.operator_id, subtask, None, StateFileKind::Operator);
+            let payload = verify::open_file(meta, &bytes, &expected)
+                .and_then(|at| {
+                    let payload = &bytes[at..];
+                    verify::check_operator_payload(h, payload).map(|()| payload)
+                })
+                .map_err(|reason| corrupt(file_of(point, &h.stream), reason))?;
+            blobs.push(payload.to_vec());
+        }
+        old_blobs.push(blobs);
+    }
+    Ok(old_blobs)
+}
+
+/// Reads the part of a keyed handle a subtask owning `range` restores, checked: the whole file
+/// (size, digest, frame) when the subtask owns all its key groups, else the header and the
+/// sections by range; then the header and every section. `None` when they do not overlap.
+async fn read_keyed(
+    point: &RestorePoint,
+    op: &OperatorState,
+    h: &KeyedStateHandle,
+    range: &KeyGroupRange,
+) -> Result<Option<RestoredKeyed>, JobError> {
+    let Some((start, end)) = h.byte_range_for(range) else {
+        return Ok(None);
+    };
+    let file = || file_of(point, &h.stream);
+    let whole = range.intersection(&h.key_group_range) == h.key_group_range;
+    let r = if whole {
+        // One read of the whole file, so its size and digest are checked too (the frame was
+        // checked with its chain).
+        let bytes = point
+            .storage
+            .read_state(&point.location, &h.stream, None)
+            .await?;
+        let part = weir_state::format::whole_shared_stream_part(h, &bytes)
+            .map_err(|e| corrupt(file(), e.to_string()))?;
+        RestoredKeyed {
+            handle: h.clone(),
+            header: part.header.to_vec(),
+            sections: part.sections.clone(),
+            sections_offset: part.sections_offset,
+        }
+    } else {
+        let header = point
+            .storage
+            .read_state(&point.location, &h.stream, Some(h.header))
+            .await?
+            .to_vec();
+        let sections = point
+            .storage
+            .read_state(&point.location, &h.stream, Some((start, end)))
+            .await?;
+        RestoredKeyed {
+            handle: h.clone(),
+            header,
+            sections,
+            sections_offset: start,
+        }
+    };
+    let header =
+        verify::check_keyed_header(op, h, &r.header).map_err(|e| corrupt(file(), e.join("; ")))?;
+    let part = RestorePart {
+        handle: &r.handle,
+        header: &r.header,
+        sections: r.sections.clone(),
+        sections_offset: r.sections_offset,
+    };
+    verify::check_keyed_sections(&header, &part, range, 1)
+        .map_err(|e| corrupt(file(), e.join("; ")))?;
+    Ok(Some(r))
 }
 
 /// Hands each subtask the in-flight data its previous incarnation persisted. In-flight data is
@@ -312,49 +472,26 @@ async fn assign_in_flight(
                 entry.operator_id
             )));
         };
-        let file = match &entry.handle.stream {
-            StreamStateHandle::File { path, .. } => format!("{}{path}", point.location.dir),
-            StreamStateHandle::Inline(_) => point.location.metadata_path(),
-        };
         let bytes = point
             .storage
             .read_state(&point.location, &entry.handle.stream, None)
             .await?;
-        let sections = weir_core::channel_state::decode_file(&file, &bytes).map_err(|e| {
-            JobError::Storage(CheckpointError::Corrupt {
-                path: file.clone(),
-                reason: e.to_string(),
-            })
-        })?;
-        // Decode every batch now: a corrupt checkpoint is skipped here, before deployment.
-        for section in &sections {
-            if let Err(e) = section.verify() {
-                return Err(JobError::Storage(CheckpointError::Corrupt {
-                    path: file.clone(),
-                    reason: e.to_string(),
-                }));
-            }
-        }
+        let expected = verify::expected(
+            meta,
+            entry.operator_id,
+            entry.subtask,
+            None,
+            StateFileKind::ChannelState,
+        );
+        let file = file_of(point, &entry.handle.stream);
+        let at =
+            verify::open_file(meta, &bytes, &expected).map_err(|r| corrupt(file.clone(), r))?;
+        // Every batch is decoded now: a corrupt checkpoint is skipped here, before deployment.
+        let sections = verify::check_channel_payload(&entry.handle.sections, &bytes[at..], 1)
+            .map_err(|e| corrupt(file, e.join("; ")))?;
         if let Some(ctx) = contexts.get_mut(&(vertex.id, entry.subtask)) {
             ctx.in_flight.extend(sections);
         }
-    }
-    Ok(())
-}
-
-/// Checks the header and every section a subtask will restore, before anything is deployed, so
-/// that a corrupt checkpoint is skipped in favour of the previous one instead of failing every
-/// restart.
-fn verify_keyed(r: &RestoredKeyed, range: &KeyGroupRange) -> Result<(), StateError> {
-    let header = SnapshotHeader::decode(&r.header)?;
-    let part = RestorePart {
-        handle: &r.handle,
-        header: &r.header,
-        sections: r.sections.clone(),
-        sections_offset: r.sections_offset,
-    };
-    for (kg, bytes) in part_sections(&part, range)? {
-        header.parse_section(kg, bytes)?;
     }
     Ok(())
 }

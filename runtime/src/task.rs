@@ -10,8 +10,8 @@
 use crate::error::TaskError;
 use crate::operator::{Lifecycle, OpResult, OperatorSnapshotParts, Output, RestoreContext};
 use crate::source::{SourceDriver, SourceStatus, SplitAssignment};
-use bytes::Bytes;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+pub(crate) use crate::upload::IncrementalChains;
+use std::collections::{BTreeSet, VecDeque};
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,10 +26,7 @@ use weir_checkpoint::storage::CheckpointLocation;
 use weir_core::channel_state::{ChannelDirection, ChannelInfo, ChannelSection};
 use weir_core::config::CheckpointingMode;
 use weir_core::element::{CheckpointBarrier, Event, SnapshotKind, StreamElement, Watermark};
-use weir_core::handle::{
-    KeyedStateHandle, OperatorStateHandle, OperatorSubtaskState, StreamStateHandle,
-    TaskStateSnapshot,
-};
+use weir_core::handle::{KeyedStateHandle, TaskStateSnapshot};
 use weir_core::ids::{CheckpointId, JobId, OperatorId};
 use weir_network::gate::GateItem;
 use weir_network::{Data, InputGate};
@@ -101,6 +98,8 @@ pub(crate) struct TaskEnv {
     pub name: String,
     pub generation: u64,
     pub job_id: JobId,
+    /// The chain's head operator: channel-state files are filed under it.
+    pub head_operator: OperatorId,
     pub storage: Arc<dyn CheckpointStorage>,
     pub reports: mpsc::UnboundedSender<TaskReport>,
     pub mailbox: mpsc::Receiver<TaskMessage>,
@@ -137,11 +136,6 @@ impl Drop for UploadGuard {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
-
-/// Per operator, by checkpoint: the keyed-state handles of an incremental chain (a full
-/// snapshot, then its deltas in order), as the subtask's acknowledgement carries them.
-pub(crate) type IncrementalChains =
-    HashMap<OperatorId, BTreeMap<CheckpointId, Vec<KeyedStateHandle>>>;
 
 impl TaskEnv {
     async fn report(&self, event: TaskEvent) -> Result<(), TaskError> {
@@ -1023,7 +1017,8 @@ fn finish_unaligned(input: &mut dyn TaskInput, env: &TaskEnv, cps: &mut SubtaskC
         Some(p) if p.id == id => {
             let mut all = p.output;
             all.append(&mut sections);
-            spawn_upload(env, id, p.parts, all, p.metrics);
+            // Unaligned snapshots are checkpoints: savepoints are always aligned.
+            spawn_upload(env, (id, SnapshotKind::Checkpoint), p.parts, all, p.metrics);
         }
         other => cps.pending_unaligned = other,
     }
@@ -1089,7 +1084,7 @@ async fn checkpoint_state(
         });
         return Ok(());
     }
-    spawn_upload(env, id, parts, output, metrics);
+    spawn_upload(env, (id, barrier.options.kind), parts, output, metrics);
     // A task spawned from a busy task sits in this worker's LIFO slot, which other workers cannot
     // steal: yield once so the upload starts now, not after the next stretch of records.
     tokio::task::yield_now().await;
@@ -1141,7 +1136,7 @@ fn snapshot_finished(
         state_size: 0,
     };
     let parts = FrozenParts::new(env, parts);
-    spawn_upload(env, id, parts, Vec::new(), metrics);
+    spawn_upload(env, (id, barrier.options.kind), parts, Vec::new(), metrics);
     Ok(())
 }
 
@@ -1182,7 +1177,7 @@ impl FrozenParts {
 
 fn spawn_upload(
     env: &TaskEnv,
-    id: CheckpointId,
+    (id, kind): (CheckpointId, SnapshotKind),
     frozen: FrozenParts,
     in_flight: Vec<ChannelSection>,
     metrics: SubtaskCheckpointMetrics,
@@ -1204,13 +1199,17 @@ fn spawn_upload(
     // it before the upload ends.
     let FrozenParts { parts, bases } = frozen;
     let chains = env.chains.clone();
+    let (job_id, head_operator) = (env.job_id, env.head_operator);
     let guard = UploadGuard::new(&env.uploads);
     tokio::spawn(async move {
         let _guard = guard;
         let async_start = Instant::now();
         let result = match bases {
             Ok(bases) => {
-                let parts = Upload {
+                let parts = crate::upload::Upload {
+                    job_id,
+                    kind,
+                    head_operator,
                     id,
                     task,
                     generation,
@@ -1219,7 +1218,7 @@ fn spawn_upload(
                     in_flight,
                     chains,
                 };
-                upload(storage, location, parts).await
+                crate::upload::upload(storage, location, parts).await
             }
             Err(reason) => Err(reason),
         };
@@ -1249,200 +1248,4 @@ fn spawn_upload(
             event,
         });
     });
-}
-
-/// The names and redistribution modes of an operator snapshot's states.
-type StateNames = Vec<(String, weir_core::handle::OperatorStateMode)>;
-
-/// One operator's state, serialized.
-struct Serialized {
-    operator_id: OperatorId,
-    keyed: Option<(weir_state::KeyedSnapshotLayout, Vec<u8>)>,
-    /// For an incremental snapshot: the chain it extends.
-    chain: Option<Vec<KeyedStateHandle>>,
-    operator: Option<(StateNames, Vec<u8>)>,
-}
-
-/// What one subtask's checkpoint uploads.
-struct Upload {
-    id: CheckpointId,
-    task: TaskKey,
-    generation: u64,
-    parts: Vec<OperatorSnapshotParts>,
-    /// Per part: the chain its keyed delta extends (empty for anything else).
-    bases: Vec<Vec<KeyedStateHandle>>,
-    in_flight: Vec<ChannelSection>,
-    chains: Arc<Mutex<IncrementalChains>>,
-}
-
-/// Serializes the frozen parts and writes them to checkpoint storage. Incremental keyed
-/// snapshots go to the job's shared directory, and the acknowledgement carries their whole
-/// chain, which is remembered for the deltas that will extend it.
-async fn upload(
-    storage: Arc<dyn CheckpointStorage>,
-    location: CheckpointLocation,
-    upload: Upload,
-) -> Result<TaskStateSnapshot, String> {
-    let Upload {
-        id,
-        task,
-        generation,
-        parts,
-        bases,
-        in_flight,
-        chains,
-    } = upload;
-    let serialized = tokio::task::spawn_blocking(move || -> Result<Vec<Serialized>, String> {
-        let mut out = Vec::with_capacity(parts.len());
-        for (p, base) in parts.into_iter().zip(bases) {
-            let mut chain = None;
-            let keyed = match p.keyed {
-                Some(k) => {
-                    if let SnapshotScope::Incremental { .. } = k.scope() {
-                        chain = Some(base);
-                    }
-                    let mut buf = Vec::new();
-                    let layout = k.write_to(&mut buf).map_err(|e| e.to_string())?;
-                    Some((layout, buf))
-                }
-                None => None,
-            };
-            let operator = match p.operator {
-                Some(o) if !o.is_empty() => {
-                    let states = o.states();
-                    let mut buf = Vec::new();
-                    o.write_to(&mut buf).map_err(|e| e.to_string())?;
-                    Some((states, buf))
-                }
-                _ => None,
-            };
-            out.push(Serialized {
-                operator_id: p.operator_id,
-                keyed,
-                chain,
-                operator,
-            });
-        }
-        Ok(out)
-    })
-    .await
-    .map_err(|e| {
-        if e.is_cancelled() {
-            "snapshot serialization was cancelled: the job is shutting down".to_string()
-        } else {
-            format!("snapshot serialization panicked: {e}")
-        }
-    })??;
-
-    let mut snapshot = TaskStateSnapshot::default();
-    if !in_flight.is_empty() {
-        let sections = in_flight.iter().map(|s| s.summary()).collect();
-        let bytes = weir_core::channel_state::encode_file(&in_flight).map_err(|e| e.to_string())?;
-        let name = format!("v{}-{}-g{generation}-channels", task.vertex.0, task.subtask);
-        let stream = storage
-            .write_state(&location, &name, Bytes::from(bytes))
-            .await
-            .map_err(|e| e.to_string())?;
-        snapshot.in_flight =
-            Some(weir_core::channel_state::ChannelStateHandle { stream, sections });
-    }
-    // Shared files this upload wrote: deleted again if it fails, as no checkpoint will hold them.
-    let mut new_shared: Vec<StreamStateHandle> = Vec::new();
-    let mut new_chains = Vec::new();
-    let written = write_parts(
-        &*storage,
-        &location,
-        (id, task, generation),
-        serialized,
-        &mut snapshot,
-        &mut new_shared,
-        &mut new_chains,
-    )
-    .await;
-    if let Err(reason) = written {
-        for handle in &new_shared {
-            if let Err(e) = storage.discard_state(&location, handle).await {
-                warn!(checkpoint = id.0, %task, error = %e, "cannot delete a shared file of a failed upload");
-            }
-        }
-        return Err(reason);
-    }
-    if let Ok(mut chains) = chains.lock() {
-        for (operator_id, chain) in new_chains {
-            chains.entry(operator_id).or_default().insert(id, chain);
-        }
-    }
-    snapshot.new_shared = new_shared
-        .iter()
-        .filter_map(|h| match h {
-            StreamStateHandle::File { path, .. } => Some(path.clone()),
-            StreamStateHandle::Inline(_) => None,
-        })
-        .collect();
-    Ok(snapshot)
-}
-
-/// Writes each operator's serialized state and fills `snapshot` with the handles; the shared
-/// files written go to `new_shared`, and the incremental chains completed to `new_chains`.
-async fn write_parts(
-    storage: &dyn CheckpointStorage,
-    location: &CheckpointLocation,
-    (id, task, generation): (CheckpointId, TaskKey, u64),
-    serialized: Vec<Serialized>,
-    snapshot: &mut TaskStateSnapshot,
-    new_shared: &mut Vec<StreamStateHandle>,
-    new_chains: &mut Vec<(OperatorId, Vec<KeyedStateHandle>)>,
-) -> Result<(), String> {
-    for s in serialized {
-        let short = format!("{}", s.operator_id);
-        let short = &short[..8];
-        let mut state = OperatorSubtaskState::default();
-        match (s.keyed, s.chain) {
-            (Some((layout, buf)), None) => {
-                let name = format!(
-                    "v{}-{}-g{generation}-{short}-keyed",
-                    task.vertex.0, task.subtask
-                );
-                let stream = storage
-                    .write_state(location, &name, Bytes::from(buf))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                state.keyed.push(layout.into_handle(stream));
-            }
-            (Some((layout, buf)), Some(mut chain)) => {
-                // Shared: later checkpoints' chains reference it. The name is unique per job:
-                // the checkpoint id and generation tell attempts apart.
-                let name = format!(
-                    "v{}-{}-g{generation}-{short}-c{}-keyed",
-                    task.vertex.0, task.subtask, id.0
-                );
-                let stream = storage
-                    .write_shared_state(location, &name, Bytes::from(buf))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if matches!(stream, StreamStateHandle::File { .. }) {
-                    new_shared.push(stream.clone());
-                }
-                chain.push(layout.into_handle(stream));
-                new_chains.push((s.operator_id, chain.clone()));
-                state.keyed.extend(chain);
-            }
-            (None, _) => {}
-        }
-        if let Some((states, buf)) = s.operator {
-            let name = format!(
-                "v{}-{}-g{generation}-{short}-op",
-                task.vertex.0, task.subtask
-            );
-            let stream = storage
-                .write_state(location, &name, Bytes::from(buf))
-                .await
-                .map_err(|e| e.to_string())?;
-            state.operator.push(OperatorStateHandle { states, stream });
-        }
-        if !state.is_empty() {
-            snapshot.operators.insert(s.operator_id, state);
-        }
-    }
-    Ok(())
 }

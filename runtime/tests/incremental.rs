@@ -10,7 +10,6 @@ use std::time::Duration;
 use support::{Failures, inject, test_seed};
 use weir_checkpoint::storage::{CheckpointStorage, is_shared};
 use weir_checkpoint::{CheckpointMetadata, OpendalCheckpointStorage};
-use weir_core::handle::StreamStateHandle;
 use weir_core::ids::JobId;
 use weir_runtime::source::splitmix64;
 use weir_runtime::{
@@ -99,10 +98,7 @@ fn shared_files(m: &CheckpointMetadata) -> BTreeSet<String> {
         .flat_map(|o| o.subtasks.values())
         .flat_map(|s| s.keyed.iter().map(|k| &k.stream))
         .filter(|h| is_shared(h))
-        .filter_map(|h| match h {
-            StreamStateHandle::File { path, .. } => Some(path.clone()),
-            StreamStateHandle::Inline(_) => None,
-        })
+        .filter_map(|h| h.path().map(str::to_string))
         .collect()
 }
 
@@ -196,10 +192,7 @@ async fn deltas_are_retained_exactly_and_restore_after_subsumed_ones_are_deleted
         .iter()
         .flat_map(|o| o.subtasks.values())
         .filter_map(|s| s.keyed.last())
-        .find_map(|k| match &k.stream {
-            StreamStateHandle::File { path, .. } => Some(path.clone()),
-            StreamStateHandle::Inline(_) => None,
-        })
+        .find_map(|k| k.stream.path().map(str::to_string))
         .unwrap();
     let name = last_link.trim_start_matches("../shared/");
     let file = root.join(r.job_id.to_string()).join("shared").join(name);

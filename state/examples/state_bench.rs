@@ -306,7 +306,7 @@ fn upload_and_restore(
     let handle = layout.into_handle(StreamStateHandle::File {
         path: path.display().to_string(),
         size: bytes,
-        crc32: 0,
+        digest: weir_core::identity::Digest([0; 16]),
     });
     let cpu = thread_cpu();
     let process = process_cpu();

@@ -17,6 +17,7 @@ use weir_core::handle::{
     KeyedStateHandle, OperatorStateHandle, OperatorStateMode, OperatorSubtaskState,
     StreamStateHandle,
 };
+use weir_core::identity::Digest;
 use weir_core::ids::{CheckpointId, JobId, OperatorId};
 use weir_core::keygroup::KeyGroupRange;
 
@@ -171,7 +172,12 @@ async fn write_file(
         storage.write_state(location, name, data.clone()).await,
     );
     match &handle {
-        StreamStateHandle::File { path, size, crc32 } => {
+        StreamStateHandle::LegacyFile { .. } => fail(
+            storage,
+            check,
+            format!("write_state returned a legacy handle (CRC-32, no digest): {handle:?}"),
+        ),
+        StreamStateHandle::File { path, size, digest } => {
             must(storage, check, path == name, || {
                 format!(
                     "a file handle's path must be the name relative to the location: {path:?} != {name:?}"
@@ -180,8 +186,8 @@ async fn write_file(
             must(storage, check, *size == data.len() as u64, || {
                 format!("file handle size {size} != {} bytes written", data.len())
             });
-            must(storage, check, *crc32 == crc32fast::hash(data), || {
-                "file handle CRC-32 does not match the bytes written".to_string()
+            must(storage, check, *digest == Digest::of(data), || {
+                "file handle digest does not match the bytes written".to_string()
             });
         }
         StreamStateHandle::Inline(_) => fail(
@@ -260,6 +266,8 @@ fn sample_metadata(
         trigger_timestamp_ms: 1_700_000_000_000 + id,
         completion_timestamp_ms: 1_700_000_000_100 + id,
         weir_version: "conformance".to_string(),
+        fingerprint: None,
+        format_version: crate::metadata::METADATA_VERSION,
         operators: vec![
             OperatorState {
                 operator_id: OperatorId::from_uid("sum"),
@@ -615,11 +623,16 @@ pub async fn check_inline_is_monotonic(storage: &dyn CheckpointStorage) {
                     );
                 }
             }
-            StreamStateHandle::File { path, crc32, .. } => {
+            StreamStateHandle::LegacyFile { .. } => fail(
+                storage,
+                check,
+                format!("write_state returned a legacy handle: {handle:?}"),
+            ),
+            StreamStateHandle::File { path, digest, .. } => {
                 must(
                     storage,
                     check,
-                    *path == name && *crc32 == crc32fast::hash(&data),
+                    *path == name && *digest == Digest::of(&data),
                     || format!("file handle for {len} bytes is wrong: {handle:?}"),
                 );
                 seen_file_at.get_or_insert(len);
@@ -732,7 +745,7 @@ pub async fn check_state_corruption_detected(storage: &dyn CheckpointStorage) {
     let missing = StreamStateHandle::File {
         path: "never-written".to_string(),
         size: 5,
-        crc32: 0,
+        digest: Digest([0; 16]),
     };
     expect_not_found(
         storage,
@@ -770,15 +783,20 @@ pub async fn check_shared_state(storage: &dyn CheckpointStorage) {
             .await,
     );
     match &handle {
-        StreamStateHandle::File { path, size, crc32 } => {
+        StreamStateHandle::LegacyFile { .. } => fail(
+            storage,
+            check,
+            format!("write_shared_state returned a legacy handle: {handle:?}"),
+        ),
+        StreamStateHandle::File { path, size, digest } => {
             must(storage, check, path == "../shared/base-keyed", || {
                 format!("a shared file's path must be ../shared/<name>, got {path:?}")
             });
             must(
                 storage,
                 check,
-                *size == data.len() as u64 && *crc32 == crc32fast::hash(&data),
-                || "the shared file's handle has the wrong size or CRC-32".to_string(),
+                *size == data.len() as u64 && *digest == Digest::of(&data),
+                || "the shared file's handle has the wrong size or digest".to_string(),
             );
         }
         StreamStateHandle::Inline(_) => fail(
@@ -841,7 +859,9 @@ pub async fn check_shared_state(storage: &dyn CheckpointStorage) {
         check,
         match &small {
             StreamStateHandle::Inline(b) => b == b"tiny" && !super::is_shared(&small),
-            StreamStateHandle::File { .. } => super::is_shared(&small),
+            StreamStateHandle::File { .. } | StreamStateHandle::LegacyFile { .. } => {
+                super::is_shared(&small)
+            }
         },
         || format!("four bytes of shared state: unexpected handle {small:?}"),
     );

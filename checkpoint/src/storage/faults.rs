@@ -482,9 +482,9 @@ impl CheckpointStorage for FaultInjectingStorage {
         handle: &StreamStateHandle,
         range: Option<(u64, u64)>,
     ) -> Result<Bytes, CheckpointError> {
-        self.enter(Some(OpKind::Read), "read_state", || match handle {
-            StreamStateHandle::File { path, .. } => format!("{}{path}", dir_of(location)),
-            _ => format!("{}<inline state>", dir_of(location)),
+        self.enter(Some(OpKind::Read), "read_state", || match handle.path() {
+            Some(path) => format!("{}{path}", dir_of(location)),
+            None => format!("{}<inline state>", dir_of(location)),
         })
         .await?;
         self.inner.read_state(location, handle, range).await
@@ -563,6 +563,8 @@ mod tests {
             weir_version: "test".to_string(),
             operators: Vec::new(),
             in_flight: Vec::new(),
+            fingerprint: None,
+            format_version: crate::metadata::METADATA_VERSION,
         }
     }
 

@@ -37,6 +37,32 @@ impl CheckpointLocation {
     pub fn metadata_path(&self) -> String {
         format!("{}_metadata", self.dir)
     }
+
+    /// The id in the location's name when it is a `chk-<n>` directory.
+    pub fn checkpoint_id(&self) -> Option<CheckpointId> {
+        let mut segments = self.dir.trim_end_matches('/').rsplit('/');
+        parse_checkpoint_dir(segments.next()?)
+    }
+
+    /// The job id in the name of the directory holding a `chk-<n>` location, when it is one
+    /// (the layout `<job-id>/chk-<n>/`).
+    pub fn job_id(&self) -> Option<JobId> {
+        self.checkpoint_id()?;
+        let mut segments = self.dir.trim_end_matches('/').rsplit('/');
+        segments.next();
+        JobId::parse(segments.next()?)
+    }
+}
+
+/// The id of a directory named `chk-<n>` (canonical decimal, as [`CheckpointLocation`] writes
+/// it): the one parser of these names.
+pub fn parse_checkpoint_dir(name: &str) -> Option<CheckpointId> {
+    let digits = name.strip_prefix("chk-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    (format!("chk-{n}") == name).then_some(CheckpointId(n))
 }
 
 /// A completed or partial checkpoint found in storage.
@@ -97,7 +123,7 @@ pub trait CheckpointStorage: Send + Sync + 'static {
     ) -> Result<CheckpointLocation, CheckpointError>;
 
     /// Writes one state file called `name` into `location` and returns its handle (a path relative
-    /// to the location, the size and the CRC-32).
+    /// to the location, the size and the xxh3-128 digest of the bytes).
     async fn write_state(
         &self,
         location: &CheckpointLocation,
@@ -126,8 +152,8 @@ pub trait CheckpointStorage: Send + Sync + 'static {
     ) -> Result<(), CheckpointError>;
 
     /// Reads the bytes of a handle found in `location`'s `_metadata`. `range` reads part of a
-    /// file (and skips the whole-file checksum, which the caller's format must cover); `None`
-    /// reads and verifies all of it. Inline handles are served from memory.
+    /// file (and skips the whole-file digest, which the caller's format must cover); `None`
+    /// reads all of it and verifies its size and digest ([`check_file_checksum`]). Inline handles are served from memory.
     async fn read_state(
         &self,
         location: &CheckpointLocation,
@@ -162,7 +188,7 @@ pub trait CheckpointStorage: Send + Sync + 'static {
     -> Result<Vec<CheckpointListing>, CheckpointError>;
 }
 
-pub use opendal_impl::OpendalCheckpointStorage;
+pub use opendal_impl::{OpendalCheckpointStorage, check_file_checksum};
 pub use s3::{S3Config, is_s3_url};
 
 /// The directory shared files are written to, relative to a checkpoint's location.
@@ -172,9 +198,10 @@ pub const SHARED_DIR_FROM_LOCATION: &str = "../shared/";
 /// [`CheckpointStorage::write_shared_state`] writes them: owned by no single checkpoint, and
 /// deleted only when no retained checkpoint refers to it.
 pub fn is_shared(handle: &StreamStateHandle) -> bool {
-    matches!(handle, StreamStateHandle::File { path, .. }
-        if path.strip_prefix(SHARED_DIR_FROM_LOCATION)
-            .is_some_and(|name| !name.is_empty() && !name.contains(['/', '\\']) && name != ".."))
+    handle.path().is_some_and(|path| {
+        path.strip_prefix(SHARED_DIR_FROM_LOCATION)
+            .is_some_and(|name| !name.is_empty() && !name.contains(['/', '\\']) && name != "..")
+    })
 }
 
 pub mod conformance;

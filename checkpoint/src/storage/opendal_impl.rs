@@ -5,6 +5,7 @@ use super::{
     CheckpointListing, CheckpointLocation, CheckpointStorage, S3Config, SHARED_DIR_FROM_LOCATION,
     join_path,
 };
+use crate::metadata::MAX_METADATA_SIZE;
 use crate::{CheckpointError, CheckpointMetadata};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -12,6 +13,7 @@ use futures::{StreamExt, TryStreamExt};
 use opendal::{ErrorKind, Operator, services};
 use tracing::debug;
 use weir_core::handle::StreamStateHandle;
+use weir_core::identity::Digest;
 use weir_core::ids::{CheckpointId, JobId};
 
 /// The name of the file whose presence marks a checkpoint complete.
@@ -244,15 +246,7 @@ impl OpendalCheckpointStorage {
     }
 }
 
-/// The id of a directory named `chk-<n>` (canonical decimal, as [`CheckpointLocation`] writes it).
-fn parse_chk(name: &str) -> Option<CheckpointId> {
-    let digits = name.strip_prefix("chk-")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    (format!("chk-{n}") == name).then_some(CheckpointId(n))
-}
+use super::parse_checkpoint_dir as parse_chk;
 
 /// Checks that `name` is a plain file name that may hold state.
 fn validate_state_name(name: &str) -> Result<(), CheckpointError> {
@@ -415,13 +409,13 @@ impl CheckpointStorage for OpendalCheckpointStorage {
         }
         let path = format!("{dir}{name}");
         let size = bytes.len() as u64;
-        let crc32 = crc32fast::hash(&bytes);
+        let digest = Digest::of(&bytes);
         self.write_file(&path, bytes).await?;
-        debug!(path = %self.full_path(&path), size, crc32, "wrote state file");
+        debug!(path = %self.full_path(&path), size, %digest, "wrote state file");
         Ok(StreamStateHandle::File {
             path: name.to_string(),
             size,
-            crc32,
+            digest,
         })
     }
 
@@ -439,13 +433,13 @@ impl CheckpointStorage for OpendalCheckpointStorage {
             return Ok(StreamStateHandle::Inline(bytes.to_vec()));
         }
         let size = bytes.len() as u64;
-        let crc32 = crc32fast::hash(&bytes);
+        let digest = Digest::of(&bytes);
         self.write_file(&shared, bytes).await?;
-        debug!(path = %self.full_path(&shared), size, crc32, "wrote shared state file");
+        debug!(path = %self.full_path(&shared), size, %digest, "wrote shared state file");
         Ok(StreamStateHandle::File {
             path: format!("{SHARED_DIR_FROM_LOCATION}{name}"),
             size,
-            crc32,
+            digest,
         })
     }
 
@@ -454,7 +448,7 @@ impl CheckpointStorage for OpendalCheckpointStorage {
         location: &CheckpointLocation,
         handle: &StreamStateHandle,
     ) -> Result<(), CheckpointError> {
-        let StreamStateHandle::File { path, .. } = handle else {
+        let Some(path) = handle.path() else {
             return Ok(());
         };
         let rel = resolve(&dir_of(location), path)?;
@@ -490,7 +484,8 @@ impl CheckpointStorage for OpendalCheckpointStorage {
                     Ok(Bytes::copy_from_slice(&data[start as usize..end as usize]))
                 }
             },
-            StreamStateHandle::File { path, size, crc32 } => {
+            StreamStateHandle::File { path, size, .. }
+            | StreamStateHandle::LegacyFile { path, size, .. } => {
                 let rel = resolve(&dir, path)?;
                 let full = self.full_path(&rel);
                 match range {
@@ -515,14 +510,8 @@ impl CheckpointStorage for OpendalCheckpointStorage {
                                 ),
                             });
                         }
-                        let actual = crc32fast::hash(&data);
-                        if actual != *crc32 {
-                            return Err(CheckpointError::Corrupt {
-                                path: full,
-                                reason: format!(
-                                    "checksum mismatch: the handle says {crc32:08x}, the file has {actual:08x}"
-                                ),
-                            });
+                        if let Err(reason) = check_file_checksum(handle, &data) {
+                            return Err(CheckpointError::Corrupt { path: full, reason });
                         }
                         debug!(path = %full, size, "read state file");
                         Ok(data)
@@ -609,12 +598,32 @@ impl CheckpointStorage for OpendalCheckpointStorage {
     ) -> Result<CheckpointMetadata, CheckpointError> {
         let path = format!("{}{METADATA_FILE}", dir_of(location));
         let full = self.full_path(&path);
+        // Refused before it is read: a huge `_metadata` is damage, and reading it whole could
+        // exhaust memory instead of falling back to the previous checkpoint.
+        let size = self
+            .op
+            .stat(&path)
+            .await
+            .map_err(self.storage_err(&path))?
+            .content_length();
+        let too_big = |size: u64| CheckpointError::Corrupt {
+            path: full.clone(),
+            reason: format!(
+                "the file has {size} bytes, more than the {MAX_METADATA_SIZE} bytes a _metadata may have"
+            ),
+        };
+        if size > MAX_METADATA_SIZE {
+            return Err(too_big(size));
+        }
         let data = self
             .op
             .read(&path)
             .await
             .map_err(self.storage_err(&path))?
             .to_vec();
+        if data.len() as u64 > MAX_METADATA_SIZE {
+            return Err(too_big(data.len() as u64));
+        }
         let metadata = CheckpointMetadata::from_bytes(&full, &data)?;
         debug!(path = %full, size = data.len(), "read checkpoint metadata");
         Ok(metadata)
@@ -692,6 +701,31 @@ impl CheckpointStorage for OpendalCheckpointStorage {
         all.sort_by(|a, b| (a.id, &a.location).cmp(&(b.id, &b.location)));
         Ok(all)
     }
+}
+
+/// Checks a whole file's bytes against its handle's digest (or a legacy handle's CRC-32).
+pub fn check_file_checksum(handle: &StreamStateHandle, data: &[u8]) -> Result<(), String> {
+    match handle {
+        StreamStateHandle::File { digest, .. } => {
+            let actual = Digest::of(data);
+            if actual != *digest {
+                return Err(format!(
+                    "digest mismatch: the handle records xxh3-128 {digest}, the file has {actual}: \
+                     the file was changed or replaced"
+                ));
+            }
+        }
+        StreamStateHandle::LegacyFile { crc32, .. } => {
+            let actual = crc32fast::hash(data);
+            if actual != *crc32 {
+                return Err(format!(
+                    "checksum mismatch: the handle says {crc32:08x}, the file has {actual:08x}"
+                ));
+            }
+        }
+        StreamStateHandle::Inline(_) => {}
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -73,6 +73,10 @@ struct Args {
     /// Restore even if the checkpoint has state for operators this job does not have.
     #[arg(long)]
     allow_non_restored_state: bool,
+    /// Restore even if the checkpoint was taken with another --records or --seed (the totals
+    /// are then not those of either run).
+    #[arg(long)]
+    allow_changed_sources: bool,
     /// Checkpointing mode: exactly-once (aligned barriers) or at-least-once (tracked barriers).
     #[arg(long, value_enum, default_value_t = Mode::ExactlyOnce)]
     mode: Mode,
@@ -253,6 +257,7 @@ async fn main() -> Result<()> {
         checkpoint_every_records: args.checkpoint_every_records,
         savepoint_dir: Some(args.savepoint_dir.clone()),
         allow_non_restored_state: args.allow_non_restored_state,
+        allow_changed_sources: args.allow_changed_sources,
         mode: match args.mode {
             Mode::ExactlyOnce => CheckpointingMode::ExactlyOnce,
             Mode::AtLeastOnce => CheckpointingMode::AtLeastOnce,

@@ -1,0 +1,312 @@
+//! A checkpoint's asynchronous part in a subtask: serialize the frozen state, frame each file
+//! with its identity (`weir_core::identity`), write it through checkpoint storage, and collect
+//! the handles the acknowledgement carries.
+
+use bytes::Bytes;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use tracing::warn;
+use weir_checkpoint::CheckpointStorage;
+use weir_checkpoint::coordinator::TaskKey;
+use weir_checkpoint::storage::CheckpointLocation;
+use weir_core::channel_state::ChannelSection;
+use weir_core::element::SnapshotKind;
+use weir_core::handle::{
+    KeyedStateHandle, OperatorStateHandle, OperatorSubtaskState, StreamStateHandle,
+    TaskStateSnapshot,
+};
+use weir_core::identity::{FileIdentity, StateFileKind};
+use weir_core::ids::{CheckpointId, JobId, OperatorId};
+use weir_state::SnapshotScope;
+
+use crate::operator::OperatorSnapshotParts;
+
+/// Per operator, by checkpoint: the keyed-state handles of an incremental chain (a full
+/// snapshot, then its deltas in order), as the subtask's acknowledgement carries them.
+pub(crate) type IncrementalChains =
+    HashMap<OperatorId, BTreeMap<CheckpointId, Vec<KeyedStateHandle>>>;
+
+/// The names and redistribution modes of an operator snapshot's states.
+type StateNames = Vec<(String, weir_core::handle::OperatorStateMode)>;
+
+/// Room left before a payload for its identity frame (a frame takes about 100 bytes), so that
+/// framing a file moves no payload byte.
+const FRAME_ROOM: usize = 256;
+
+/// A state file being serialized: room for its identity frame, then the payload.
+struct FramedFile {
+    buf: Vec<u8>,
+}
+
+impl FramedFile {
+    fn new() -> FramedFile {
+        FramedFile {
+            buf: vec![0; FRAME_ROOM],
+        }
+    }
+
+    /// Where the payload is written.
+    fn payload(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+
+    /// Puts the identity frame in front of the payload, with the payload's format version
+    /// (bytes 4..6 of its envelope header); returns the file and the frame's length.
+    fn finish(self, mut identity: FileIdentity) -> Result<(Bytes, u64), String> {
+        let payload = &self.buf[FRAME_ROOM..];
+        identity.format_version = match payload {
+            [_, _, _, _, lo, hi, ..] => u16::from_le_bytes([*lo, *hi]),
+            _ => 0,
+        };
+        let frame = identity.frame().map_err(|e| e.to_string())?;
+        let len = frame.len();
+        if len <= FRAME_ROOM {
+            let start = FRAME_ROOM - len;
+            let mut buf = self.buf;
+            buf[start..FRAME_ROOM].copy_from_slice(&frame);
+            Ok((Bytes::from(buf).slice(start..), len as u64))
+        } else {
+            let mut out = frame;
+            out.extend_from_slice(payload);
+            Ok((Bytes::from(out), len as u64))
+        }
+    }
+}
+
+/// A keyed layout counted from the start of the file: the backend counted from its payload.
+fn shift_layout(
+    mut layout: weir_state::KeyedSnapshotLayout,
+    by: u64,
+) -> weir_state::KeyedSnapshotLayout {
+    layout.header = (layout.header.0 + by, layout.header.1 + by);
+    for o in &mut layout.offsets {
+        *o += by;
+    }
+    layout.end += by;
+    layout
+}
+
+/// One operator's state, serialized and framed.
+struct Serialized {
+    operator_id: OperatorId,
+    keyed: Option<(weir_state::KeyedSnapshotLayout, Bytes)>,
+    /// For an incremental snapshot: the chain it extends.
+    chain: Option<Vec<KeyedStateHandle>>,
+    operator: Option<(StateNames, Bytes)>,
+}
+
+/// What one subtask's checkpoint uploads.
+pub(crate) struct Upload {
+    pub job_id: JobId,
+    pub kind: SnapshotKind,
+    /// The chain's head operator, under which channel state is filed.
+    pub head_operator: OperatorId,
+    pub id: CheckpointId,
+    pub task: TaskKey,
+    pub generation: u64,
+    pub parts: Vec<OperatorSnapshotParts>,
+    /// Per part: the chain its keyed delta extends (empty for anything else).
+    pub bases: Vec<Vec<KeyedStateHandle>>,
+    pub in_flight: Vec<ChannelSection>,
+    pub chains: Arc<Mutex<IncrementalChains>>,
+}
+
+/// Serializes the frozen parts and writes them to checkpoint storage. Incremental keyed
+/// snapshots go to the job's shared directory, and the acknowledgement carries their whole
+/// chain, which is remembered for the deltas that will extend it.
+pub(crate) async fn upload(
+    storage: Arc<dyn CheckpointStorage>,
+    location: CheckpointLocation,
+    upload: Upload,
+) -> Result<TaskStateSnapshot, String> {
+    let Upload {
+        job_id,
+        kind: snapshot,
+        head_operator,
+        id,
+        task,
+        generation,
+        parts,
+        bases,
+        in_flight,
+        chains,
+    } = upload;
+    let identity = move |operator_id, kind, key_groups, base| FileIdentity {
+        job_id,
+        checkpoint_id: id,
+        snapshot,
+        operator_id,
+        subtask: task.subtask,
+        key_groups,
+        kind,
+        base,
+        format_version: 0,
+    };
+    let serialized = tokio::task::spawn_blocking(move || -> Result<Vec<Serialized>, String> {
+        let mut out = Vec::with_capacity(parts.len());
+        for (p, base) in parts.into_iter().zip(bases) {
+            let mut chain = None;
+            let keyed = match p.keyed {
+                Some(k) => {
+                    let (file_kind, link_base) = match k.scope() {
+                        SnapshotScope::Incremental { base: b } => {
+                            chain = Some(base);
+                            (StateFileKind::KeyedLink, b.map(CheckpointId))
+                        }
+                        SnapshotScope::SelfContained => (StateFileKind::Keyed, None),
+                    };
+                    let mut file = FramedFile::new();
+                    let layout = k.write_to(file.payload()).map_err(|e| e.to_string())?;
+                    let who = identity(
+                        p.operator_id,
+                        file_kind,
+                        Some(layout.key_group_range),
+                        link_base,
+                    );
+                    let (bytes, shift) = file.finish(who)?;
+                    Some((shift_layout(layout, shift), bytes))
+                }
+                None => None,
+            };
+            let operator = match p.operator {
+                Some(o) if !o.is_empty() => {
+                    let states = o.states();
+                    let mut file = FramedFile::new();
+                    o.write_to(file.payload()).map_err(|e| e.to_string())?;
+                    let who = identity(p.operator_id, StateFileKind::Operator, None, None);
+                    Some((states, file.finish(who)?.0))
+                }
+                _ => None,
+            };
+            out.push(Serialized {
+                operator_id: p.operator_id,
+                keyed,
+                chain,
+                operator,
+            });
+        }
+        Ok(out)
+    })
+    .await
+    .map_err(|e| {
+        if e.is_cancelled() {
+            "snapshot serialization was cancelled: the job is shutting down".to_string()
+        } else {
+            format!("snapshot serialization panicked: {e}")
+        }
+    })??;
+
+    let mut snapshot = TaskStateSnapshot::default();
+    if !in_flight.is_empty() {
+        let sections = in_flight.iter().map(|s| s.summary()).collect();
+        let mut file = FramedFile::new();
+        let encoded =
+            weir_core::channel_state::encode_file(&in_flight).map_err(|e| e.to_string())?;
+        file.payload().extend_from_slice(&encoded);
+        let who = identity(head_operator, StateFileKind::ChannelState, None, None);
+        let (bytes, _) = file.finish(who)?;
+        let name = format!("v{}-{}-g{generation}-channels", task.vertex.0, task.subtask);
+        let stream = storage
+            .write_state(&location, &name, bytes)
+            .await
+            .map_err(|e| e.to_string())?;
+        snapshot.in_flight =
+            Some(weir_core::channel_state::ChannelStateHandle { stream, sections });
+    }
+    // Shared files this upload wrote: deleted again if it fails, as no checkpoint will hold them.
+    let mut new_shared: Vec<StreamStateHandle> = Vec::new();
+    let mut new_chains = Vec::new();
+    let written = write_parts(
+        &*storage,
+        &location,
+        (id, task, generation),
+        serialized,
+        &mut snapshot,
+        &mut new_shared,
+        &mut new_chains,
+    )
+    .await;
+    if let Err(reason) = written {
+        for handle in &new_shared {
+            if let Err(e) = storage.discard_state(&location, handle).await {
+                warn!(checkpoint = id.0, %task, error = %e, "cannot delete a shared file of a failed upload");
+            }
+        }
+        return Err(reason);
+    }
+    if let Ok(mut chains) = chains.lock() {
+        for (operator_id, chain) in new_chains {
+            chains.entry(operator_id).or_default().insert(id, chain);
+        }
+    }
+    snapshot.new_shared = new_shared
+        .iter()
+        .filter_map(|h| h.path().map(str::to_string))
+        .collect();
+    Ok(snapshot)
+}
+
+/// Writes each operator's serialized state and fills `snapshot` with the handles; the shared
+/// files written go to `new_shared`, and the incremental chains completed to `new_chains`.
+async fn write_parts(
+    storage: &dyn CheckpointStorage,
+    location: &CheckpointLocation,
+    (id, task, generation): (CheckpointId, TaskKey, u64),
+    serialized: Vec<Serialized>,
+    snapshot: &mut TaskStateSnapshot,
+    new_shared: &mut Vec<StreamStateHandle>,
+    new_chains: &mut Vec<(OperatorId, Vec<KeyedStateHandle>)>,
+) -> Result<(), String> {
+    for s in serialized {
+        let short = format!("{}", s.operator_id);
+        let short = &short[..8];
+        let mut state = OperatorSubtaskState::default();
+        match (s.keyed, s.chain) {
+            (Some((layout, buf)), None) => {
+                let name = format!(
+                    "v{}-{}-g{generation}-{short}-keyed",
+                    task.vertex.0, task.subtask
+                );
+                let stream = storage
+                    .write_state(location, &name, buf)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                state.keyed.push(layout.into_handle(stream));
+            }
+            (Some((layout, buf)), Some(mut chain)) => {
+                // Shared: later checkpoints' chains reference it. The name is unique per job:
+                // the checkpoint id and generation tell attempts apart.
+                let name = format!(
+                    "v{}-{}-g{generation}-{short}-c{}-keyed",
+                    task.vertex.0, task.subtask, id.0
+                );
+                let stream = storage
+                    .write_shared_state(location, &name, buf)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if matches!(stream, StreamStateHandle::File { .. }) {
+                    new_shared.push(stream.clone());
+                }
+                chain.push(layout.into_handle(stream));
+                new_chains.push((s.operator_id, chain.clone()));
+                state.keyed.extend(chain);
+            }
+            (None, _) => {}
+        }
+        if let Some((states, buf)) = s.operator {
+            let name = format!(
+                "v{}-{}-g{generation}-{short}-op",
+                task.vertex.0, task.subtask
+            );
+            let stream = storage
+                .write_state(location, &name, buf)
+                .await
+                .map_err(|e| e.to_string())?;
+            state.operator.push(OperatorStateHandle { states, stream });
+        }
+        if !state.is_empty() {
+            snapshot.operators.insert(s.operator_id, state);
+        }
+    }
+    Ok(())
+}
