@@ -29,6 +29,17 @@ pub enum CheckpointError {
         "no complete checkpoint at '{0}': no _metadata found in it, in its chk-* directories, or in its <job-id>/chk-* directories"
     )]
     NoCompleteCheckpoint(String),
+    /// Another run holds the job directory (its `_lock` exists): two writers on one job
+    /// directory would write the same `chk-<n>` names over each other.
+    #[error(
+        "the job directory '{path}' is held by another run ({holder}); two runs writing one job directory would corrupt each other's checkpoints. If that run is gone (killed), delete '{path}/_lock'"
+    )]
+    Locked {
+        /// The job directory.
+        path: String,
+        /// What the lock says of its holder (process, host, since when).
+        holder: String,
+    },
     /// The storage was configured wrongly.
     #[error("invalid checkpoint storage configuration: {0}")]
     Config(String),

@@ -46,6 +46,7 @@ async fn memory_passes_the_conformance_suite() {
     assert_eq!(storage.describe(), "memory://");
     conformance::run_all_with_raw(&storage, storage.operator()).await;
     conformance::check_inline_threshold(&storage, storage.inline_threshold()).await;
+    conformance::check_job_lock_race(&storage).await;
     // Running it again on the same storage works: each check clears its own job.
     conformance::run_all(&storage).await;
 }
@@ -57,6 +58,7 @@ async fn fs_passes_the_conformance_suite() {
     assert!(storage.operator().info().capability().rename);
     conformance::run_all_with_raw(&storage, storage.operator()).await;
     conformance::check_inline_threshold(&storage, storage.inline_threshold()).await;
+    conformance::check_job_lock_race(&storage).await;
     conformance::run_all(&storage).await;
 }
 

@@ -116,7 +116,14 @@ fn word_count_checkpoints_to_s3_recovers_through_it_and_resumes_from_it() {
     );
 
     // The checkpoints are objects in the bucket, under the prefix, in Flink's layout.
-    let job = JobId::from_name("word_count");
+    // The run's own job directory: every run has a fresh job id.
+    let job = run
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("latest checkpoint: s3://weir-e2e/runs/wc/"))
+        .and_then(|rest| rest.split('/').next())
+        .and_then(JobId::parse)
+        .unwrap_or_else(|| panic!("no job id in the latest checkpoint line:\n{}", run.stdout));
     let latest = latest_checkpoint(&run.stdout);
     let metadata = server
         .bucket_dir()

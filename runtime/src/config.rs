@@ -49,8 +49,12 @@ impl std::fmt::Debug for StorageConfig {
 /// Everything about a job that is not its graph.
 #[derive(Clone, Debug)]
 pub struct JobConfig {
-    /// The job's name; its id derives from it, so reruns find their checkpoints.
+    /// The job's name.
     pub job_name: String,
+    /// The job's id; `None` (the default): a fresh id for every run, as Flink gives every
+    /// submission a new `JobID`. Its checkpoints go to `<root>/<job-id>/chk-<n>`, and a run holds
+    /// that directory for itself (a second run with the same id is refused).
+    pub job_id: Option<weir_core::ids::JobId>,
     /// Default parallelism of operators.
     pub parallelism: u32,
     /// Max parallelism (key groups); `None`: Flink's default for the parallelism.
@@ -101,6 +105,7 @@ impl Default for JobConfig {
     fn default() -> Self {
         JobConfig {
             job_name: "weir-job".into(),
+            job_id: None,
             parallelism: 1,
             max_parallelism: None,
             checkpoint: CheckpointConfig::default(),

@@ -10,7 +10,7 @@ use crate::deploy::{EnumeratorFactory, NodeFactory};
 use crate::error::JobError;
 use crate::gateway::{Gateway, ProcessTasks, TaskDeployment, TaskSettings};
 use crate::restart::RestartTracker;
-use crate::restore::{RestoreChecks, candidates_at, load_first_good};
+use crate::restore::{RestoreChecks, candidates_at, load_first_good, one_jobs_candidates};
 use crate::source::{SplitAssignment, SplitEnumerator};
 use crate::task::{JobMetrics, Targets, TaskEvent, TaskMessage, TaskReport};
 use std::any::Any;
@@ -448,7 +448,10 @@ fn build_metadata(
 pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobResult, JobError> {
     let started = Instant::now();
     let epoch_wall_ms = wall_ms();
-    let job_id = JobId::from_name(&spec.config.job_name);
+    let job_id = spec
+        .config
+        .job_id
+        .unwrap_or_else(|| fresh_job_id(&spec.config.job_name));
     let span = info_span!("job", name = %spec.config.job_name, id = %job_id);
     async move {
         let config = &spec.config;
@@ -466,12 +469,15 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         };
         if config.checkpoint.is_enabled() {
             storage.check_writable().await?;
+            // One writer per job directory: a second run with this job id is refused.
+            storage.lock_job(job_id, &lock_holder()).await?;
         }
         let mut restore: Option<(Arc<dyn CheckpointStorage>, Vec<CheckpointLocation>)> =
             match &config.restore_from {
                 Some(path) => {
                     let (s, listings) = candidates_at(path).await?;
-                    Some((s, listings.into_iter().map(|l| l.location).collect()))
+                    let locations = one_jobs_candidates(&*s, path, listings).await?;
+                    Some((s, locations))
                 }
                 None => None,
             };
@@ -1199,8 +1205,35 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         if let Gateway::Remote(remote) = &gateway {
             remote.shutdown().await;
         }
+        if config.checkpoint.is_enabled()
+            && let Err(e) = storage.unlock_job(job_id).await
+        {
+            warn!(error = %e, "cannot give the job directory up");
+        }
         result
     }
     .instrument(span)
     .await
+}
+
+/// A fresh id for one run of a job, as every Flink submission gets a new `JobID`: its name, the
+/// wall clock, the process and a counter, hashed.
+fn fresh_job_id(name: &str) -> JobId {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
+    let seed = format!("{name}\0{nanos}\0{}\0{run}", std::process::id());
+    JobId(weir_core::ids::stable_hash128(seed.as_bytes()))
+}
+
+/// What a job directory's lock says of its holder.
+fn lock_holder() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "this host".to_string());
+    format!(
+        "process {} on {host}, since {} ms after the Unix epoch",
+        std::process::id(),
+        wall_ms()
+    )
 }

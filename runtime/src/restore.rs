@@ -9,7 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 use tracing::warn;
 use weir_checkpoint::OperatorState;
-use weir_checkpoint::storage::{CheckpointListing, CheckpointLocation, S3Config, is_s3_url};
+use weir_checkpoint::storage::{
+    CheckpointListing, CheckpointLocation, S3Config, is_s3_url, parse_checkpoint_dir,
+};
 use weir_checkpoint::{
     CheckpointError, CheckpointMetadata, CheckpointStorage, OpendalCheckpointStorage,
 };
@@ -17,7 +19,7 @@ use weir_core::fingerprint::JobFingerprint;
 use weir_core::graph::JobGraph;
 use weir_core::handle::{KeyedStateHandle, StreamStateHandle};
 use weir_core::identity::StateFileKind;
-use weir_core::ids::{SubtaskIndex, VertexId};
+use weir_core::ids::{JobId, SubtaskIndex, VertexId};
 use weir_core::keygroup::KeyGroupRange;
 use weir_core::keygroup::compute_key_group_range_for_operator_index;
 use weir_state::RestorePart;
@@ -92,6 +94,92 @@ pub(crate) async fn candidates_at(
     }
     found.reverse();
     Ok((storage, found))
+}
+
+/// Narrows the complete checkpoints under a user-given path (newest first) to one job's. A
+/// checkpoint directory the user named is taken as it is. Under a root or job directory, every
+/// run of a job has its own job directory; the checkpoints of all of them are candidates when
+/// they are of one job (by fingerprint: graph and source settings; by name for files without
+/// one). A root holding several jobs is refused, listing them, since picking one would be a
+/// guess. Unreadable `_metadata`s stay candidates (the restore falls back past them) when they
+/// lie in a job directory of the chosen job.
+pub(crate) async fn one_jobs_candidates(
+    storage: &dyn CheckpointStorage,
+    path: &Path,
+    listings: Vec<CheckpointListing>,
+) -> Result<Vec<CheckpointLocation>, JobError> {
+    let named = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| parse_checkpoint_dir(n).is_some());
+    if named || listings.len() <= 1 {
+        return Ok(listings.into_iter().map(|l| l.location).collect());
+    }
+    // (job key, a description) per readable candidate.
+    let mut jobs: Vec<(String, String)> = Vec::new();
+    let mut keyed: Vec<(CheckpointListing, Option<String>)> = Vec::new();
+    for l in listings {
+        let key = match storage.read_metadata(&l.location).await {
+            Ok(m) => {
+                let key = match &m.fingerprint {
+                    Some(f) => format!("{:032x}/{:?}", f.graph_hash(), f.sources),
+                    None => format!("name:{}", m.job_name),
+                };
+                if !jobs.iter().any(|(k, _)| *k == key) {
+                    let sources: Vec<String> = m
+                        .fingerprint
+                        .iter()
+                        .flat_map(|f| f.sources.iter().map(|(k, v)| format!("{k}={v}")))
+                        .collect();
+                    jobs.push((
+                        key.clone(),
+                        format!(
+                            "'{}' ({}newest: {})",
+                            m.job_name,
+                            if sources.is_empty() {
+                                String::new()
+                            } else {
+                                format!("{}; ", sources.join(", "))
+                            },
+                            storage.location_path(&l.location)
+                        ),
+                    ));
+                }
+                Some(key)
+            }
+            Err(_) => None,
+        };
+        keyed.push((l, key));
+    }
+    if jobs.len() > 1 {
+        let list: Vec<&str> = jobs.iter().map(|(_, d)| d.as_str()).collect();
+        return Err(JobError::Restore {
+            path: path.display().to_string(),
+            reason: format!(
+                "it holds checkpoints of {} different jobs: {}; name the checkpoint directory \
+                 to restore (--from <root>/<job-id>/chk-<n>)",
+                jobs.len(),
+                list.join(", ")
+            ),
+        });
+    }
+    let Some((key, _)) = jobs.first() else {
+        // Nothing readable: the restore reports each one's damage.
+        return Ok(keyed.into_iter().map(|(l, _)| l.location).collect());
+    };
+    let job_dirs: Vec<Option<JobId>> = keyed
+        .iter()
+        .filter(|(_, k)| k.as_ref() == Some(key))
+        .map(|(l, _)| l.location.job_id())
+        .collect();
+    Ok(keyed
+        .into_iter()
+        .filter(|(l, k)| match k {
+            Some(k) => k == key,
+            None => job_dirs.contains(&l.location.job_id()),
+        })
+        .map(|(l, _)| l.location)
+        .collect())
 }
 
 /// What a restore must check of a checkpoint besides its files: that it is of this job.

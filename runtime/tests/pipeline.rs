@@ -918,6 +918,14 @@ impl CheckpointStorage for TestStorage {
     ) -> Result<Vec<CheckpointListing>, CheckpointError> {
         self.inner.find_checkpoints(path).await
     }
+
+    async fn lock_job(&self, job: JobId, holder: &str) -> Result<(), CheckpointError> {
+        self.inner.lock_job(job, holder).await
+    }
+
+    async fn unlock_job(&self, job: JobId) -> Result<(), CheckpointError> {
+        self.inner.unlock_job(job).await
+    }
 }
 
 /// Storage whose writes start failing after the first complete checkpoint fails checkpoints,

@@ -535,6 +535,18 @@ impl CheckpointStorage for FaultInjectingStorage {
             .await?;
         self.inner.find_checkpoints(path).await
     }
+
+    async fn lock_job(&self, job: JobId, holder: &str) -> Result<(), CheckpointError> {
+        self.enter(Some(OpKind::Write), "lock_job", || format!("{job}/_lock"))
+            .await?;
+        self.inner.lock_job(job, holder).await
+    }
+
+    async fn unlock_job(&self, job: JobId) -> Result<(), CheckpointError> {
+        self.enter(None, "unlock_job", || format!("{job}/_lock"))
+            .await?;
+        self.inner.unlock_job(job).await
+    }
 }
 
 #[cfg(test)]

@@ -181,6 +181,16 @@ pub trait CheckpointStorage: Send + Sync + 'static {
     async fn list_checkpoints(&self, job: JobId)
     -> Result<Vec<CheckpointListing>, CheckpointError>;
 
+    /// Takes the job directory `<job>/` for one run: creates `<job>/_lock`, holding `holder`,
+    /// only if it does not exist (a conditional create: `O_EXCL` on a local file system,
+    /// `If-None-Match: *` on S3), so of two runs only one succeeds. Refused with
+    /// [`CheckpointError::Locked`] when the file exists. A run that was killed leaves its lock:
+    /// its job directory stays its own (every run has a fresh job id).
+    async fn lock_job(&self, job: JobId, holder: &str) -> Result<(), CheckpointError>;
+
+    /// Gives the job directory up: deletes `<job>/_lock`. Idempotent.
+    async fn unlock_job(&self, job: JobId) -> Result<(), CheckpointError>;
+
     /// Finds checkpoints under a path a user gave (relative to the root; `""` is the root):
     /// the path itself if it holds `_metadata`; else its `chk-<n>` children; else the `chk-<n>`
     /// of its `<job-id>` children. Sorted by id, newest last, complete or not.

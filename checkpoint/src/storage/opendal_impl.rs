@@ -248,6 +248,9 @@ impl OpendalCheckpointStorage {
 
 use super::parse_checkpoint_dir as parse_chk;
 
+/// The file a run holds its job directory with.
+const LOCK_FILE: &str = "_lock";
+
 /// Checks that `name` is a plain file name that may hold state.
 fn validate_state_name(name: &str) -> Result<(), CheckpointError> {
     let bad = |why: &str| {
@@ -651,6 +654,56 @@ impl CheckpointStorage for OpendalCheckpointStorage {
         job: JobId,
     ) -> Result<Vec<CheckpointListing>, CheckpointError> {
         self.checkpoints_in(&format!("{job}/")).await
+    }
+
+    async fn lock_job(&self, job: JobId, holder: &str) -> Result<(), CheckpointError> {
+        let dir = format!("{job}/");
+        let path = format!("{dir}{LOCK_FILE}");
+        if self.create_dirs {
+            self.op
+                .create_dir(&dir)
+                .await
+                .map_err(self.storage_err(&dir))?;
+        }
+        match self
+            .op
+            .write_with(&path, holder.as_bytes().to_vec())
+            .if_not_exists(true)
+            .await
+        {
+            Ok(_) => {
+                debug!(path = %self.full_path(&path), holder, "took the job directory");
+                Ok(())
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::ConditionNotMatch | ErrorKind::AlreadyExists
+                ) =>
+            {
+                let holder = match self.op.read(&path).await {
+                    Ok(b) => String::from_utf8_lossy(&b.to_vec())
+                        .chars()
+                        .take(200)
+                        .collect(),
+                    Err(_) => "unknown holder".to_string(),
+                };
+                Err(CheckpointError::Locked {
+                    path: self.full_path(&dir).trim_end_matches('/').to_string(),
+                    holder,
+                })
+            }
+            Err(e) => Err(self.storage_err(&path)(e)),
+        }
+    }
+
+    async fn unlock_job(&self, job: JobId) -> Result<(), CheckpointError> {
+        let path = format!("{job}/{LOCK_FILE}");
+        match self.op.delete(&path).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.storage_err(&path)(e)),
+        }
     }
 
     async fn find_checkpoints(

@@ -334,6 +334,9 @@ async fn main() -> Result<()> {
     for s in &result.checkpoint_history {
         writeln!(out, "{s}")?;
     }
+    if let Some(from) = &result.restored_from {
+        writeln!(out, "restored from: {from}")?;
+    }
     if let Some(latest) = &result.latest_checkpoint {
         writeln!(out, "latest checkpoint: {latest}")?;
     }
