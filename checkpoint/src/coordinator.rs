@@ -11,7 +11,7 @@ use std::fmt;
 use std::time::Duration;
 use weir_core::config::CheckpointConfig;
 use weir_core::element::{AlignmentType, CheckpointOptions, SnapshotKind};
-use weir_core::handle::TaskStateSnapshot;
+use weir_core::handle::{TaskStateSnapshot, saturating_sum};
 use weir_core::ids::{CheckpointId, SubtaskIndex, VertexId};
 
 /// One subtask, as the coordinator tracks it (attempts are the runtime's business).
@@ -684,8 +684,9 @@ impl CheckpointCoordinator {
         p.acks.insert(task, state);
         p.metrics.insert(task, metrics);
         let num_acked = p.acks.len();
-        let state_size = p.acks.values().map(|s| s.state_size()).sum();
-        let in_flight_size = p.acks.values().map(|s| s.in_flight_size()).sum();
+        // Saturating: the sizes come from task managers' messages.
+        let state_size = saturating_sum(p.acks.values().map(|s| s.state_size()));
+        let in_flight_size = saturating_sum(p.acks.values().map(|s| s.in_flight_size()));
         p.in_flight_size = in_flight_size;
         let done = p.not_yet_acked.is_empty();
         if let Some(s) = self.history.iter_mut().find(|s| s.id == id) {

@@ -13,7 +13,7 @@ use weir_core::CoreError;
 use weir_core::channel_state::ChannelStateHandle;
 use weir_core::element::SnapshotKind;
 use weir_core::fingerprint::JobFingerprint;
-use weir_core::handle::{OperatorSubtaskState, StreamStateHandle};
+use weir_core::handle::{OperatorSubtaskState, StreamStateHandle, saturating_sum};
 use weir_core::ids::{CheckpointId, JobId, OperatorId, SubtaskIndex};
 
 /// Magic bytes of a `_metadata` file.
@@ -50,7 +50,7 @@ pub struct OperatorState {
 impl OperatorState {
     /// Total bytes referenced.
     pub fn state_size(&self) -> u64 {
-        self.subtasks.values().map(|s| s.state_size()).sum()
+        saturating_sum(self.subtasks.values().map(|s| s.state_size()))
     }
 }
 
@@ -166,14 +166,16 @@ impl From<CheckpointMetadataV2> for CheckpointMetadata {
 }
 
 impl CheckpointMetadata {
-    /// Total bytes referenced by all operators.
+    /// Total bytes referenced by all operators (saturating: a damaged file's sizes must not
+    /// overflow).
     pub fn state_size(&self) -> u64 {
-        self.operators.iter().map(|o| o.state_size()).sum::<u64>() + self.in_flight_size()
+        saturating_sum(self.operators.iter().map(|o| o.state_size()))
+            .saturating_add(self.in_flight_size())
     }
 
     /// Bytes of persisted in-flight data.
     pub fn in_flight_size(&self) -> u64 {
-        self.in_flight.iter().map(|s| s.handle.size()).sum()
+        saturating_sum(self.in_flight.iter().map(|s| s.handle.size()))
     }
 
     /// Encodes the file: an envelope around the postcard payload.
@@ -524,6 +526,30 @@ mod tests {
         assert!(
             matches!(&err, CheckpointError::Corrupt { path, .. } if path == "chk-7/_metadata"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn sizes_of_a_damaged_file_saturate() {
+        // The overflow `weir-fuzz` found in `TaskStateSnapshot::state_size`, here: a file whose
+        // recorded sizes add up past u64::MAX decoded, and then `state_size` (what `weir
+        // checkpoints inspect` shows) overflowed.
+        let mut m = metadata(3, vec![in_flight(3), in_flight(3)]);
+        for f in &mut m.in_flight {
+            f.handle.stream = StreamStateHandle::File {
+                path: "chk-7/x".to_string(),
+                size: u64::MAX - 1,
+                digest: weir_core::identity::Digest([0; 16]),
+            };
+        }
+        let back =
+            CheckpointMetadata::from_bytes("chk-7/_metadata", &m.to_bytes().unwrap()).unwrap();
+        assert_eq!(back.in_flight_size(), u64::MAX);
+        assert_eq!(back.state_size(), u64::MAX);
+        assert_eq!(
+            back.operators[0].state_size(),
+            93,
+            "ordinary sizes add up exactly"
         );
     }
 

@@ -108,10 +108,11 @@ pub fn open<'a>(
     let mut len8 = [0u8; 8];
     len8.copy_from_slice(&bytes[8..16]);
     let len = u64::from_le_bytes(len8);
-    let expected = (ENVELOPE_HEADER_LEN + ENVELOPE_TRAILER_LEN) as u64 + len;
-    if bytes.len() as u64 != expected {
+    // A damaged length near u64::MAX promises more than any file holds; it must not overflow.
+    let expected = len.checked_add((ENVELOPE_HEADER_LEN + ENVELOPE_TRAILER_LEN) as u64);
+    if expected != Some(bytes.len() as u64) {
         return Err(corrupt(format!(
-            "length mismatch: the header promises {expected} bytes, the file has {}",
+            "length mismatch: the header promises a payload of {len} bytes, the file has {}",
             bytes.len()
         )));
     }
@@ -151,6 +152,18 @@ mod tests {
         assert!(e.to_string().contains("bad magic"), "{e}");
         let e = open("t", *b"TEST", &[1, 2], &sealed).unwrap_err();
         assert!(e.to_string().contains("format version 3"), "{e}");
+    }
+
+    #[test]
+    fn a_payload_length_near_u64_max_is_a_length_mismatch() {
+        // Found by `weir-fuzz` (channel-state and codec targets): the expected file length
+        // overflowed (a panic with overflow checks, a wrapped comparison without).
+        for len in [u64::MAX, u64::MAX - 19, u64::MAX - 20] {
+            let mut sealed = seal(*b"TEST", 1, b"");
+            sealed[8..16].copy_from_slice(&len.to_le_bytes());
+            let e = open("t", *b"TEST", &[1], &sealed).unwrap_err();
+            assert!(e.to_string().contains("length mismatch"), "{len}: {e}");
+        }
     }
 
     #[test]

@@ -8,6 +8,12 @@ use crate::keygroup::{KeyGroup, KeyGroupRange};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// The sum of `sizes`, saturating at `u64::MAX`: sizes decoded from a file or a message may be
+/// damaged, and adding them must not overflow.
+pub fn saturating_sum(sizes: impl IntoIterator<Item = u64>) -> u64 {
+    sizes.into_iter().fold(0, u64::saturating_add)
+}
+
 /// Where a snapshot's bytes are.
 ///
 /// The variants' order is part of `_metadata`'s encoding: `LegacyFile` is what `_metadata`
@@ -159,10 +165,12 @@ impl OperatorSubtaskState {
         self.keyed.is_empty() && self.operator.is_empty()
     }
 
-    /// Total bytes referenced.
+    /// Total bytes referenced (saturating: the sizes come from files and messages, and a
+    /// damaged one must not overflow).
     pub fn state_size(&self) -> u64 {
-        self.keyed.iter().map(|h| h.stream.size()).sum::<u64>()
-            + self.operator.iter().map(|h| h.stream.size()).sum::<u64>()
+        let keyed = self.keyed.iter().map(|h| &h.stream);
+        let operator = self.operator.iter().map(|h| &h.stream);
+        saturating_sum(keyed.chain(operator).map(StreamStateHandle::size))
     }
 }
 
@@ -181,13 +189,56 @@ pub struct TaskStateSnapshot {
 }
 
 impl TaskStateSnapshot {
-    /// Total bytes referenced.
+    /// Total bytes referenced (saturating, as [`OperatorSubtaskState::state_size`]).
     pub fn state_size(&self) -> u64 {
-        self.operators.values().map(|s| s.state_size()).sum::<u64>() + self.in_flight_size()
+        saturating_sum(self.operators.values().map(|s| s.state_size()))
+            .saturating_add(self.in_flight_size())
     }
 
     /// Bytes of persisted in-flight data.
     pub fn in_flight_size(&self) -> u64 {
         self.in_flight.as_ref().map_or(0, |h| h.size())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(size: u64) -> StreamStateHandle {
+        StreamStateHandle::File {
+            path: "chk-1/f".to_string(),
+            size,
+            digest: crate::identity::Digest([0; 16]),
+        }
+    }
+
+    #[test]
+    fn state_sizes_from_damaged_handles_saturate() {
+        // Found by `weir-fuzz` (codec target): a decoded acknowledgement whose file sizes add
+        // up past u64::MAX overflowed `state_size` (a panic with overflow checks).
+        let subtask = OperatorSubtaskState {
+            keyed: vec![KeyedStateHandle {
+                key_group_range: KeyGroupRange::new(0, 0),
+                header: (0, 1),
+                offsets: vec![1],
+                end: 2,
+                stream: file(u64::MAX),
+            }],
+            operator: vec![OperatorStateHandle {
+                states: Vec::new(),
+                stream: file(3),
+            }],
+        };
+        assert_eq!(subtask.state_size(), u64::MAX);
+        let mut task = TaskStateSnapshot::default();
+        task.operators.insert(OperatorId(1), subtask.clone());
+        task.operators.insert(OperatorId(2), subtask);
+        assert_eq!(task.state_size(), u64::MAX);
+        assert_eq!(
+            saturating_sum([1, 2, 3]),
+            6,
+            "ordinary sizes add up exactly"
+        );
     }
 }

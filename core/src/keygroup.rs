@@ -213,12 +213,13 @@ impl KeyGroupRange {
         KeyGroupRange { start: 1, end: 0 }
     }
 
-    /// Number of key groups in the range.
+    /// Number of key groups in the range; saturates at `u32::MAX` for `0..=u32::MAX` (a range
+    /// only a damaged file holds: key groups stop at [`UPPER_BOUND_MAX_PARALLELISM`]).
     pub fn len(&self) -> u32 {
         if self.end < self.start {
             0
         } else {
-            self.end - self.start + 1
+            (self.end - self.start).saturating_add(1)
         }
     }
 
@@ -273,6 +274,18 @@ impl fmt::Display for KeyGroupRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_widest_range_decoded_from_a_damaged_file_has_a_length() {
+        // Found by `weir-fuzz` (keyed target): a header whose range is 0..=u32::MAX overflowed
+        // `len` (a panic with overflow checks), before the header was refused.
+        let widest = KeyGroupRange::new(0, u32::MAX);
+        assert_eq!(widest.len(), u32::MAX);
+        assert!(!widest.is_empty());
+        assert_eq!(format!("{widest:?}"), "KeyGroupRange(0..=4294967295)");
+        assert_eq!(widest.iter().take(3).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(KeyGroupRange::new(1, u32::MAX).len(), u32::MAX);
+    }
 
     #[test]
     fn ranges_partition_all_key_groups() {

@@ -94,6 +94,9 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use weir_core::ids::{EdgeId, SubtaskIndex};
 
+#[doc(hidden)]
+pub mod fuzzing;
+
 /// How long a consumer waits for a connection to a producer's transport.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -480,12 +483,8 @@ fn checksum(head: &[u8], payload: &[u8]) -> u32 {
     hasher.finalize()
 }
 
-async fn write_frame<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    kind: u8,
-    id: &ChannelId,
-    payload: &[u8],
-) -> std::io::Result<()> {
+/// The header of a frame carrying `payload`: length, checksum, type and channel.
+fn frame_header(kind: u8, id: &ChannelId, payload: &[u8]) -> [u8; HEADER_LEN] {
     let mut header = [0u8; HEADER_LEN];
     // Callers keep payloads within MAX_FRAME, so this fits a u32.
     let len = (FRAME_OVERHEAD + payload.len()) as u32;
@@ -494,7 +493,16 @@ async fn write_frame<W: AsyncWrite + Unpin>(
     head[0] = kind;
     encode_id(id, &mut head[1..]);
     crc.copy_from_slice(&checksum(head, payload).to_le_bytes());
-    w.write_all(&header).await?;
+    header
+}
+
+async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    kind: u8,
+    id: &ChannelId,
+    payload: &[u8],
+) -> std::io::Result<()> {
+    w.write_all(&frame_header(kind, id, payload)).await?;
     w.write_all(payload).await
 }
 
@@ -1102,11 +1110,11 @@ async fn accept_loop(inner: Weak<Inner>, listener: TcpListener) {
 /// meanwhile frames queue up, the hello first.
 fn connect(inner: &Arc<Inner>, addr: SocketAddr) -> Arc<Conn> {
     let conn = Arc::new(Conn::new(addr));
-    let mut hello = MAGIC.to_vec();
-    hello.extend_from_slice(inner.local_addr.to_string().as_bytes());
-    lock(&conn.state)
-        .control
-        .push_back(Frame::new(HELLO, NO_CHANNEL, hello));
+    lock(&conn.state).control.push_back(Frame::new(
+        HELLO,
+        NO_CHANNEL,
+        hello_payload(inner.local_addr),
+    ));
     let task = inner
         .runtime
         .spawn(client_conn(Arc::downgrade(inner), conn.clone(), addr));
@@ -1287,6 +1295,64 @@ fn payload_u32(f: &Frame) -> Result<u32, String> {
         .map_err(|_| format!("protocol error: frame type {} of bad length", f.kind))
 }
 
+/// A consumer's hello: the magic, then its listen address.
+fn hello_payload(addr: SocketAddr) -> Vec<u8> {
+    let mut hello = MAGIC.to_vec();
+    hello.extend_from_slice(addr.to_string().as_bytes());
+    hello
+}
+
+/// The listen address a consumer's first frame, its hello, announces.
+fn hello_address(hello: &Frame) -> Result<SocketAddr, String> {
+    hello
+        .payload
+        .strip_prefix(MAGIC.as_slice())
+        .filter(|_| hello.kind == HELLO)
+        .and_then(|a| std::str::from_utf8(a).ok())
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .ok_or_else(|| "protocol error: no hello from a Weir transport".to_string())
+}
+
+/// A frame a consumer may send after its hello, checked.
+enum FromConsumer {
+    Request(u32),
+    Credit(u32),
+    Cancel,
+}
+
+fn from_consumer(f: &Frame) -> Result<FromConsumer, String> {
+    match f.kind {
+        REQUEST => payload_u32(f).map(FromConsumer::Request),
+        CREDIT => payload_u32(f).map(FromConsumer::Credit),
+        CANCEL => Ok(FromConsumer::Cancel),
+        other => Err(format!(
+            "protocol error: frame type {other} from a consumer"
+        )),
+    }
+}
+
+/// A frame a producer may send, checked; a priority element with its stamp.
+enum FromProducer {
+    Data,
+    Priority(u64),
+    End,
+    Error,
+}
+
+fn from_producer(f: &Frame) -> Result<FromProducer, String> {
+    match f.kind {
+        DATA => Ok(FromProducer::Data),
+        PRIORITY => <[u8; STAMP_LEN]>::try_from(f.payload.get(..STAMP_LEN).unwrap_or(&[]))
+            .map(|stamp| FromProducer::Priority(u64::from_le_bytes(stamp)))
+            .map_err(|_| "protocol error: a priority frame without its stamp".to_string()),
+        END => Ok(FromProducer::End),
+        ERROR => Ok(FromProducer::Error),
+        other => Err(format!(
+            "protocol error: frame type {other} from a producer"
+        )),
+    }
+}
+
 /// Reads a consumer's frames until the connection fails; returns why.
 async fn server_reader<R: AsyncRead + Unpin>(
     inner: &Weak<Inner>,
@@ -1308,13 +1374,7 @@ async fn serve_frames<R: AsyncRead + Unpin>(
     let Some(hello) = read_frame(r).await? else {
         return Ok(());
     };
-    let peer = hello
-        .payload
-        .strip_prefix(MAGIC.as_slice())
-        .filter(|_| hello.kind == HELLO)
-        .and_then(|a| std::str::from_utf8(a).ok())
-        .and_then(|a| a.parse::<SocketAddr>().ok())
-        .ok_or_else(|| "protocol error: no hello from a Weir transport".to_string())?;
+    let peer = hello_address(&hello)?;
     {
         // A transport listening on every interface announces 0.0.0.0: name it by the address
         // it connected from, with the port it listens on.
@@ -1329,13 +1389,10 @@ async fn serve_frames<R: AsyncRead + Unpin>(
         let inner = inner
             .upgrade()
             .ok_or_else(|| "the transport was shut down".to_string())?;
-        match f.kind {
-            REQUEST => {
-                let credits = payload_u32(&f)? as usize;
-                on_request(&inner, conn, f.id, credits);
-            }
-            CREDIT => {
-                let n = payload_u32(&f)? as usize;
+        match from_consumer(&f)? {
+            FromConsumer::Request(credits) => on_request(&inner, conn, f.id, credits as usize),
+            FromConsumer::Credit(n) => {
+                let n = n as usize;
                 if let Some(out) = conn.out(&f.id) {
                     let waker = {
                         let mut o = lock(&out);
@@ -1347,12 +1404,7 @@ async fn serve_frames<R: AsyncRead + Unpin>(
                     }
                 }
             }
-            CANCEL => on_cancel(&inner, conn, f.id),
-            other => {
-                return Err(format!(
-                    "protocol error: frame type {other} from a consumer"
-                ));
-            }
+            FromConsumer::Cancel => on_cancel(&inner, conn, f.id),
         }
     }
     Ok(())
@@ -1414,8 +1466,8 @@ async fn client_reader<R: AsyncRead + Unpin>(conn: &Conn, r: R) -> String {
 
 async fn receive_frames<R: AsyncRead + Unpin>(conn: &Conn, r: &mut R) -> Result<(), String> {
     while let Some(f) = read_frame(r).await? {
-        let waker = match f.kind {
-            DATA | PRIORITY => {
+        let waker = match from_producer(&f)? {
+            kind @ (FromProducer::Data | FromProducer::Priority(_)) => {
                 let Some(input) = conn.input(&f.id) else {
                     continue; // The consumer end was dropped; its cancel is on its way.
                 };
@@ -1423,27 +1475,22 @@ async fn receive_frames<R: AsyncRead + Unpin>(conn: &Conn, r: &mut R) -> Result<
                 if s.dropped {
                     continue;
                 }
-                if f.kind == DATA {
-                    s.received += 1;
-                    s.ordinary.push_back(f.payload);
-                } else {
-                    let stamp =
-                        <[u8; STAMP_LEN]>::try_from(f.payload.get(..STAMP_LEN).unwrap_or(&[]))
-                            .map(u64::from_le_bytes)
-                            .map_err(|_| {
-                                "protocol error: a priority frame without its stamp".to_string()
-                            })?;
-                    s.priority.push_back((stamp, f.payload));
+                match kind {
+                    FromProducer::Priority(stamp) => s.priority.push_back((stamp, f.payload)),
+                    _ => {
+                        s.received += 1;
+                        s.ordinary.push_back(f.payload);
+                    }
                 }
                 s.waker.take()
             }
-            END | ERROR => {
+            kind @ (FromProducer::End | FromProducer::Error) => {
                 let Some(input) = lock(&conn.state).ins.remove(&f.id) else {
                     continue;
                 };
                 let peer = lock(&conn.state).peer;
                 let mut s = lock(&input);
-                if f.kind == END {
+                if matches!(kind, FromProducer::End) {
                     s.ended = true;
                 } else if s.failure.is_none() {
                     s.failure = Some(NetworkError::Connection {
@@ -1457,11 +1504,6 @@ async fn receive_frames<R: AsyncRead + Unpin>(conn: &Conn, r: &mut R) -> Result<
                 }
                 s.conn = None;
                 s.waker.take()
-            }
-            other => {
-                return Err(format!(
-                    "protocol error: frame type {other} from a producer"
-                ));
             }
         };
         if let Some(w) = waker {

@@ -41,7 +41,7 @@ use weir_checkpoint::{
 use weir_core::CoreError;
 use weir_core::codec;
 use weir_core::element::SnapshotKind;
-use weir_core::handle::{KeyedStateHandle, OperatorStateHandle, StreamStateHandle};
+use weir_core::handle::{KeyedStateHandle, OperatorStateHandle, StreamStateHandle, saturating_sum};
 use weir_core::identity::{FileIdentity, StateFileKind};
 use weir_core::ids::{JobId, OperatorId};
 use weir_core::keygroup::KeyGroupRange;
@@ -1093,7 +1093,8 @@ async fn check(path: &Path) -> Result<Checked, CliError> {
         in_flight.push(checker.in_flight(m, entry).await);
     }
     let files_verified = 1 + checker.files.len() as u64;
-    let bytes_verified = loaded.size + checker.files.values().sum::<u64>();
+    let bytes_verified =
+        saturating_sum(checker.files.values().copied()).saturating_add(loaded.size);
     Ok(Checked::Report(Box::new(InspectReport {
         checkpoint_dir,
         selected_from,
@@ -1499,7 +1500,7 @@ impl Checker<'_> {
             uid: op.and_then(|o| o.uid.clone()),
             subtask: entry.subtask,
             size: h.size(),
-            records: h.sections.iter().map(|s| s.records).sum(),
+            records: saturating_sum(h.sections.iter().map(|s| s.records)),
             stream: self.stream_report(&h.stream),
             sections: h
                 .sections

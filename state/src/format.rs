@@ -51,7 +51,8 @@
 //!   incompressible values) or its blocks exceed [`MAX_COMPRESSED_BLOCKS_LEN`]; a reader tells
 //!   the two forms apart by bit 15.
 //! - A reader refuses a `blocks_len` larger than [`MAX_COMPRESSED_BLOCKS_LEN`] or than the codec
-//!   can expand the stored bytes to, before allocating anything, and any failure of the codec or
+//!   can expand the stored bytes to, or (zstd) other than the content size the frame records,
+//!   before allocating anything, and any failure of the codec or
 //!   mismatch of the decompressed length is a [`CoreError::Corrupt`] naming the key group.
 //! - Entries are sorted by their encoded key, so equal state gives byte-identical snapshots
 //!   (with the same codec: LZ4 and zstd are deterministic for one build of the codec).
@@ -1154,8 +1155,28 @@ fn decompress(
             out.truncate(n);
             out
         }
-        Compression::Zstd => zstd::bulk::decompress(payload, len)
-            .map_err(|e| corrupt(format!("zstd cannot decompress the blocks: {e}")))?,
+        Compression::Zstd => {
+            // The frame records its content size (Weir's writer always has it written): a
+            // header that does not parse, or a size other than the claim, is refused before
+            // the claimed bytes are allocated.
+            match zstd::zstd_safe::get_frame_content_size(payload) {
+                Ok(Some(size)) if size != len as u64 => {
+                    return Err(corrupt(format!(
+                        "the zstd frame holds {size} bytes, the section claims {len}; \
+                         refusing to allocate"
+                    )));
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    return Err(corrupt(
+                        "zstd cannot decompress the blocks: the frame header does not parse"
+                            .to_string(),
+                    ));
+                }
+            }
+            zstd::bulk::decompress(payload, len)
+                .map_err(|e| corrupt(format!("zstd cannot decompress the blocks: {e}")))?
+        }
     };
     if out.len() != len {
         return Err(corrupt(format!(
@@ -2075,6 +2096,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_zstd_claim_its_frame_contradicts_is_refused_before_allocating() {
+        // Found by `weir-fuzz` (keyed target): a forged section claiming far more blocks than
+        // its (damaged) zstd frame holds made the reader allocate the claim, up to 32768 times
+        // the stored bytes, before the codec failed. The frame's recorded content size and a
+        // header that parses are now checked first.
+        let mut w = SectionWriter::with_compression(Compression::Zstd);
+        let (stored, _) = similar_section(&mut w, 200);
+        let payload = COMPRESSED_SECTION_HEADER_LEN..stored.len() - 4;
+        let claimed = |s: &[u8]| u32::from_le_bytes(s[7..11].try_into().unwrap());
+        let real = claimed(&stored);
+        let mut bigger = stored.clone();
+        let forged = (payload.len() as u32 * 32 * 1024).min(real * 64);
+        bigger[7..11].copy_from_slice(&forged.to_le_bytes());
+        reseal(&mut bigger);
+        let e = parse_section(5, &bigger).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("holds {real} bytes, the section claims {forged}"))
+                && e.contains("refusing to allocate"),
+            "{e}"
+        );
+        // A frame whose header is damaged is refused without decompressing.
+        let mut garbled = stored.clone();
+        garbled[payload.start..payload.start + 4].copy_from_slice(b"junk");
+        reseal(&mut garbled);
+        let e = parse_section(5, &garbled).unwrap_err().to_string();
+        assert!(e.contains("the frame header does not parse"), "{e}");
+        // The writer's own frames pass the check.
+        assert_eq!(
+            parse_section(5, &stored).unwrap().blocks_len(),
+            real as usize
+        );
     }
 
     proptest::proptest! {

@@ -8,6 +8,8 @@
 //! ([`s3::ensure_s3s_fs`]) and pass its path to the tests as `WEIR_S3FS_BIN`.
 //! - `bench [name]`: release-build the examples and run a named benchmark (default `wordcount`).
 //! - `chaos`: the heavy `#[ignore]`d scenarios, in release mode.
+//! - `chaos fuzz [args]`: every decoder fuzzed (`weir-fuzz`, 10M mutated inputs by default) in
+//!   the `fuzz` profile (release, with overflow checks); args go to `weir-fuzz`.
 //!
 //! Plain `std::process::Command` throughout; no shell scripts.
 
@@ -36,7 +38,11 @@ ci, test and chaos install s3s-fs (the S3 server of the storage tests) once, int
 $WEIR_TOOLS_DIR or ~/.cache/weir/tools, and pass it to the tests as WEIR_S3FS_BIN (set it to
 use your own)
   bench [name]  release benchmarks; names: {benches}
-  chaos         cargo test --workspace --release -- --ignored";
+  chaos         cargo test --workspace --release -- --ignored
+  chaos fuzz [args]
+                every decoder fuzzed: 10M mutated inputs in release (profile `fuzz`, overflow
+                checks on); args go to weir-fuzz: --inputs N, --seconds S, --seed S,
+                --target NAME, --target NAME --replay SEED";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -57,7 +63,11 @@ fn run(args: &[String]) -> Result<()> {
         Some("tidy") => tidy::run(&root),
         Some("test") => tests(&root, rest),
         Some("bench") => bench::run(&root, rest),
-        Some("chaos") => chaos(&root),
+        Some("chaos") => match rest.first().map(String::as_str) {
+            None => chaos(&root),
+            Some("fuzz") => fuzz(&root, rest.get(1..).unwrap_or_default()),
+            Some(other) => bail!("unknown chaos scenario `{other}`\n\n{}", usage()),
+        },
         Some("-h" | "--help" | "help") => {
             println!("{}", usage());
             Ok(())
@@ -184,6 +194,25 @@ fn chaos(root: &Path) -> Result<()> {
     cmd.args(["test", "--workspace", "--release", "--", "--ignored"])
         .env(s3::BIN_VAR, &s3s_fs);
     println!("chaos: running the #[ignore]d heavy scenarios in release mode");
+    run_cmd(cmd)
+}
+
+/// `chaos fuzz`: the `weir-fuzz` runner in the `fuzz` profile, which prints per-target counts
+/// (inputs, decoded, errors, failures, slowest input, peak allocation) and fails on a failure.
+fn fuzz(root: &Path, extra: &[String]) -> Result<()> {
+    let mut cmd = cargo(root);
+    cmd.args([
+        "run",
+        "--profile",
+        "fuzz",
+        "--package",
+        "weir-fuzz",
+        "--bin",
+        "weir-fuzz",
+        "--",
+    ])
+    .args(extra);
+    println!("chaos fuzz: every decoder, on mutated valid encodings (release, overflow checks on)");
     run_cmd(cmd)
 }
 

@@ -17,6 +17,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["weir-core", "weir-state", "weir-checkpoint", "weir-network"],
     ),
     ("weir-examples", &["weir-runtime", "weir-core"]),
+    (
+        "weir-fuzz",
+        &[
+            "weir-core",
+            "weir-state",
+            "weir-checkpoint",
+            "weir-network",
+            "weir-runtime",
+        ],
+    ),
     ("xtask", &[]),
 ];
 
@@ -267,6 +277,9 @@ mod tests {
             edge("weir-runtime", "weir-network", "normal"),
             edge("weir-examples", "weir-runtime", "normal"),
             edge("weir-examples", "weir-core", "normal"),
+            edge("weir-fuzz", "weir-state", "normal"),
+            edge("weir-fuzz", "weir-network", "normal"),
+            edge("weir-fuzz", "weir-runtime", "normal"),
         ];
         assert_eq!(check_edges(&edges), Vec::<String>::new());
     }
@@ -279,14 +292,16 @@ mod tests {
             edge("weir-examples", "weir-state", "build"),
             edge("xtask", "weir-core", "normal"),
             edge("weir-runtime", "weir-core", "normal"),
+            edge("weir-runtime", "weir-fuzz", "dev"),
         ];
         let problems = check_edges(&edges);
-        assert_eq!(problems.len(), 4, "{problems:#?}");
+        assert_eq!(problems.len(), 5, "{problems:#?}");
         assert!(problems[0].contains("`weir-core` -> `weir-state` (dev dependency)"));
         assert!(problems[0].contains("none of the workspace's crates"));
         assert!(problems[1].contains("`weir-state` -> `weir-checkpoint`"));
         assert!(problems[2].contains("`weir-examples` -> `weir-state` (build dependency)"));
         assert!(problems[3].contains("`xtask` -> `weir-core`"));
+        assert!(problems[4].contains("`weir-runtime` -> `weir-fuzz`"));
     }
 
     #[test]

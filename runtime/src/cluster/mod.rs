@@ -31,6 +31,8 @@
 //! learn of the other's death within the timeout, whatever the cause: a killed process, a cut
 //! link, a stuck machine.
 
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod jobmanager;
 pub(crate) mod jobmaster;
 pub mod membership;
