@@ -294,17 +294,11 @@ impl StreamEnvironment {
     }
 
     fn into_spec(self) -> Result<JobSpec, JobError> {
+        // The settings first: a graph error can be a consequence of one (a max parallelism out
+        // of range).
+        self.inner.borrow().config.validate()?;
         let job = self.job_graph()?;
         let i = self.inner.borrow();
-        i.config
-            .checkpoint
-            .validate()
-            .map_err(|e| JobError::Invalid(e.to_string()))?;
-        if i.config.batch_size == 0 || i.config.buffers_per_channel == 0 {
-            return Err(JobError::Invalid(
-                "batch size and buffers per channel must be at least 1".into(),
-            ));
-        }
         Ok(JobSpec {
             config: i.config.clone(),
             job,

@@ -450,10 +450,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
     async move {
         let config = &spec.config;
         let job = &spec.job;
-        config
-            .checkpoint
-            .validate()
-            .map_err(|e| JobError::Invalid(e.to_string()))?;
+        config.validate()?;
         // Without checkpointing nothing is written: do not create the checkpoint directory.
         let storage = if config.checkpoint.is_enabled() {
             build_storage(&config.storage)?

@@ -3,11 +3,14 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use clap::builder::RangedU64ValueParser;
 use std::io::Write;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use weir_examples::{WordCountOptions, build};
 use weir_runtime::cluster::{ClusterRole, HeartbeatConfig, JobManagerOptions, TaskManagerOptions};
+use weir_runtime::config::limits;
 use weir_runtime::{CheckpointingMode, JobClient, JobStatus, StorageConfig};
 
 /// Records cross threads (made by a source, freed by a sink): mimalloc frees them without the
@@ -22,17 +25,20 @@ struct Args {
     /// Records over all source subtasks; 0 runs unbounded until Ctrl-C.
     #[arg(long, default_value_t = 20_000_000)]
     records: u64,
-    /// Parallelism of every operator.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = in_range(limits::MAX_PARALLELISM),
+        help = format!("Parallelism of every operator ({}, and at most the max parallelism)",
+            range_text(limits::MAX_PARALLELISM)))]
     parallelism: u32,
-    /// Max parallelism (key groups).
-    #[arg(long)]
+    #[arg(long, value_parser = in_range(limits::MAX_PARALLELISM),
+        help = format!("Max parallelism: the number of key groups ({}; default: Flink's for the parallelism)",
+            range_text(limits::MAX_PARALLELISM)))]
     max_parallelism: Option<u32>,
     /// Generator seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Checkpoint interval, e.g. 100ms or 1s; absent: checkpoints off.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = positive_duration,
+        help = format!("Checkpoint interval, e.g. 100ms or 1s (above 0, at most {}); absent: checkpoints off",
+            max_duration()))]
     checkpoint_interval: Option<Duration>,
     /// Checkpoint directory, or s3://bucket/prefix for S3 (endpoint, region and credentials from
     /// AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
@@ -51,14 +57,14 @@ struct Args {
     /// Print every update as `subtask> (word,count)`.
     #[arg(long)]
     print: bool,
-    /// Records per batch.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = in_range(limits::BATCH_SIZE),
+        help = format!("Records per batch ({})", range_text(limits::BATCH_SIZE)))]
     batch_size: usize,
-    /// Completed checkpoints to keep.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = in_range(limits::RETAINED_CHECKPOINTS),
+        help = format!("Completed checkpoints to keep ({})", range_text(limits::RETAINED_CHECKPOINTS)))]
     retain: u32,
-    /// Also checkpoint every N records the sources emit.
-    #[arg(long)]
+    /// Also checkpoint every N records the sources emit (N at least 1).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=u64::MAX))]
     checkpoint_every_records: Option<u64>,
     /// Where savepoints go.
     #[arg(long, default_value = "weir-savepoints")]
@@ -76,19 +82,22 @@ struct Args {
     /// Checkpointing mode: exactly-once (aligned barriers) or at-least-once (tracked barriers).
     #[arg(long, value_enum, default_value_t = Mode::ExactlyOnce)]
     mode: Mode,
-    /// Credits per channel (buffers in flight between two subtasks).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = in_range(limits::BUFFERS_PER_CHANNEL),
+        help = format!("Credits per channel: buffers in flight between two subtasks ({})",
+            range_text(limits::BUFFERS_PER_CHANNEL)))]
     buffers_per_channel: usize,
-    /// A pause per record before the sink, e.g. 10us, to create backpressure.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = bounded_duration,
+        help = format!("A busy pause per record before the sink, e.g. 10us, to create backpressure (at most {})",
+            max_duration()))]
     sink_delay: Option<Duration>,
     /// Unaligned checkpoints: barriers overtake in-flight data, which is persisted with the
     /// checkpoint (exactly-once mode only).
     #[arg(long)]
     unaligned: bool,
-    /// Checkpoints start aligned and switch to unaligned in a task still aligning this long
-    /// after the trigger, e.g. 5ms (implies --unaligned; default: start unaligned).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = bounded_duration,
+        help = format!("Checkpoints start aligned and switch to unaligned in a task still aligning this long \
+            after the trigger, e.g. 5ms (at most {}; implies --unaligned; default: start unaligned)",
+            max_duration()))]
     aligned_checkpoint_timeout: Option<Duration>,
     /// Compression of each key group in keyed-state snapshots: none, lz4 or zstd.
     #[arg(long, default_value = "none")]
@@ -108,22 +117,69 @@ struct Args {
     /// Run as a task manager of the job manager at this address.
     #[arg(long)]
     jobmanager: Option<std::net::SocketAddr>,
-    /// With --jobmanager: slots offered (each runs one subtask of every operator).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = in_range(limits::MAX_PARALLELISM),
+        help = format!("With --jobmanager: slots offered, each running one subtask of every operator ({})",
+            range_text(limits::MAX_PARALLELISM)))]
     slots: u32,
     /// With --jobmanager: the address the data transport listens on (default: this host's
     /// address on the route to the job manager).
     #[arg(long)]
     data_bind: Option<std::net::IpAddr>,
-    /// Cluster heartbeats: how often a task manager sends one.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    /// Cluster heartbeats: how often a task manager sends one (above 0, below
+    /// --heartbeat-timeout).
+    #[arg(long, value_parser = positive_duration, default_value = "1s")]
     heartbeat_interval: Duration,
-    /// Cluster heartbeats: how long without one before the other side is lost.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = positive_duration, default_value = "10s",
+        help = format!("Cluster heartbeats: how long without one before the other side is lost (at most {})",
+            max_duration()))]
     heartbeat_timeout: Duration,
-    /// With --role jobmanager: how long a deployment waits for enough task slots.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    #[arg(long, value_parser = positive_duration, default_value = "5m",
+        help = format!("With --role jobmanager: how long a deployment waits for enough task slots (above 0, at most {})",
+            max_duration()))]
     slot_timeout: Duration,
+}
+
+/// A clap parser for an integer flag in `range`: clap's error names the flag and the range.
+fn in_range<T>(range: RangeInclusive<T>) -> RangedU64ValueParser<T>
+where
+    T: Copy + TryInto<u64> + TryFrom<u64> + Clone + Send + Sync + 'static,
+    <T as TryFrom<u64>>::Error: std::error::Error + Send + Sync + 'static,
+{
+    let wide = |v: T| v.try_into().unwrap_or(u64::MAX);
+    RangedU64ValueParser::new().range(wide(*range.start())..=wide(*range.end()))
+}
+
+/// A range as the help texts show it.
+fn range_text<T: std::fmt::Display>(range: RangeInclusive<T>) -> String {
+    format!("{}..={}", range.start(), range.end())
+}
+
+/// The longest duration a flag takes, as humantime writes it.
+fn max_duration() -> humantime::FormattedDuration {
+    humantime::format_duration(limits::MAX_DURATION)
+}
+
+/// A duration flag: humantime syntax (`10ms`, `2s`, `1h`), at most [`limits::MAX_DURATION`].
+fn bounded_duration(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d > limits::MAX_DURATION {
+        return Err(format!(
+            "{text} is longer than {} (the longest accepted)",
+            max_duration()
+        ));
+    }
+    Ok(d)
+}
+
+/// A duration flag that must also be above zero.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match bounded_duration(text)? {
+        d if d.is_zero() => Err(format!(
+            "must be greater than zero (and at most {})",
+            max_duration()
+        )),
+        d => Ok(d),
+    }
 }
 
 /// `--role`.
@@ -176,18 +232,12 @@ fn cluster_role(args: &Args) -> Result<Option<ClusterRole>> {
                 .validate()
                 .map_err(anyhow::Error::msg)
                 .context("--heartbeat-interval / --heartbeat-timeout")?;
-            if args.slot_timeout.is_zero() {
-                bail!("--slot-timeout must be greater than zero");
-            }
             let mut options = JobManagerOptions::new(listen);
             options.heartbeat = heartbeat;
             options.slot_timeout = args.slot_timeout;
             Ok(Some(ClusterRole::JobManager(options)))
         }
         (None, Some(jobmanager)) => {
-            if args.slots == 0 {
-                bail!("--slots must be at least 1");
-            }
             if args.listen.is_some() {
                 bail!("--listen is for --role jobmanager; a task manager takes --data-bind");
             }
@@ -220,21 +270,6 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    if args.checkpoint_interval == Some(Duration::ZERO) {
-        bail!("--checkpoint-interval must be greater than zero");
-    }
-    if args.batch_size == 0 {
-        bail!("--batch-size must be at least 1");
-    }
-    if args.buffers_per_channel == 0 {
-        bail!("--buffers-per-channel must be at least 1");
-    }
-    if args.retain == 0 {
-        bail!("--retain must be at least 1");
-    }
-    if args.checkpoint_every_records == Some(0) {
-        bail!("--checkpoint-every-records must be at least 1");
-    }
     let storage = checkpoint_storage(&args.checkpoint_dir)?;
     let cluster = cluster_role(&args)?;
     let opts = WordCountOptions {
