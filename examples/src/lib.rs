@@ -8,7 +8,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use weir_runtime::operator::{Cancellation, Chained, OneInputOperator, OpResult, Output};
 use weir_runtime::source::RandomIntGenerator;
 use weir_runtime::{CheckpointingMode, LatestHandle, RestartStrategy, StreamEnvironment};
 
@@ -137,6 +138,28 @@ impl FailureInjector {
     }
 }
 
+/// A pause per record (`--sink-delay`), busy: a sleep this short would take the scheduler's
+/// granularity instead. It watches the task's cancellation signal while it waits, so a
+/// cancelled job stops within one record however long the pause.
+pub struct SinkDelay {
+    delay: Duration,
+    cancellation: Cancellation,
+}
+
+impl<T: Send + 'static> OneInputOperator<T> for SinkDelay {
+    type Out = T;
+
+    fn process(&mut self, record: T, out: &mut dyn Output<T>) -> OpResult {
+        // Past the clock's range (a delay only the API can give) it waits for cancellation.
+        let until = Instant::now().checked_add(self.delay);
+        while until.is_none_or(|u| Instant::now() < u) {
+            self.cancellation.check()?;
+            std::hint::spin_loop();
+        }
+        out.push(record)
+    }
+}
+
 /// The tokenizer of the notes: one `(word, 1)` per word.
 pub fn tokenize(line: String) -> Option<(String, i64)> {
     Some((line, 1))
@@ -203,13 +226,12 @@ pub fn build(
         .uid("sum");
     let counts = match opts.sink_delay {
         Some(delay) if !delay.is_zero() => counts
-            .map(move |t: (String, i64)| {
-                // Busy-wait: a sleep this short would take the scheduler's granularity instead.
-                let until = std::time::Instant::now() + delay;
-                while std::time::Instant::now() < until {
-                    std::hint::spin_loop();
-                }
-                t
+            .transform::<(String, i64)>("Sink Delay", move |ctx, next| {
+                let delay = SinkDelay {
+                    delay,
+                    cancellation: ctx.info.cancellation.clone(),
+                };
+                Box::new(Chained::new(delay, next))
             })
             .uid("sink-delay"),
         _ => counts,

@@ -241,6 +241,7 @@ fn numeric_flags_out_of_range_are_refused_naming_the_flag_and_the_range() {
         ("--heartbeat-timeout", "100000h", "longer than 1day"),
         ("--slot-timeout", "0s", "greater than zero"),
         ("--slot-timeout", "48h", "longer than 1day"),
+        ("--task-cancellation-timeout", "2days", "longer than 1day"),
     ];
     for (flag, value, range) in cases {
         let run = word_count([

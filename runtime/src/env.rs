@@ -407,7 +407,9 @@ impl<T: Data> DataStream<T> {
     /// Applies `f` to every record.
     pub fn map<U: Data>(self, f: impl Fn(T) -> U + Send + Sync + 'static) -> DataStream<U> {
         let f = Arc::new(f);
-        self.chain("Map", move |_| MapOperator(f.clone()))
+        self.chain("Map", move |ctx| {
+            MapOperator(f.clone(), ctx.info.cancellation.clone())
+        })
     }
 
     /// Turns every record into zero or more.
@@ -416,13 +418,17 @@ impl<T: Data> DataStream<T> {
         f: impl Fn(T) -> I + Send + Sync + 'static,
     ) -> DataStream<U> {
         let f = Arc::new(f);
-        self.chain("FlatMap", move |_| FlatMapOperator(f.clone()))
+        self.chain("FlatMap", move |ctx| {
+            FlatMapOperator(f.clone(), ctx.info.cancellation.clone())
+        })
     }
 
     /// Keeps the records `f` accepts.
     pub fn filter(self, f: impl Fn(&T) -> bool + Send + Sync + 'static) -> DataStream<T> {
         let f = Arc::new(f);
-        self.chain("Filter", move |_| FilterOperator(f.clone()))
+        self.chain("Filter", move |ctx| {
+            FilterOperator(f.clone(), ctx.info.cancellation.clone())
+        })
     }
 
     /// Reads each record's event time with `timestamp` (ms) and emits watermarks that trail the

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use weir_examples::{WordCountOptions, build};
 use weir_runtime::cluster::{ClusterRole, HeartbeatConfig, JobManagerOptions, TaskManagerOptions};
-use weir_runtime::config::limits;
+use weir_runtime::config::{DEFAULT_TASK_CANCELLATION_TIMEOUT, limits};
 use weir_runtime::{CheckpointingMode, JobClient, JobStatus, StorageConfig};
 
 /// Records cross threads (made by a source, freed by a sink): mimalloc frees them without the
@@ -102,6 +102,11 @@ struct Args {
     /// Compression of each key group in keyed-state snapshots: none, lz4 or zstd.
     #[arg(long, default_value = "none")]
     snapshot_compression: weir_runtime::Compression,
+    #[arg(long, value_parser = bounded_duration,
+        help = format!("On Ctrl-C, how long to wait for tasks to stop before abandoning those stuck in an \
+            operator (at most {}; 0: do not wait) [default: {}]", max_duration(),
+            humantime::format_duration(DEFAULT_TASK_CANCELLATION_TIMEOUT)))]
+    task_cancellation_timeout: Option<Duration>,
     /// Incremental checkpoints: each checkpoint writes only the keyed state that changed since
     /// the latest completed one (savepoints stay full).
     #[arg(long)]
@@ -301,6 +306,9 @@ async fn main() -> Result<()> {
     };
     let (env, totals, _injector) = build(&opts);
     env.set_checkpoint_storage(storage);
+    if let Some(timeout) = args.task_cancellation_timeout {
+        env.config_mut().task_cancellation_timeout = timeout;
+    }
     let is_task_manager = matches!(cluster, Some(ClusterRole::TaskManager(_)));
     env.config_mut().cluster = cluster;
     let client = JobClient::default();
