@@ -5,7 +5,9 @@
 //! tokenizer `("7", 1)` → key by word → running sum → sink. The sink keeps the latest total per
 //! word (exactly once, through checkpoints) and, with `print`, prints every update as Flink does.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -258,4 +260,47 @@ pub fn expected_totals(records: u64, seed: u64) -> std::collections::BTreeMap<St
         .filter(|d| counts[*d] > 0)
         .map(|d| (d.to_string(), counts[d]))
         .collect()
+}
+
+/// Writes `key,total` lines sorted by key to `path` atomically: into a temporary file in the
+/// same directory, synced, then renamed over `path`. A reader sees the old file or the whole
+/// new one, and a failure leaves `path` as it was (and no temporary file).
+pub fn write_totals(path: &Path, totals: &BTreeMap<String, i64>) -> std::io::Result<()> {
+    let mut text = String::new();
+    for (k, v) in totals {
+        text.push_str(&format!("{k},{v}\n"));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} does not name a file", path.display()),
+        )
+    })?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    // The rename itself survives a crash once the directory is synced (where that is possible).
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
 }

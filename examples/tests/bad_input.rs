@@ -44,8 +44,10 @@ where
 fn assert_clear_error(run: &Run, needles: &[&str]) {
     assert!(!run.success, "expected a failure; stdout:\n{}", run.stdout);
     assert_ne!(run.code, Some(0));
-    // A panic exits with 101; a clean error with 1 (clap's usage errors with 2).
+    // A panic exits with 101 and an allocation abort with 134; a failed job with 1 and bad
+    // flags with 2.
     assert_ne!(run.code, Some(101), "stderr:\n{}", run.stderr);
+    assert_ne!(run.code, Some(134), "stderr:\n{}", run.stderr);
     assert!(
         !run.stderr.contains("panicked"),
         "a panic instead of an error:\n{}",
