@@ -14,6 +14,13 @@ pub enum CheckpointingMode {
     AtLeastOnce,
 }
 
+/// The longest any duration setting may be (a day): deadlines computed from a setting (a trigger
+/// time, a timeout, a restart delay) stay far from overflowing.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// The most completed checkpoints a job may retain ([`CheckpointConfig::num_retained`]).
+pub const MAX_RETAINED_CHECKPOINTS: u32 = 10_000;
+
 /// Checkpointing options of a job. `interval: None` means checkpointing is off, Flink's default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointConfig {
@@ -96,8 +103,25 @@ impl CheckpointConfig {
         if self.every_records == Some(0) {
             return bad("checkpoint every N records needs N greater than zero");
         }
-        if self.num_retained == 0 {
-            return bad("the number of retained checkpoints must be at least 1");
+        if self.num_retained == 0 || self.num_retained > MAX_RETAINED_CHECKPOINTS {
+            return Err(CoreError::InvalidGraph(format!(
+                "the number of retained checkpoints ({}) must be between 1 and {MAX_RETAINED_CHECKPOINTS}",
+                self.num_retained
+            )));
+        }
+        let durations = [
+            ("checkpoint interval", self.interval.unwrap_or_default()),
+            ("checkpoint timeout", self.timeout),
+            ("min pause between checkpoints", self.min_pause),
+            (
+                "aligned checkpoint timeout",
+                self.aligned_checkpoint_timeout,
+            ),
+        ];
+        if let Some((what, d)) = durations.into_iter().find(|(_, d)| *d > MAX_DURATION) {
+            return Err(CoreError::InvalidGraph(format!(
+                "the {what} ({d:?}) must be at most {MAX_DURATION:?} (a day)"
+            )));
         }
         if self.unaligned && self.mode == CheckpointingMode::AtLeastOnce {
             return bad(
@@ -137,6 +161,49 @@ impl CheckpointConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn out_of_range_values_are_named() {
+        let e = |c: CheckpointConfig| c.validate().unwrap_err().to_string();
+        for retained in [0, MAX_RETAINED_CHECKPOINTS + 1, u32::MAX] {
+            let msg = e(CheckpointConfig {
+                num_retained: retained,
+                ..CheckpointConfig::default()
+            });
+            assert!(
+                msg.contains(&format!("retained checkpoints ({retained})"))
+                    && msg.contains("between 1 and 10000"),
+                "{msg}"
+            );
+        }
+        let huge = Duration::MAX;
+        let msg = e(CheckpointConfig {
+            interval: Some(huge),
+            ..CheckpointConfig::default()
+        });
+        assert!(
+            msg.contains("checkpoint interval") && msg.contains("86400s"),
+            "{msg}"
+        );
+        let msg = e(CheckpointConfig {
+            timeout: MAX_DURATION + Duration::from_nanos(1),
+            ..CheckpointConfig::default()
+        });
+        assert!(msg.contains("checkpoint timeout"), "{msg}");
+        let msg = e(CheckpointConfig {
+            min_pause: huge,
+            ..CheckpointConfig::default()
+        });
+        assert!(msg.contains("min pause"), "{msg}");
+        let at_the_bounds = CheckpointConfig {
+            interval: Some(MAX_DURATION),
+            timeout: MAX_DURATION,
+            min_pause: MAX_DURATION,
+            num_retained: MAX_RETAINED_CHECKPOINTS,
+            ..CheckpointConfig::default()
+        };
+        assert_eq!(at_the_bounds.validate(), Ok(()));
+    }
 
     #[test]
     fn unaligned_conflicts_are_named() {

@@ -5,10 +5,13 @@
 //! tokenizer `("7", 1)` → key by word → running sum → sink. The sink keeps the latest total per
 //! word (exactly once, through checkpoints) and, with `print`, prints every update as Flink does.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use weir_runtime::operator::{Cancellation, Chained, OneInputOperator, OpResult, Output};
 use weir_runtime::source::RandomIntGenerator;
 use weir_runtime::{CheckpointingMode, LatestHandle, RestartStrategy, StreamEnvironment};
 
@@ -140,6 +143,28 @@ impl FailureInjector {
     }
 }
 
+/// A pause per record (`--sink-delay`), busy: a sleep this short would take the scheduler's
+/// granularity instead. It watches the task's cancellation signal while it waits, so a
+/// cancelled job stops within one record however long the pause.
+pub struct SinkDelay {
+    delay: Duration,
+    cancellation: Cancellation,
+}
+
+impl<T: Send + 'static> OneInputOperator<T> for SinkDelay {
+    type Out = T;
+
+    fn process(&mut self, record: T, out: &mut dyn Output<T>) -> OpResult {
+        // Past the clock's range (a delay only the API can give) it waits for cancellation.
+        let until = Instant::now().checked_add(self.delay);
+        while until.is_none_or(|u| Instant::now() < u) {
+            self.cancellation.check()?;
+            std::hint::spin_loop();
+        }
+        out.push(record)
+    }
+}
+
 /// The tokenizer of the notes: one `(word, 1)` per word.
 pub fn tokenize(line: String) -> Option<(String, i64)> {
     Some((line, 1))
@@ -217,13 +242,12 @@ pub fn build(
         .uid("sum");
     let counts = match opts.sink_delay {
         Some(delay) if !delay.is_zero() => counts
-            .map(move |t: (String, i64)| {
-                // Busy-wait: a sleep this short would take the scheduler's granularity instead.
-                let until = std::time::Instant::now() + delay;
-                while std::time::Instant::now() < until {
-                    std::hint::spin_loop();
-                }
-                t
+            .transform::<(String, i64)>("Sink Delay", move |ctx, next| {
+                let delay = SinkDelay {
+                    delay,
+                    cancellation: ctx.info.cancellation.clone(),
+                };
+                Box::new(Chained::new(delay, next))
             })
             .uid("sink-delay"),
         _ => counts,
@@ -250,4 +274,47 @@ pub fn expected_totals(records: u64, seed: u64) -> std::collections::BTreeMap<St
         .filter(|d| counts[*d] > 0)
         .map(|d| (d.to_string(), counts[d]))
         .collect()
+}
+
+/// Writes `key,total` lines sorted by key to `path` atomically: into a temporary file in the
+/// same directory, synced, then renamed over `path`. A reader sees the old file or the whole
+/// new one, and a failure leaves `path` as it was (and no temporary file).
+pub fn write_totals(path: &Path, totals: &BTreeMap<String, i64>) -> std::io::Result<()> {
+    let mut text = String::new();
+    for (k, v) in totals {
+        text.push_str(&format!("{k},{v}\n"));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} does not name a file", path.display()),
+        )
+    })?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    // The rename itself survives a crash once the directory is synced (where that is possible).
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
 }

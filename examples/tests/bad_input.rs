@@ -44,8 +44,10 @@ where
 fn assert_clear_error(run: &Run, needles: &[&str]) {
     assert!(!run.success, "expected a failure; stdout:\n{}", run.stdout);
     assert_ne!(run.code, Some(0));
-    // A panic exits with 101; a clean error with 1 (clap's usage errors with 2).
+    // A panic exits with 101 and an allocation abort with 134; a failed job with 1 and bad
+    // flags with 2.
     assert_ne!(run.code, Some(101), "stderr:\n{}", run.stderr);
+    assert_ne!(run.code, Some(134), "stderr:\n{}", run.stderr);
     assert!(
         !run.stderr.contains("panicked"),
         "a panic instead of an error:\n{}",
@@ -205,18 +207,192 @@ fn zero_checkpoint_interval_is_rejected() {
     assert_clear_error(&run, &["--checkpoint-interval", "greater than zero"]);
 }
 
+/// Every numeric flag refuses a value outside its range (too big, or zero where zero means
+/// nothing) with a usage error (exit code 2) that names the flag and the range: never a panic
+/// (101) or an allocation abort (134). `--help` shows the same ranges.
 #[test]
-fn zero_parallelism_is_rejected() {
+fn numeric_flags_out_of_range_are_refused_naming_the_flag_and_the_range() {
     let tmp = tempfile::tempdir().unwrap();
+    const U64_MAX: &str = "18446744073709551615";
+    const U32_MAX: &str = "4294967295";
+    let cases: &[(&str, &str, &str)] = &[
+        ("--batch-size", U64_MAX, "is not in 1..=1048576"),
+        ("--batch-size", "4294967296", "is not in 1..=1048576"),
+        ("--batch-size", "1048577", "is not in 1..=1048576"),
+        ("--batch-size", "0", "is not in 1..=1048576"),
+        ("--buffers-per-channel", U64_MAX, "is not in 1..=65536"),
+        ("--buffers-per-channel", "0", "is not in 1..=65536"),
+        ("--parallelism", U32_MAX, "is not in 1..=32768"),
+        ("--parallelism", "0", "is not in 1..=32768"),
+        ("--max-parallelism", "32769", "is not in 1..=32768"),
+        ("--max-parallelism", "0", "is not in 1..=32768"),
+        ("--retain", U32_MAX, "is not in 1..=10000"),
+        ("--retain", "0", "is not in 1..=10000"),
+        ("--slots", U32_MAX, "is not in 1..=32768"),
+        ("--slots", "0", "is not in 1..=32768"),
+        ("--checkpoint-every-records", "0", "0 is not in 1..="),
+        ("--checkpoint-interval", "0s", "greater than zero"),
+        (
+            "--checkpoint-interval",
+            "500000000000years",
+            "longer than 1day",
+        ),
+        ("--sink-delay", "25h", "longer than 1day"),
+        ("--aligned-checkpoint-timeout", "2days", "longer than 1day"),
+        ("--heartbeat-interval", "0s", "greater than zero"),
+        ("--heartbeat-timeout", "100000h", "longer than 1day"),
+        ("--slot-timeout", "0s", "greater than zero"),
+        ("--slot-timeout", "48h", "longer than 1day"),
+        ("--task-cancellation-timeout", "2days", "longer than 1day"),
+    ];
+    for (flag, value, range) in cases {
+        let run = word_count([
+            "--records",
+            "1000",
+            flag,
+            value,
+            "--checkpoint-dir",
+            &path_arg(tmp.path()),
+        ]);
+        assert_eq!(run.code, Some(2), "{flag} {value}: stderr:\n{}", run.stderr);
+        assert_clear_error(&run, &[&format!("'{value}' for '{flag} "), range]);
+    }
+    let help = word_count(["--help"]);
+    assert!(help.success, "{}", help.stderr);
+    for shown in [
+        "Records per batch (1..=1048576)",
+        "between two subtasks (1..=65536)",
+        "Parallelism of every operator (1..=32768",
+        "key groups (1..=32768",
+        "Completed checkpoints to keep (1..=10000)",
+        "slots offered, each running one subtask of every operator (1..=32768)",
+        "to create backpressure (at most 1day)",
+        "(above 0, at most 1day); absent: checkpoints off",
+    ] {
+        assert!(
+            help.stdout.contains(shown),
+            "--help does not show {shown:?}:\n{}",
+            help.stdout
+        );
+    }
+}
+
+/// The bounds themselves are accepted, and the job still counts exactly.
+#[test]
+fn numeric_flags_at_their_bounds_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("totals.csv");
     let run = word_count([
         "--records",
-        "1000",
-        "--parallelism",
-        "0",
+        "200000",
+        "--batch-size",
+        "1048576",
+        "--buffers-per-channel",
+        "65536",
+        "--retain",
+        "10000",
+        "--max-parallelism",
+        "32768",
+        "--sink-delay",
+        "0s",
         "--checkpoint-dir",
         &path_arg(tmp.path()),
+        "--output",
+        &path_arg(&out),
     ]);
-    assert_clear_error(&run, &["invalid parallelism 0"]);
+    assert!(run.success, "{}", run.stderr);
+    let totals = parse_totals(&std::fs::read_to_string(&out).unwrap());
+    assert_eq!(totals, expected_totals(200_000, 42));
+}
+
+/// An API user who configures a value outside its range gets an error from `execute()` that
+/// names the setting and the range, not a panic or an allocation abort.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_settings_are_errors_from_execute() {
+    type Tweak = fn(&StreamEnvironment);
+    let cases: &[(Tweak, &[&str])] = &[
+        (
+            |env| env.config_mut().batch_size = usize::MAX,
+            &["batch size 18446744073709551615", "between 1 and 1048576"],
+        ),
+        (
+            |env| env.config_mut().batch_size = 1 << 32,
+            &["batch size 4294967296", "between 1 and 1048576"],
+        ),
+        (
+            |env| env.config_mut().buffers_per_channel = usize::MAX,
+            &["buffers per channel", "between 1 and 65536"],
+        ),
+        (
+            |env| {
+                env.set_max_parallelism(u32::MAX);
+            },
+            &["max parallelism 4294967295", "32768"],
+        ),
+        (
+            |env| env.checkpoint_config().num_retained = u32::MAX,
+            &["retained checkpoints (4294967295)", "between 1 and 10000"],
+        ),
+        (
+            |env| {
+                env.enable_checkpointing(Duration::MAX);
+            },
+            &["checkpoint interval", "at most 86400s"],
+        ),
+        (
+            |env| env.checkpoint_config().timeout = Duration::MAX,
+            &["checkpoint timeout", "at most 86400s"],
+        ),
+        (
+            |env| {
+                env.set_restart_strategy(weir_runtime::RestartStrategy::ExponentialDelay {
+                    initial: Duration::MAX,
+                    max: Duration::MAX,
+                    reset_after: Duration::from_secs(1),
+                    attempts: 3,
+                });
+            },
+            &["initial restart delay", "at most 86400s"],
+        ),
+        (
+            |env| env.config_mut().task_cancellation_timeout = Duration::MAX,
+            &["task cancellation timeout", "at most 86400s"],
+        ),
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, (tweak, needles)) in cases.iter().enumerate() {
+        let opts = WordCountOptions {
+            records: Some(1000),
+            checkpoint_dir: tmp.path().join(i.to_string()),
+            ..WordCountOptions::default()
+        };
+        let (env, _, _) = build(&opts);
+        tweak(&env);
+        let err = env
+            .execute()
+            .await
+            .expect_err("a job configured out of range ran");
+        assert!(matches!(err, JobError::Invalid(_)), "case {i}: {err:?}");
+        let message = err.to_string();
+        for n in *needles {
+            assert!(
+                message.contains(n),
+                "case {i}: {message:?} does not mention {n:?}"
+            );
+        }
+    }
+    // A parallelism above every possible max parallelism is the graph's error.
+    let (env, _, _) = build(&WordCountOptions {
+        records: Some(1000),
+        parallelism: u32::MAX,
+        checkpoint_dir: tmp.path().join("p"),
+        ..WordCountOptions::default()
+    });
+    let message = env.execute().await.unwrap_err().to_string();
+    assert!(
+        message.contains("invalid parallelism 4294967295") && message.contains("32768"),
+        "{message}"
+    );
 }
 
 #[test]

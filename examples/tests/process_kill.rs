@@ -1,7 +1,12 @@
 //! Process-level tests of the `word_count` binary: SIGKILL mid-run then restore from disk gives
-//! exact totals, SIGINT cancels cleanly, and the `summary:` line parses.
+//! exact totals; SIGINT cancels promptly whatever an operator costs per record and exits 130;
+//! `--output` is written whole, and only by a finished run; the `summary:` line parses.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/processes.rs"]
+mod processes;
+
+use processes::{StderrLines, interrupt, wait_output};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -209,23 +214,23 @@ fn sigkill_then_restore(extra: &[&str]) {
 fn sigint_cancels_an_unbounded_run_cleanly() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("checkpoints");
+    let out = tmp.path().join("totals.csv");
     let mut child = word_count()
         .args(["--records", "0", "--parallelism", "2"])
         .args(["--checkpoint-interval", "50ms", "--checkpoint-dir"])
         .arg(&root)
+        .arg("--output")
+        .arg(&out)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     // A complete checkpoint means the job is running, so the Ctrl-C handler is installed.
     wait_for_checkpoints(&mut child, &root, 1);
-    let kill = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    interrupt(&child);
     let (status, stdout, stderr) = wait_with_timeout(child, Duration::from_secs(60));
-    assert!(status.success(), "{status}\nstderr:\n{stderr}");
+    assert_eq!(status.code(), Some(130), "{status}\nstderr:\n{stderr}");
+    assert!(!out.exists(), "a cancelled run wrote {}", out.display());
     assert!(stdout.contains("job cancelled"), "stdout:\n{stdout}");
     assert!(stderr.contains("cancelling (Ctrl-C)"), "stderr:\n{stderr}");
     assert!(!stderr.contains("panicked at"), "stderr:\n{stderr}");
@@ -253,14 +258,136 @@ fn sigint_logs_no_panic() {
             .spawn()
             .unwrap();
         wait_for_checkpoints(&mut child, &root, 1);
-        let kill = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(kill.success());
+        interrupt(&child);
         let (status, _, stderr) = wait_with_timeout(child, Duration::from_secs(60));
-        assert!(status.success(), "{status}");
+        assert_eq!(status.code(), Some(130), "{status}");
         assert!(!stderr.contains("panicked"), "stderr:\n{stderr}");
+    }
+}
+
+/// Files in `dir` whose names start with a dot: what an interrupted atomic write would leave.
+fn temporary_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
+/// Ctrl-C on a running job exits 130 within a bound generous for a loaded machine (the runtime
+/// aims at well under a second), whatever the sink delay costs per record: 10 ms makes one
+/// batch of 1024 records take 10 s, and 1 h never ends a record. A second Ctrl-C right after
+/// the first exits the same way. The `--output` file of an earlier run is left as it was.
+#[test]
+fn ctrl_c_exits_130_promptly_whatever_an_operator_costs_per_record() {
+    const BOUND: Duration = Duration::from_secs(5);
+    for (delay, signals) in [("10ms", 1), ("1h", 1), ("1h", 2)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("totals.csv");
+        std::fs::write(&out, "earlier run\n").unwrap();
+        let mut child = word_count()
+            .args([
+                "--records",
+                "0",
+                "--parallelism",
+                "2",
+                "--sink-delay",
+                delay,
+            ])
+            .arg("--checkpoint-dir")
+            .arg(tmp.path().join("checkpoints"))
+            .arg("--output")
+            .arg(&out)
+            .env("RUST_LOG", "weir_runtime::job=info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = StderrLines::read(child.stderr.take().unwrap());
+        stderr.wait_for("job RUNNING", Duration::from_secs(60));
+        // Records reach the sink delay within milliseconds; give them time to.
+        std::thread::sleep(Duration::from_millis(300));
+        let asked = Instant::now();
+        for _ in 0..signals {
+            interrupt(&child);
+        }
+        let output = wait_output(child, Duration::from_secs(60));
+        let took = asked.elapsed();
+        let stderr = stderr.all(Duration::from_secs(10));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        eprintln!("--sink-delay {delay}, {signals} Ctrl-C: exited in {took:?}");
+        let ctx = format!("--sink-delay {delay}, {signals} Ctrl-C");
+        assert_eq!(
+            output.status.code(),
+            Some(130),
+            "{ctx}: {}\nstderr:\n{stderr}",
+            output.status
+        );
+        assert!(took < BOUND, "{ctx}: exited {took:?} after Ctrl-C");
+        assert!(stderr.contains("cancelling (Ctrl-C)"), "{ctx}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{ctx}: {stderr}");
+        if signals == 1 {
+            assert!(stdout.contains("job cancelled"), "{ctx}: {stdout}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "earlier run\n",
+            "{ctx}"
+        );
+        assert_eq!(temporary_files(tmp.path()), Vec::<String>::new(), "{ctx}");
+    }
+}
+
+/// A finished run replaces an earlier `--output` file with the whole of its totals, leaving no
+/// temporary file.
+#[test]
+fn a_finished_run_replaces_the_output_file_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("totals.csv");
+    std::fs::write(&out, "earlier run\n").unwrap();
+    let records: u64 = 100_000;
+    let run = word_count()
+        .args(["--records", &records.to_string(), "--parallelism", "2"])
+        .arg("--checkpoint-dir")
+        .arg(tmp.path().join("checkpoints"))
+        .arg("--output")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{}\n{stderr}", run.status);
+    let totals = parse_totals(&std::fs::read_to_string(&out).unwrap());
+    assert_eq!(totals, expected_totals(records, 42));
+    assert_eq!(temporary_files(tmp.path()), Vec::<String>::new());
+}
+
+/// A failed run (an injected failure, no checkpoints, so no restart) exits 1, naming the
+/// failure, and writes no `--output`: an earlier file stays as it was, and none is created.
+#[test]
+fn a_failed_run_exits_1_and_writes_no_output() {
+    for earlier in [Some("earlier run\n"), None] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("totals.csv");
+        if let Some(text) = earlier {
+            std::fs::write(&out, text).unwrap();
+        }
+        let run = word_count()
+            .args(["--records", "100000", "--fail-after", "50000"])
+            .arg("--checkpoint-dir")
+            .arg(tmp.path().join("checkpoints"))
+            .arg("--output")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(1), "{}\n{stderr}", run.status);
+        assert!(stderr.contains("injected failure"), "{stderr}");
+        match earlier {
+            Some(text) => assert_eq!(std::fs::read_to_string(&out).unwrap(), text),
+            None => assert!(!out.exists(), "a failed run wrote {}", out.display()),
+        }
+        assert_eq!(temporary_files(tmp.path()), Vec::<String>::new());
     }
 }
 

@@ -219,8 +219,8 @@ fn bad_s3_checkpoint_dirs_are_clear_errors() {
         assert!(!run.success, "{dir}: expected a failure:\n{}", run.stdout);
         assert_eq!(
             run.code,
-            Some(1),
-            "{dir}: a clean error, not a panic:\n{}",
+            Some(2),
+            "{dir}: a usage error (bad flags), not a panic:\n{}",
             run.stderr
         );
         assert!(

@@ -8,7 +8,8 @@
 //!   `CORRUPT` (`_metadata` fails its checks, with the reason) or `UNREADABLE` (storage error).
 //! - `inspect <path> [--json]`: what one checkpoint holds (job, times, versions, every operator
 //!   and subtask with its keyed and operator state, the in-flight data an unaligned checkpoint
-//!   persisted per subtask and channel) and the verification of every file.
+//!   persisted per subtask and channel) and the verification of every file; exit code 1 when a
+//!   check failed, as for `verify`.
 //! - `verify <path>`: the checks of `inspect`, summarized; exit code 0 when everything is
 //!   intact, 1 when something is corrupt, 2 for a usage error.
 //!
@@ -101,8 +102,9 @@ pub enum CheckpointsCommand {
     /// modes), with sizes, files and the verification of each; then the in-flight data of an
     /// unaligned checkpoint, per subtask: its channel-state file and its sections (direction,
     /// channel, records, bytes). Given a root or job directory, inspects the latest complete
-    /// checkpoint there and says so. Exits 0 when the report could be made (even with failed
-    /// checks, which it shows), 1 when _metadata is corrupt or unreadable, 2 for a usage error.
+    /// checkpoint there and says so. Exits 0 when every check passed, 1 when one failed (the
+    /// report still shows everything, with the problems) or _metadata is corrupt or unreadable,
+    /// 2 for a usage error.
     Inspect {
         /// A chk-N directory, or a root or job directory (the latest complete checkpoint);
         /// local, or s3://bucket/prefix[/JOB_ID[/chk-N]].
@@ -154,8 +156,8 @@ impl CliError {
     }
 }
 
-/// Runs a command, writing its output to `out`; returns the exit code (0, or 1 when `verify`
-/// found corruption). Errors carry their own exit code ([`CliError::exit_code`]).
+/// Runs a command, writing its output to `out`; returns the exit code (0, or 1 when `inspect`
+/// or `verify` found corruption). Errors carry their own exit code ([`CliError::exit_code`]).
 pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match &cli.command {
         Command::Checkpoints(CheckpointsCommand::List { root, json }) => {
@@ -174,7 +176,8 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             } else {
                 out.write_all(render_inspect(&report).as_bytes())?;
             }
-            Ok(0)
+            // The report is complete, but a failed check is a problem, as for `verify`.
+            Ok(if report.problems.is_empty() { 0 } else { 1 })
         }
         Command::Checkpoints(CheckpointsCommand::Verify { path }) => {
             let report = verify(path).await?;

@@ -1,9 +1,14 @@
-//! A job's configuration: parallelism, checkpointing, storage, restarts and buffers.
+//! A job's configuration: parallelism, checkpointing, storage, restarts and buffers, and the
+//! ranges its numeric settings must be in.
 
+use crate::error::JobError;
 use crate::restart::RestartStrategy;
 use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use weir_checkpoint::storage::{S3Config, is_s3_url};
 use weir_checkpoint::{CheckpointError, CheckpointStorage};
 use weir_core::config::CheckpointConfig;
@@ -72,6 +77,12 @@ pub struct JobConfig {
     pub batch_size: usize,
     /// Credits per channel.
     pub buffers_per_channel: usize,
+    /// How long the job master waits for its tasks to stop when the job is cancelled (Flink's
+    /// `task.cancellation.timeout`, here without the fatal error): a task still running then
+    /// (stuck in an operator that does not check [`crate::operator::Cancellation`]) is
+    /// abandoned, and the job ends CANCELED all the same. Its thread may go on until the
+    /// operator returns. `0`: do not wait. Default [`DEFAULT_TASK_CANCELLATION_TIMEOUT`].
+    pub task_cancellation_timeout: Duration,
     /// Where savepoints go when a request names no directory.
     pub savepoint_dir: Option<PathBuf>,
     /// Restore even if the checkpoint has state for operators this job no longer has (that
@@ -101,6 +112,51 @@ pub struct JobConfig {
 /// The default [`JobConfig::incremental_max_chain`].
 pub const DEFAULT_INCREMENTAL_MAX_CHAIN: u32 = 10;
 
+/// The default [`JobConfig::task_cancellation_timeout`]: short enough that a cancelled job ends
+/// within a second whatever its operators do.
+pub const DEFAULT_TASK_CANCELLATION_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// The ranges of a job's numeric settings, written once: [`JobConfig::validate`] checks them
+/// when the job starts, and the `word_count` flags take the same.
+pub mod limits {
+    use std::ops::RangeInclusive;
+    use std::time::Duration;
+
+    /// Records per batch ([`JobConfig::batch_size`](super::JobConfig::batch_size)).
+    pub const BATCH_SIZE: RangeInclusive<usize> = 1..=1 << 20;
+    /// Credits per channel
+    /// ([`JobConfig::buffers_per_channel`](super::JobConfig::buffers_per_channel)).
+    pub const BUFFERS_PER_CHANNEL: RangeInclusive<usize> = 1..=1 << 16;
+    /// Max parallelism, the number of key groups (Flink's bounds). A parallelism is at least 1
+    /// and at most the operator's max parallelism.
+    pub const MAX_PARALLELISM: RangeInclusive<u32> =
+        1..=weir_core::keygroup::UPPER_BOUND_MAX_PARALLELISM;
+    /// Completed checkpoints retained
+    /// ([`CheckpointConfig::num_retained`](weir_core::config::CheckpointConfig::num_retained)).
+    pub const RETAINED_CHECKPOINTS: RangeInclusive<u32> =
+        1..=weir_core::config::MAX_RETAINED_CHECKPOINTS;
+    /// The longest any duration setting may be: checkpoint interval, timeout and min pause,
+    /// aligned checkpoint timeout, restart delays, the task cancellation timeout, heartbeats.
+    pub const MAX_DURATION: Duration = weir_core::config::MAX_DURATION;
+}
+
+/// `Ok` when `value` is in `range`, else an error naming the setting and the range.
+fn in_range<T: PartialOrd + Display>(
+    what: &str,
+    value: T,
+    range: RangeInclusive<T>,
+) -> Result<(), JobError> {
+    if range.contains(&value) {
+        Ok(())
+    } else {
+        Err(JobError::Invalid(format!(
+            "{what} {value} is out of range: it must be between {} and {}",
+            range.start(),
+            range.end()
+        )))
+    }
+}
+
 impl Default for JobConfig {
     fn default() -> Self {
         JobConfig {
@@ -114,6 +170,7 @@ impl Default for JobConfig {
             restore_from: None,
             batch_size: 1024,
             buffers_per_channel: 4,
+            task_cancellation_timeout: DEFAULT_TASK_CANCELLATION_TIMEOUT,
             savepoint_dir: None,
             allow_non_restored_state: false,
             source_config: BTreeMap::new(),
@@ -142,6 +199,35 @@ impl StorageConfig {
 }
 
 impl JobConfig {
+    /// Checks every numeric setting against [`limits`] and the checkpoint options' rules,
+    /// naming the first that is wrong. (Each operator's parallelism is checked against its max
+    /// parallelism when the job graph is built.)
+    pub fn validate(&self) -> Result<(), JobError> {
+        in_range("batch size", self.batch_size, limits::BATCH_SIZE)?;
+        in_range(
+            "buffers per channel",
+            self.buffers_per_channel,
+            limits::BUFFERS_PER_CHANNEL,
+        )?;
+        if let Some(m) = self.max_parallelism {
+            in_range("max parallelism", m, limits::MAX_PARALLELISM)?;
+        }
+        self.checkpoint
+            .validate()
+            .map_err(|e| JobError::Invalid(e.to_string()))?;
+        if let Some(r) = &self.restart {
+            r.validate().map_err(JobError::Invalid)?;
+        }
+        if self.task_cancellation_timeout > limits::MAX_DURATION {
+            return Err(JobError::Invalid(format!(
+                "the task cancellation timeout ({:?}) must be at most {:?} (a day)",
+                self.task_cancellation_timeout,
+                limits::MAX_DURATION
+            )));
+        }
+        Ok(())
+    }
+
     /// The restart strategy in force.
     pub fn restart_strategy(&self) -> RestartStrategy {
         match &self.restart {
@@ -155,6 +241,72 @@ impl JobConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn out_of_range_settings_are_named_with_their_range() {
+        let err = |c: JobConfig| c.validate().unwrap_err().to_string();
+        for (config, needles) in [
+            (
+                JobConfig {
+                    batch_size: usize::MAX,
+                    ..JobConfig::default()
+                },
+                vec!["batch size 18446744073709551615", "between 1 and 1048576"],
+            ),
+            (
+                JobConfig {
+                    batch_size: 0,
+                    ..JobConfig::default()
+                },
+                vec!["batch size 0", "between 1 and 1048576"],
+            ),
+            (
+                JobConfig {
+                    buffers_per_channel: 65_537,
+                    ..JobConfig::default()
+                },
+                vec!["buffers per channel 65537", "between 1 and 65536"],
+            ),
+            (
+                JobConfig {
+                    max_parallelism: Some(u32::MAX),
+                    ..JobConfig::default()
+                },
+                vec!["max parallelism 4294967295", "between 1 and 32768"],
+            ),
+            (
+                JobConfig {
+                    restart: Some(RestartStrategy::FixedDelay {
+                        attempts: 1,
+                        delay: Duration::MAX,
+                    }),
+                    ..JobConfig::default()
+                },
+                vec!["restart delay", "86400s"],
+            ),
+            (
+                JobConfig {
+                    task_cancellation_timeout: Duration::MAX,
+                    ..JobConfig::default()
+                },
+                vec!["task cancellation timeout", "86400s"],
+            ),
+        ] {
+            let msg = err(config);
+            for n in needles {
+                assert!(msg.contains(n), "{msg:?} does not mention {n:?}");
+            }
+        }
+        let mut at_the_bounds = JobConfig {
+            batch_size: *limits::BATCH_SIZE.end(),
+            buffers_per_channel: *limits::BUFFERS_PER_CHANNEL.end(),
+            max_parallelism: Some(*limits::MAX_PARALLELISM.end()),
+            task_cancellation_timeout: limits::MAX_DURATION,
+            ..JobConfig::default()
+        };
+        at_the_bounds.checkpoint.num_retained = *limits::RETAINED_CHECKPOINTS.end();
+        assert!(at_the_bounds.validate().is_ok());
+    }
 
     #[test]
     fn a_location_is_a_directory_unless_it_is_an_s3_url() {

@@ -35,11 +35,14 @@ pub(crate) struct BuildContext<'a> {
     pub snapshot_compression: weir_state::Compression,
     /// Incremental keyed snapshots: the chain limit, or `None` for full snapshots.
     pub incremental: Option<u32>,
+    /// The generation's cancellation signal, shared by its operators.
+    pub cancellation: crate::operator::Cancellation,
 }
 
 impl BuildContext<'_> {
     pub fn info(&self, node: &StreamNode) -> SubtaskInfo {
         SubtaskInfo {
+            cancellation: self.cancellation.clone(),
             processing_time: self.processing_time.clone(),
             snapshot_compression: self.snapshot_compression,
             incremental: self.incremental,

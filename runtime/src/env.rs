@@ -312,17 +312,11 @@ impl StreamEnvironment {
     }
 
     fn into_spec(self) -> Result<JobSpec, JobError> {
+        // The settings first: a graph error can be a consequence of one (a max parallelism out
+        // of range).
+        self.inner.borrow().config.validate()?;
         let job = self.job_graph()?;
         let i = self.inner.borrow();
-        i.config
-            .checkpoint
-            .validate()
-            .map_err(|e| JobError::Invalid(e.to_string()))?;
-        if i.config.batch_size == 0 || i.config.buffers_per_channel == 0 {
-            return Err(JobError::Invalid(
-                "batch size and buffers per channel must be at least 1".into(),
-            ));
-        }
         Ok(JobSpec {
             config: i.config.clone(),
             job,
@@ -431,7 +425,9 @@ impl<T: Data> DataStream<T> {
     /// Applies `f` to every record.
     pub fn map<U: Data>(self, f: impl Fn(T) -> U + Send + Sync + 'static) -> DataStream<U> {
         let f = Arc::new(f);
-        self.chain("Map", move |_| MapOperator(f.clone()))
+        self.chain("Map", move |ctx| {
+            MapOperator(f.clone(), ctx.info.cancellation.clone())
+        })
     }
 
     /// Turns every record into zero or more.
@@ -440,13 +436,17 @@ impl<T: Data> DataStream<T> {
         f: impl Fn(T) -> I + Send + Sync + 'static,
     ) -> DataStream<U> {
         let f = Arc::new(f);
-        self.chain("FlatMap", move |_| FlatMapOperator(f.clone()))
+        self.chain("FlatMap", move |ctx| {
+            FlatMapOperator(f.clone(), ctx.info.cancellation.clone())
+        })
     }
 
     /// Keeps the records `f` accepts.
     pub fn filter(self, f: impl Fn(&T) -> bool + Send + Sync + 'static) -> DataStream<T> {
         let f = Arc::new(f);
-        self.chain("Filter", move |_| FilterOperator(f.clone()))
+        self.chain("Filter", move |ctx| {
+            FilterOperator(f.clone(), ctx.info.cancellation.clone())
+        })
     }
 
     /// Reads each record's event time with `timestamp` (ms) and emits watermarks that trail the

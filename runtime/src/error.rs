@@ -44,6 +44,10 @@ pub enum TaskError {
     /// The job master went away.
     #[error("lost the job master")]
     MasterGone,
+    /// The subtask was cancelled ([`crate::operator::Cancellation`]): the job is being cancelled
+    /// or an attempt torn down. Not a failure: it is never reported.
+    #[error("the task was cancelled")]
+    Canceled,
     /// A subtask on a task manager failed: its error as that process reported it.
     #[error("{message}")]
     Remote {

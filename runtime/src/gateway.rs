@@ -6,7 +6,7 @@ use crate::cluster::jobmaster::RemoteGateway;
 use crate::deploy::{BuildContext, build_task};
 use crate::error::{JobError, TaskError};
 use crate::job::JobSpec;
-use crate::operator::{ProcessingTimeService, RestoreContext};
+use crate::operator::{Cancellation, ProcessingTimeService, RestoreContext};
 use crate::task::{
     JobMetrics, Targets, TaskEnv, TaskEvent, TaskMessage, TaskReport, panic_message, run_task,
 };
@@ -27,8 +27,47 @@ use weir_core::config::CheckpointingMode;
 use weir_core::ids::{CheckpointId, JobId};
 use weir_network::Transport;
 
-/// How long a stop waits for aborted tasks to end.
+/// How long a stop waits for aborted tasks to end, but for a cancelled job (which waits
+/// [`crate::JobConfig::task_cancellation_timeout`]).
 pub(crate) const TEARDOWN_WAIT: Duration = Duration::from_secs(10);
+
+/// The runtime subtasks run on, apart from the one their job master (or task manager session)
+/// runs on: a subtask that does not yield (an operator stuck in one record) delays neither the
+/// master nor a heartbeat, so the master can give up on it. Dropping it shuts it down without
+/// waiting: the thread of an abandoned subtask runs on until its operator returns.
+pub(crate) struct TaskRuntime {
+    runtime: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+}
+
+impl TaskRuntime {
+    /// A multi-threaded runtime with a worker per core, its threads named `weir-task`.
+    pub fn new() -> Result<TaskRuntime, JobError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .thread_name("weir-task")
+            .enable_all()
+            .build()
+            .map_err(|e| JobError::Invalid(format!("cannot start the task runtime: {e}")))?;
+        Ok(TaskRuntime {
+            handle: runtime.handle().clone(),
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Its handle, to spawn on.
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+}
+
+impl Drop for TaskRuntime {
+    fn drop(&mut self) {
+        // A runtime cannot be dropped in async code; this does not wait for its threads.
+        if let Some(r) = self.runtime.take() {
+            r.shutdown_background();
+        }
+    }
+}
 
 /// The settings every subtask of a job runs with, whichever process it is in.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,8 +105,11 @@ pub(crate) struct ProcessTasks<'a> {
 /// One generation's subtasks running in this process.
 pub(crate) struct Running {
     mailboxes: HashMap<TaskKey, mpsc::Sender<TaskMessage>>,
-    handles: Vec<JoinHandle<()>>,
+    /// Each subtask's name and handle.
+    handles: Vec<(String, JoinHandle<()>)>,
     uploads: Arc<AtomicUsize>,
+    /// The generation's cancellation signal, raised when it is stopped other than finished.
+    cancellation: Cancellation,
 }
 
 impl ProcessTasks<'_> {
@@ -80,6 +122,7 @@ impl ProcessTasks<'_> {
     ) -> Result<Running, JobError> {
         let job = &self.spec.job;
         let uploads = Arc::new(AtomicUsize::new(0));
+        let cancellation = Cancellation::default();
         let mut mailboxes = HashMap::new();
         let mut handles = Vec::new();
         for TaskDeployment {
@@ -108,6 +151,7 @@ impl ProcessTasks<'_> {
                 processing_time: processing_time.clone(),
                 snapshot_compression: self.settings.snapshot_compression,
                 incremental: self.settings.incremental,
+                cancellation: cancellation.clone(),
             };
             let input = build_task(&ctx, &self.spec.factories)
                 .map_err(|e| JobError::Invalid(e.to_string()))?;
@@ -136,9 +180,11 @@ impl ProcessTasks<'_> {
                 chains: Default::default(),
                 uploads: uploads.clone(),
                 chain_epoch: self.chain_epoch.clone(),
+                cancellation: cancellation.clone(),
             };
             let reports = reports.clone();
-            handles.push(self.runtime.spawn(async move {
+            let task_name = name.clone();
+            let handle = self.runtime.spawn(async move {
                 // Panics in user code are caught at each call into the chain (see
                 // `task::guarded`); this catches any other panic in the task.
                 let run = AssertUnwindSafe(run_task(input, env, restore)).catch_unwind();
@@ -153,12 +199,14 @@ impl ProcessTasks<'_> {
                         }),
                     });
                 }
-            }));
+            });
+            handles.push((task_name, handle));
         }
         Ok(Running {
             mailboxes,
             handles,
             uploads,
+            cancellation,
         })
     }
 }
@@ -172,9 +220,12 @@ impl Running {
     }
 
     /// Stops every subtask: after a finished job, each commits what it held for the end and
-    /// exits; otherwise each is aborted at its next await. Returns once all have stopped (or
-    /// after [`TEARDOWN_WAIT`]), so nothing of this generation runs on.
-    pub async fn stop(&mut self, finished: bool) {
+    /// exits; otherwise the generation's cancellation signal is raised (operators see it between
+    /// records) and each subtask is aborted at its next await. Returns once all have stopped, so
+    /// nothing of this generation runs on, or after `wait`: a subtask still running then is
+    /// abandoned, like Flink's task cancellation watchdog gives up on a task (the runtime
+    /// drops it at its next await; its thread is busy until its operator returns).
+    pub async fn stop(&mut self, finished: bool, wait: Duration) {
         if finished {
             for m in self.mailboxes.values() {
                 if m.try_send(TaskMessage::JobFinished).is_err() {
@@ -182,16 +233,25 @@ impl Running {
                 }
             }
         } else {
-            for h in &self.handles {
+            self.cancellation.cancel();
+            for (_, h) in &self.handles {
                 h.abort();
             }
         }
-        let handles = std::mem::take(&mut self.handles);
-        if tokio::time::timeout(TEARDOWN_WAIT, futures::future::join_all(handles))
-            .await
-            .is_err()
-        {
-            warn!("some tasks did not stop within {TEARDOWN_WAIT:?}");
+        let give_up = tokio::time::Instant::now() + wait;
+        let mut abandoned = Vec::new();
+        for (name, mut handle) in std::mem::take(&mut self.handles) {
+            // A handle that is done counts even past the deadline: it is polled first.
+            if tokio::time::timeout_at(give_up, &mut handle).await.is_err() {
+                abandoned.push(name);
+            }
+        }
+        if !abandoned.is_empty() {
+            warn!(
+                tasks = ?abandoned,
+                ?wait,
+                "tasks did not stop in time and were abandoned; their threads run on until their operators return"
+            );
         }
     }
 
@@ -262,13 +322,14 @@ impl Gateway {
         }
     }
 
-    /// Stops the current generation's subtasks (see [`Running::stop`]); on task managers, also
-    /// waits for their uploads, whose late acknowledgements arrive as reports first.
-    pub async fn stop(&mut self, finished: bool) {
+    /// Stops the current generation's subtasks, waiting at most `wait` for those in this
+    /// process (see [`Running::stop`]); on task managers, also waits for their uploads, whose
+    /// late acknowledgements arrive as reports first.
+    pub async fn stop(&mut self, finished: bool, wait: Duration) {
         match self {
             Gateway::Local(running) => {
                 if let Some(r) = running.as_mut() {
-                    r.stop(finished).await;
+                    r.stop(finished, wait).await;
                 }
             }
             Gateway::Remote(remote) => remote.stop(finished).await,

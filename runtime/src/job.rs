@@ -8,7 +8,9 @@ use crate::cluster::taskexecutor::graph_fingerprint;
 use crate::config::{JobConfig, StorageConfig};
 use crate::deploy::{EnumeratorFactory, NodeFactory};
 use crate::error::JobError;
-use crate::gateway::{Gateway, ProcessTasks, TaskDeployment, TaskSettings};
+use crate::gateway::{
+    Gateway, ProcessTasks, TEARDOWN_WAIT, TaskDeployment, TaskRuntime, TaskSettings,
+};
 use crate::restart::RestartTracker;
 use crate::restore::{RestoreChecks, candidates_at, load_first_good, one_jobs_candidates};
 use crate::source::{SplitAssignment, SplitEnumerator};
@@ -457,10 +459,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         let config = &spec.config;
         let job = &spec.job;
         let fingerprint = JobFingerprint::of(&job.stream_graph, &config.source_config);
-        config
-            .checkpoint
-            .validate()
-            .map_err(|e| JobError::Invalid(e.to_string()))?;
+        config.validate()?;
         // Without checkpointing nothing is written: do not create the checkpoint directory.
         let storage = if config.checkpoint.is_enabled() {
             build_storage(&config.storage)?
@@ -509,6 +508,12 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                 Gateway::Remote(Box::new(remote))
             }
             _ => Gateway::Local(None),
+        };
+        // Subtasks in this process run on their own runtime, so that a stuck one cannot keep
+        // the master from giving up on it when the job is cancelled.
+        let task_runtime = match &gateway {
+            Gateway::Local(_) => Some(TaskRuntime::new()?),
+            Gateway::Remote(_) => None,
         };
         // The job runs in here, so that task managers hear of its end however it ends.
         let result: Result<JobResult, JobError> = async {
@@ -657,7 +662,10 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         metrics: metrics.clone(),
                         targets: targets.clone(),
                         chain_epoch: chain_epoch.clone(),
-                        runtime: tokio::runtime::Handle::current(),
+                        runtime: match &task_runtime {
+                            Some(r) => r.handle().clone(),
+                            None => tokio::runtime::Handle::current(),
+                        },
                     };
                     *running = Some(tasks.spawn(generation, deployments, &report_tx)?);
                 }
@@ -1020,8 +1028,13 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             // After a finished job, every task commits what it held back (now, and only now);
             // otherwise each is aborted. An abort takes effect at a task's next await: wait until
             // every task has stopped, so nothing of this generation runs on (or counts) once the
-            // next one starts or the result is read.
-            gateway.stop(matches!(outcome, Outcome::Finished)).await;
+            // next one starts or the result is read. A cancelled job waits for its tasks only
+            // for the cancellation timeout; what is still running then is abandoned.
+            let wait = match outcome {
+                Outcome::Canceled => config.task_cancellation_timeout,
+                Outcome::Finished | Outcome::Failed(_) => TEARDOWN_WAIT,
+            };
+            gateway.stop(matches!(outcome, Outcome::Finished), wait).await;
             let give_up = Instant::now() + FINALIZE_WAIT;
             while !finalizing.is_empty() {
                 let Ok(Some(f)) = tokio::time::timeout_at(give_up.into(), finalize_rx.recv()).await else {

@@ -134,6 +134,45 @@ pub struct SubtaskInfo {
     pub snapshot_compression: weir_state::Compression,
     /// Incremental keyed snapshots: the most snapshots in a chain, or `None` for full ones.
     pub incremental: Option<u32>,
+    /// Set when the subtask is cancelled: an operator whose work per record is long checks it
+    /// between records (and inside a long record) and returns [`TaskError::Canceled`].
+    pub cancellation: Cancellation,
+}
+
+/// A subtask's cancellation signal (Flink's interrupt of a cancelled task's thread): raised by
+/// the job master when it cancels the job or tears a failed attempt down, never lowered.
+///
+/// The runtime checks it where it loops over records calling user functions (`map`,
+/// `flat_map`, `filter`) and between the steps of a task's loop; an operator that spends long
+/// on one record checks [`is_cancelled`](Self::is_cancelled) itself. A task that does not
+/// stop within [`crate::JobConfig::task_cancellation_timeout`] is abandoned.
+#[derive(Clone, Debug, Default)]
+pub struct Cancellation {
+    raised: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Cancellation {
+    /// Whether the subtask was cancelled. One relaxed load: cheap enough for every record.
+    #[inline]
+    pub fn is_cancelled(&self) -> bool {
+        self.raised.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `Err(TaskError::Canceled)` once the subtask was cancelled.
+    #[inline]
+    pub fn check(&self) -> OpResult {
+        if self.is_cancelled() {
+            Err(TaskError::Canceled)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Raises the signal.
+    pub(crate) fn cancel(&self) {
+        self.raised
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// A task's processing-time service: the earliest processing-time timer (ms since the Unix

@@ -1,11 +1,11 @@
 //! Stateless chained operators: map, flat_map, filter, and the timestamp and watermark assigner.
 
-use crate::operator::{OneInputOperator, OpResult, Output};
+use crate::operator::{Cancellation, OneInputOperator, OpResult, Output};
 use std::sync::Arc;
 use weir_core::element::Watermark;
 
-/// Applies a function to each record.
-pub struct MapOperator<F>(pub Arc<F>);
+/// Applies a function to each record, checking the cancellation signal before each.
+pub struct MapOperator<F>(pub Arc<F>, pub Cancellation);
 
 impl<T, U, F> OneInputOperator<T> for MapOperator<F>
 where
@@ -17,17 +17,22 @@ where
 
     #[inline]
     fn process(&mut self, record: T, out: &mut dyn Output<U>) -> OpResult {
+        self.1.check()?;
         out.push((self.0)(record))
     }
 
     fn process_batch(&mut self, batch: Vec<T>, out: &mut dyn Output<U>) -> OpResult {
-        let f = &*self.0;
-        out.push_batch(batch.into_iter().map(f).collect())
+        let (f, cancellation) = (&*self.0, &self.1);
+        let mapped = batch
+            .into_iter()
+            .map(|r| cancellation.check().map(|()| f(r)))
+            .collect::<Result<Vec<U>, _>>()?;
+        out.push_batch(mapped)
     }
 }
 
-/// Turns each record into zero or more records.
-pub struct FlatMapOperator<F>(pub Arc<F>);
+/// Turns each record into zero or more records, checking the cancellation signal before each.
+pub struct FlatMapOperator<F>(pub Arc<F>, pub Cancellation);
 
 impl<T, I, F> OneInputOperator<T> for FlatMapOperator<F>
 where
@@ -40,6 +45,7 @@ where
 
     #[inline]
     fn process(&mut self, record: T, out: &mut dyn Output<I::Item>) -> OpResult {
+        self.1.check()?;
         for r in (self.0)(record) {
             out.push(r)?;
         }
@@ -49,14 +55,15 @@ where
     fn process_batch(&mut self, batch: Vec<T>, out: &mut dyn Output<I::Item>) -> OpResult {
         let mut next = Vec::with_capacity(batch.len());
         for record in batch {
+            self.1.check()?;
             next.extend((self.0)(record));
         }
         out.push_batch(next)
     }
 }
 
-/// Keeps the records a predicate accepts.
-pub struct FilterOperator<F>(pub Arc<F>);
+/// Keeps the records a predicate accepts, checking the cancellation signal before each.
+pub struct FilterOperator<F>(pub Arc<F>, pub Cancellation);
 
 impl<T, F> OneInputOperator<T> for FilterOperator<F>
 where
@@ -67,6 +74,7 @@ where
 
     #[inline]
     fn process(&mut self, record: T, out: &mut dyn Output<T>) -> OpResult {
+        self.1.check()?;
         if (self.0)(&record) {
             out.push(record)
         } else {
@@ -75,8 +83,15 @@ where
     }
 
     fn process_batch(&mut self, mut batch: Vec<T>, out: &mut dyn Output<T>) -> OpResult {
-        let f = &*self.0;
-        batch.retain(|r| f(r));
+        let (f, cancellation) = (&*self.0, &self.1);
+        let mut cancelled = false;
+        batch.retain(|r| {
+            cancelled = cancelled || cancellation.is_cancelled();
+            !cancelled && f(r)
+        });
+        if cancelled {
+            return Err(crate::error::TaskError::Canceled);
+        }
         out.push_batch(batch)
     }
 }

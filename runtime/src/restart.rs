@@ -38,6 +38,32 @@ impl RestartStrategy {
         }
     }
 
+    /// Checks that every delay is at most [`crate::config::limits::MAX_DURATION`], naming the
+    /// first that is not.
+    pub fn validate(&self) -> Result<(), String> {
+        let delays: &[(&str, Duration)] = match self {
+            RestartStrategy::NoRestart => &[],
+            RestartStrategy::FixedDelay { delay, .. } => &[("restart delay", *delay)],
+            RestartStrategy::ExponentialDelay {
+                initial,
+                max,
+                reset_after,
+                ..
+            } => &[
+                ("initial restart delay", *initial),
+                ("largest restart delay", *max),
+                ("restart delay reset time", *reset_after),
+            ],
+        };
+        let limit = crate::config::limits::MAX_DURATION;
+        match delays.iter().find(|(_, d)| *d > limit) {
+            Some((what, d)) => Err(format!(
+                "the {what} ({d:?}) must be at most {limit:?} (a day)"
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// A description for messages.
     pub fn describe(&self) -> String {
         match self {

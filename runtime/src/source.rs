@@ -330,7 +330,13 @@ impl<T: Send + 'static> SourceDriver<T> {
         let status = self.source.next_batch(&mut batch, self.batch_size)?;
         let n = batch.len();
         if n > 0 {
-            self.next.push_batch(batch)?;
+            match self.next.push_batch(batch) {
+                // Cancelled part way through the chain: the batch was emitted all the same (and
+                // counted, so no operator saw more records than the sources emitted). The task
+                // stops at its next step.
+                Err(TaskError::Canceled) => {}
+                other => other?,
+            }
         }
         Ok((n, status))
     }
@@ -392,6 +398,7 @@ mod tests {
             attempt: 0,
             task_name: "src".into(),
             restored,
+            cancellation: Default::default(),
         }
     }
 

@@ -119,6 +119,8 @@ pub(crate) struct TaskEnv {
     /// next snapshot, a task that saw an older value has its keyed backends start new chains.
     /// A counter, not a message, so that it cannot be lost in a full mailbox.
     pub chain_epoch: Arc<AtomicU64>,
+    /// The generation's cancellation signal, checked before each step of the loop.
+    pub cancellation: crate::operator::Cancellation,
 }
 
 /// Counts one running upload until dropped.
@@ -680,8 +682,9 @@ pub(crate) async fn run_task(
     };
     let result = run(&mut guarded, &mut env, restore).instrument(span).await;
     let event = match result {
-        // A finished task reported it before waiting for the job's end.
-        Ok(()) | Err(TaskError::MasterGone) => return,
+        // A finished task reported it before waiting for the job's end; a cancelled one has
+        // nobody to tell.
+        Ok(()) | Err(TaskError::MasterGone) | Err(TaskError::Canceled) => return,
         Err(e) => TaskEvent::Failed(e),
     };
     let _ = env.report(event).await;
@@ -714,6 +717,8 @@ async fn run(
     let mut last_yield = Instant::now();
     let mut processing_timer: Option<(i64, std::pin::Pin<Box<tokio::time::Sleep>>)> = None;
     loop {
+        // One relaxed load per step (a batch): a task that never waits still stops here.
+        env.cancellation.check()?;
         let now = wall_clock();
         let suspended = cps.suspended.is_some() || cps.awaiting_splits;
         let end_now = std::mem::take(&mut cps.end_now);

@@ -606,9 +606,10 @@ fn verify_names_a_state_file_with_a_flipped_byte() {
         "the damaged key group is not located: {out}"
     );
 
-    // Inspect shows the failed check on that handle and still reports the rest.
+    // Inspect shows the failed check on that handle and still reports the rest, and exits 1
+    // as verify does.
     let o = weir_at(&["checkpoints", "inspect", "--json"], &chk);
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let problems = v["problems"].as_array().unwrap();
     assert!(!problems.is_empty());
@@ -648,6 +649,19 @@ fn a_truncated_or_missing_state_file_is_named() {
         out.lines().any(|l| l.starts_with("CORRUPT: ")
             && l.contains(&name(missing))
             && l.contains("does not exist")),
+        "{out}"
+    );
+    // Inspect still reports the whole checkpoint, lists the problems, and exits 1.
+    let o = weir_at(&["checkpoints", "inspect"], &chk);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let out = stdout(&o);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("Verification: ") && l.contains(" problems in ")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&name(truncated)) && out.contains(&name(missing)),
         "{out}"
     );
 }
@@ -956,9 +970,9 @@ fn verify_accepts_an_unaligned_checkpoint_and_names_a_corrupt_channel_state_file
     }
     assert!(out.contains("digest mismatch"), "{out}");
 
-    // Inspect shows the failed check on that subtask's in-flight data.
+    // Inspect shows the failed check on that subtask's in-flight data, and exits 1.
     let o = weir_at(&["checkpoints", "inspect", "--json"], &chk);
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let problems = v["problems"].as_array().unwrap();
     assert!(!problems.is_empty());

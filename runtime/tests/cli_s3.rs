@@ -258,6 +258,9 @@ fn list_inspect_and_verify_name_s3_paths_and_find_damage() {
         assert!(line.starts_with(&format!("CORRUPT: {victim}: ")), "{out}");
     }
     assert!(out.contains("checksum mismatch"), "{out}");
+    let o = weir(&["checkpoints", "inspect", &chk], &env);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(stdout(&o).contains(victim.as_str()), "{}", show(&o));
 
     // A flipped byte in the `_metadata` of another checkpoint: verify and inspect name it, list
     // marks it corrupt.

@@ -3,12 +3,17 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use clap::builder::RangedU64ValueParser;
+use std::collections::BTreeMap;
 use std::io::Write;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
-use weir_examples::{WordCountOptions, build};
+use weir_examples::{WordCountOptions, build, write_totals};
 use weir_runtime::cluster::{ClusterRole, HeartbeatConfig, JobManagerOptions, TaskManagerOptions};
-use weir_runtime::{CheckpointingMode, JobClient, JobStatus, StorageConfig};
+use weir_runtime::config::{DEFAULT_TASK_CANCELLATION_TIMEOUT, limits};
+use weir_runtime::{CheckpointingMode, JobClient, JobError, JobResult, JobStatus, StorageConfig};
 
 /// Records cross threads (made by a source, freed by a sink): mimalloc frees them without the
 /// lock contention glibc's allocator shows here (measured: 60% of the time in malloc/free).
@@ -17,22 +22,25 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Counts random words 1..9 with exactly-once keyed state, checkpointing as it goes.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version, about, after_help = exit_codes_help())]
 struct Args {
     /// Records over all source subtasks; 0 runs unbounded until Ctrl-C.
     #[arg(long, default_value_t = 20_000_000)]
     records: u64,
-    /// Parallelism of every operator.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = in_range(limits::MAX_PARALLELISM),
+        help = format!("Parallelism of every operator ({}, and at most the max parallelism)",
+            range_text(limits::MAX_PARALLELISM)))]
     parallelism: u32,
-    /// Max parallelism (key groups).
-    #[arg(long)]
+    #[arg(long, value_parser = in_range(limits::MAX_PARALLELISM),
+        help = format!("Max parallelism: the number of key groups ({}; default: Flink's for the parallelism)",
+            range_text(limits::MAX_PARALLELISM)))]
     max_parallelism: Option<u32>,
     /// Generator seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Checkpoint interval, e.g. 100ms or 1s; absent: checkpoints off.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = positive_duration,
+        help = format!("Checkpoint interval, e.g. 100ms or 1s (above 0, at most {}); absent: checkpoints off",
+            max_duration()))]
     checkpoint_interval: Option<Duration>,
     /// Checkpoint directory, or s3://bucket/prefix for S3 (endpoint, region and credentials from
     /// AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
@@ -51,14 +59,14 @@ struct Args {
     /// Print every update as `subtask> (word,count)`.
     #[arg(long)]
     print: bool,
-    /// Records per batch.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = in_range(limits::BATCH_SIZE),
+        help = format!("Records per batch ({})", range_text(limits::BATCH_SIZE)))]
     batch_size: usize,
-    /// Completed checkpoints to keep.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = in_range(limits::RETAINED_CHECKPOINTS),
+        help = format!("Completed checkpoints to keep ({})", range_text(limits::RETAINED_CHECKPOINTS)))]
     retain: u32,
-    /// Also checkpoint every N records the sources emit.
-    #[arg(long)]
+    /// Also checkpoint every N records the sources emit (N at least 1).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=u64::MAX))]
     checkpoint_every_records: Option<u64>,
     /// Where savepoints go.
     #[arg(long, default_value = "weir-savepoints")]
@@ -80,23 +88,31 @@ struct Args {
     /// Checkpointing mode: exactly-once (aligned barriers) or at-least-once (tracked barriers).
     #[arg(long, value_enum, default_value_t = Mode::ExactlyOnce)]
     mode: Mode,
-    /// Credits per channel (buffers in flight between two subtasks).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = in_range(limits::BUFFERS_PER_CHANNEL),
+        help = format!("Credits per channel: buffers in flight between two subtasks ({})",
+            range_text(limits::BUFFERS_PER_CHANNEL)))]
     buffers_per_channel: usize,
-    /// A pause per record before the sink, e.g. 10us, to create backpressure.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = bounded_duration,
+        help = format!("A busy pause per record before the sink, e.g. 10us, to create backpressure (at most {})",
+            max_duration()))]
     sink_delay: Option<Duration>,
     /// Unaligned checkpoints: barriers overtake in-flight data, which is persisted with the
     /// checkpoint (exactly-once mode only).
     #[arg(long)]
     unaligned: bool,
-    /// Checkpoints start aligned and switch to unaligned in a task still aligning this long
-    /// after the trigger, e.g. 5ms (implies --unaligned; default: start unaligned).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = bounded_duration,
+        help = format!("Checkpoints start aligned and switch to unaligned in a task still aligning this long \
+            after the trigger, e.g. 5ms (at most {}; implies --unaligned; default: start unaligned)",
+            max_duration()))]
     aligned_checkpoint_timeout: Option<Duration>,
     /// Compression of each key group in keyed-state snapshots: none, lz4 or zstd.
     #[arg(long, default_value = "none")]
     snapshot_compression: weir_runtime::Compression,
+    #[arg(long, value_parser = bounded_duration,
+        help = format!("On Ctrl-C, how long to wait for tasks to stop before abandoning those stuck in an \
+            operator (at most {}; 0: do not wait) [default: {}]", max_duration(),
+            humantime::format_duration(DEFAULT_TASK_CANCELLATION_TIMEOUT)))]
+    task_cancellation_timeout: Option<Duration>,
     /// Incremental checkpoints: each checkpoint writes only the keyed state that changed since
     /// the latest completed one (savepoints stay full).
     #[arg(long)]
@@ -112,22 +128,69 @@ struct Args {
     /// Run as a task manager of the job manager at this address.
     #[arg(long)]
     jobmanager: Option<std::net::SocketAddr>,
-    /// With --jobmanager: slots offered (each runs one subtask of every operator).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = in_range(limits::MAX_PARALLELISM),
+        help = format!("With --jobmanager: slots offered, each running one subtask of every operator ({})",
+            range_text(limits::MAX_PARALLELISM)))]
     slots: u32,
     /// With --jobmanager: the address the data transport listens on (default: this host's
     /// address on the route to the job manager).
     #[arg(long)]
     data_bind: Option<std::net::IpAddr>,
-    /// Cluster heartbeats: how often a task manager sends one.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    /// Cluster heartbeats: how often a task manager sends one (above 0, below
+    /// --heartbeat-timeout).
+    #[arg(long, value_parser = positive_duration, default_value = "1s")]
     heartbeat_interval: Duration,
-    /// Cluster heartbeats: how long without one before the other side is lost.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = positive_duration, default_value = "10s",
+        help = format!("Cluster heartbeats: how long without one before the other side is lost (at most {})",
+            max_duration()))]
     heartbeat_timeout: Duration,
-    /// With --role jobmanager: how long a deployment waits for enough task slots.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    #[arg(long, value_parser = positive_duration, default_value = "5m",
+        help = format!("With --role jobmanager: how long a deployment waits for enough task slots (above 0, at most {})",
+            max_duration()))]
     slot_timeout: Duration,
+}
+
+/// A clap parser for an integer flag in `range`: clap's error names the flag and the range.
+fn in_range<T>(range: RangeInclusive<T>) -> RangedU64ValueParser<T>
+where
+    T: Copy + TryInto<u64> + TryFrom<u64> + Clone + Send + Sync + 'static,
+    <T as TryFrom<u64>>::Error: std::error::Error + Send + Sync + 'static,
+{
+    let wide = |v: T| v.try_into().unwrap_or(u64::MAX);
+    RangedU64ValueParser::new().range(wide(*range.start())..=wide(*range.end()))
+}
+
+/// A range as the help texts show it.
+fn range_text<T: std::fmt::Display>(range: RangeInclusive<T>) -> String {
+    format!("{}..={}", range.start(), range.end())
+}
+
+/// The longest duration a flag takes, as humantime writes it.
+fn max_duration() -> humantime::FormattedDuration {
+    humantime::format_duration(limits::MAX_DURATION)
+}
+
+/// A duration flag: humantime syntax (`10ms`, `2s`, `1h`), at most [`limits::MAX_DURATION`].
+fn bounded_duration(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d > limits::MAX_DURATION {
+        return Err(format!(
+            "{text} is longer than {} (the longest accepted)",
+            max_duration()
+        ));
+    }
+    Ok(d)
+}
+
+/// A duration flag that must also be above zero.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match bounded_duration(text)? {
+        d if d.is_zero() => Err(format!(
+            "must be greater than zero (and at most {})",
+            max_duration()
+        )),
+        d => Ok(d),
+    }
 }
 
 /// `--role`.
@@ -180,18 +243,12 @@ fn cluster_role(args: &Args) -> Result<Option<ClusterRole>> {
                 .validate()
                 .map_err(anyhow::Error::msg)
                 .context("--heartbeat-interval / --heartbeat-timeout")?;
-            if args.slot_timeout.is_zero() {
-                bail!("--slot-timeout must be greater than zero");
-            }
             let mut options = JobManagerOptions::new(listen);
             options.heartbeat = heartbeat;
             options.slot_timeout = args.slot_timeout;
             Ok(Some(ClusterRole::JobManager(options)))
         }
         (None, Some(jobmanager)) => {
-            if args.slots == 0 {
-                bail!("--slots must be at least 1");
-            }
             if args.listen.is_some() {
                 bail!("--listen is for --role jobmanager; a task manager takes --data-bind");
             }
@@ -214,8 +271,33 @@ fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+/// Exit codes, listed in `--help` and the README.
+mod exit {
+    /// The job finished (or stopped with a savepoint).
+    pub const FINISHED: u8 = 0;
+    /// The job failed: it could not restore, its storage failed, the restart strategy gave
+    /// up, or the output could not be written.
+    pub const FAILED: u8 = 1;
+    /// The flags do not describe a job that can run (clap's code for usage errors too).
+    pub const USAGE: u8 = 2;
+    /// Cancelled by Ctrl-C (128 + SIGINT, as shells report it).
+    pub const INTERRUPTED: u8 = 130;
+}
+
+/// `--help`'s last lines.
+fn exit_codes_help() -> String {
+    format!(
+        "Exit codes: {} finished (or stopped with a savepoint); {} the job failed; {} bad flags; \
+         {} cancelled by Ctrl-C (a second Ctrl-C exits at once). --output is written only when \
+         the job finishes.",
+        exit::FINISHED,
+        exit::FAILED,
+        exit::USAGE,
+        exit::INTERRUPTED
+    )
+}
+
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -224,24 +306,95 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    if args.checkpoint_interval == Some(Duration::ZERO) {
-        bail!("--checkpoint-interval must be greater than zero");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("Error: cannot start the runtime: {e}");
+            return ExitCode::from(exit::FAILED);
+        }
+    };
+    let code = runtime.block_on(run(args));
+    // Nothing of the job waits to be done here; an abandoned task's thread (its own runtime,
+    // already shut down) ends with the process.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    ExitCode::from(code)
+}
+
+/// Runs the job the flags describe; returns the exit code.
+async fn run(args: Args) -> u8 {
+    let interrupts = match Interrupts::listen() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("Error: cannot listen for Ctrl-C: {e}");
+            return exit::FAILED;
+        }
+    };
+    let (storage, cluster) = match checkpoint_storage(&args.checkpoint_dir)
+        .and_then(|storage| Ok((storage, cluster_role(&args)?)))
+    {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            return exit::USAGE;
+        }
+    };
+    let opts = job_options(&args);
+    let (env, totals, _injector) = build(&opts);
+    env.set_checkpoint_storage(storage);
+    if let Some(timeout) = args.task_cancellation_timeout {
+        env.config_mut().task_cancellation_timeout = timeout;
     }
-    if args.batch_size == 0 {
-        bail!("--batch-size must be at least 1");
+    let is_task_manager = matches!(cluster, Some(ClusterRole::TaskManager(_)));
+    env.config_mut().cluster = cluster;
+    let client = JobClient::default();
+    handle_ctrl_c(interrupts, client.clone(), is_task_manager);
+    if let Some(k) = args.stop_with_savepoint_after {
+        stop_with_savepoint_after(client.clone(), k, args.drain);
     }
-    if args.buffers_per_channel == 0 {
-        bail!("--buffers-per-channel must be at least 1");
+    let result = match env.execute_with(client).await {
+        Ok(result) => result,
+        Err(e) => {
+            let code = match e {
+                JobError::Invalid(_) | JobError::Graph(_) => exit::USAGE,
+                _ => exit::FAILED,
+            };
+            eprintln!(
+                "Error: {:?}",
+                anyhow::Error::new(e).context("word_count failed")
+            );
+            return code;
+        }
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let reported = if is_task_manager {
+        // The totals and statistics are the job manager's to report.
+        writeln!(
+            out,
+            "task manager done: source_records={} bytes_sent={}",
+            result.source_records, result.bytes_sent
+        )
+        .map_err(anyhow::Error::from)
+    } else {
+        report(&mut out, &args, opts.records, &result, &totals.get())
+    };
+    let flushed = reported.and_then(|()| out.flush().map_err(anyhow::Error::from));
+    match (flushed, result.status) {
+        (Err(e), _) => {
+            eprintln!("Error: {e:?}");
+            exit::FAILED
+        }
+        (Ok(()), JobStatus::Finished) => exit::FINISHED,
+        (Ok(()), JobStatus::Canceled) => exit::INTERRUPTED,
     }
-    if args.retain == 0 {
-        bail!("--retain must be at least 1");
-    }
-    if args.checkpoint_every_records == Some(0) {
-        bail!("--checkpoint-every-records must be at least 1");
-    }
-    let storage = checkpoint_storage(&args.checkpoint_dir)?;
-    let cluster = cluster_role(&args)?;
-    let opts = WordCountOptions {
+}
+
+/// The job's options from the flags.
+fn job_options(args: &Args) -> WordCountOptions {
+    WordCountOptions {
         records: (args.records > 0).then_some(args.records),
         parallelism: args.parallelism,
         max_parallelism: args.max_parallelism,
@@ -268,68 +421,95 @@ async fn main() -> Result<()> {
         aligned_checkpoint_timeout: args.aligned_checkpoint_timeout.unwrap_or_default(),
         snapshot_compression: args.snapshot_compression,
         incremental: args.incremental,
-    };
-    let (env, totals, _injector) = build(&opts);
-    env.set_checkpoint_storage(storage);
-    let is_task_manager = matches!(cluster, Some(ClusterRole::TaskManager(_)));
-    env.config_mut().cluster = cluster;
-    let client = JobClient::default();
-    let c = client.clone();
+    }
+}
+
+/// Ctrl-C (SIGINT), listened for from the moment this is made: one that comes before the
+/// first await is not lost, nor does it kill the process.
+struct Interrupts {
+    #[cfg(unix)]
+    signal: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    fn listen() -> std::io::Result<Interrupts> {
+        Ok(Interrupts {
+            #[cfg(unix)]
+            signal: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?,
+        })
+    }
+
+    /// The next Ctrl-C; false if no more can come.
+    async fn next(&mut self) -> bool {
+        #[cfg(unix)]
+        return self.signal.recv().await.is_some();
+        #[cfg(not(unix))]
+        return tokio::signal::ctrl_c().await.is_ok();
+    }
+}
+
+/// The first Ctrl-C cancels the job (a task manager exits at once: its subtasks are the job
+/// manager's to restore); a second one exits at once, whatever is still running.
+fn handle_ctrl_c(mut interrupts: Interrupts, client: JobClient, is_task_manager: bool) {
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("word_count: cancelling (Ctrl-C)");
-            c.cancel();
+        if !interrupts.next().await {
+            return;
+        }
+        if is_task_manager {
+            eprintln!("word_count: the task manager exits (Ctrl-C)");
+            std::process::exit(exit::INTERRUPTED.into());
+        }
+        eprintln!("word_count: cancelling (Ctrl-C); press Ctrl-C again to exit at once");
+        client.cancel();
+        if interrupts.next().await {
+            eprintln!("word_count: exiting at once (second Ctrl-C)");
+            std::process::exit(exit::INTERRUPTED.into());
         }
     });
-    if let Some(k) = args.stop_with_savepoint_after {
-        let c = client.clone();
-        let drain = args.drain;
-        tokio::spawn(async move {
-            while c.source_records() < k {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            // A request can be refused while a checkpoint is in progress: retry until it is
-            // taken or the job has ended.
-            loop {
-                match c.stop_with_savepoint(None, drain).await {
-                    Ok(_) => break,
-                    Err(e) if e.to_string().contains("not triggered") => {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                    Err(e) => {
-                        eprintln!("word_count: stop-with-savepoint failed: {e}");
-                        break;
-                    }
+}
+
+/// `--stop-with-savepoint-after K`: once the sources emitted `k` records, stops the job with a
+/// savepoint.
+fn stop_with_savepoint_after(client: JobClient, k: u64, drain: bool) {
+    tokio::spawn(async move {
+        while client.source_records() < k {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // A request can be refused while a checkpoint is in progress: retry until it is
+        // taken or the job has ended.
+        loop {
+            match client.stop_with_savepoint(None, drain).await {
+                Ok(_) => break,
+                Err(e) if e.to_string().contains("not triggered") => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(e) => {
+                    eprintln!("word_count: stop-with-savepoint failed: {e}");
+                    break;
                 }
             }
-        });
-    }
-    let result = env
-        .execute_with(client)
-        .await
-        .context("word_count failed")?;
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    if is_task_manager {
-        // The totals and statistics are the job manager's to report.
-        writeln!(
-            out,
-            "task manager done: source_records={} bytes_sent={}",
-            result.source_records, result.bytes_sent
-        )?;
-        return Ok(());
-    }
-    let totals = totals.get();
+        }
+    });
+}
+
+/// Prints the totals, checkpoints and summary of a job that ended, and writes `--output` if it
+/// finished.
+fn report(
+    out: &mut dyn Write,
+    args: &Args,
+    records: Option<u64>,
+    result: &JobResult,
+    totals: &BTreeMap<String, i64>,
+) -> Result<()> {
     if !args.print {
         let line: Vec<String> = totals.iter().map(|(k, v)| format!("{k}={v}")).collect();
         writeln!(out, "totals: {}", line.join(" "))?;
     }
-    if let Some(path) = &args.output {
-        let mut text = String::new();
-        for (k, v) in &totals {
-            text.push_str(&format!("{k},{v}\n"));
-        }
-        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    // A cancelled run's totals are partial: the file is left as it was.
+    if let Some(path) = &args.output
+        && result.status == JobStatus::Finished
+    {
+        write_totals(path, totals).with_context(|| format!("cannot write {}", path.display()))?;
     }
     for s in &result.checkpoint_history {
         writeln!(out, "{s}")?;
@@ -346,9 +526,15 @@ async fn main() -> Result<()> {
     if let Some(savepoint) = &result.savepoint {
         writeln!(out, "stopped with savepoint: {savepoint}")?;
     }
+    writeln!(out, "{}", summary(records, result))?;
+    Ok(())
+}
+
+/// The `summary:` line.
+fn summary(records: Option<u64>, result: &JobResult) -> String {
     let mut durations = result.checkpoint_durations.clone();
     durations.sort();
-    let records = match opts.records {
+    let records = match records {
         Some(n) if result.status == JobStatus::Finished && result.savepoint.is_none() => n,
         _ => result.source_records,
     };
@@ -385,6 +571,5 @@ async fn main() -> Result<()> {
     if let Some(r) = result.recovery_times.first() {
         summary.push_str(&format!(" recovery_ms={}", ms(*r)));
     }
-    writeln!(out, "{summary}")?;
-    Ok(())
+    summary
 }

@@ -1,12 +1,15 @@
 //! What the tests that run the `word_count` binary as processes share: a guard that kills them,
-//! waiting with a deadline, reading what they print (the totals file, the summary line) and the
-//! end of their logs. Included with `#[path]` by each such test.
+//! waiting with a deadline, sending Ctrl-C, watching their stderr for a line, reading what they
+//! print (the totals file, the summary line) and the end of their logs. Included with `#[path]`
+//! by each such test.
 // Each test binary uses its own subset of these.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::io::BufRead;
 use std::path::Path;
-use std::process::{Child, Output};
+use std::process::{Child, ChildStderr, Output};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Children killed when the test ends, whatever happened.
@@ -80,4 +83,69 @@ pub fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Sends SIGINT (what Ctrl-C sends) to `child`.
+pub fn interrupt(child: &Child) {
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -INT {} failed", child.id());
+}
+
+/// A child's stderr read line by line on a thread, so that a test can wait for a line while the
+/// child runs and still see everything it wrote.
+pub struct StderrLines {
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl StderrLines {
+    /// Reads `stderr` (taken from a child spawned with `Stdio::piped()`).
+    pub fn read(stderr: ChildStderr) -> StderrLines {
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        StderrLines {
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits until a line contains `needle`; fails after `within` or when stderr closes first.
+    pub fn wait_for(&mut self, needle: &str, within: Duration) {
+        let give_up = Instant::now() + within;
+        loop {
+            if self.seen.iter().any(|l| l.contains(needle)) {
+                return;
+            }
+            let left = give_up.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(e) => panic!(
+                    "no line with {needle:?} on stderr ({e:?}); it said:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Everything written so far and until the child closes stderr (waiting at most `within`).
+    pub fn all(mut self, within: Duration) -> String {
+        let give_up = Instant::now() + within;
+        while let Ok(line) = self
+            .lines
+            .recv_timeout(give_up.saturating_duration_since(Instant::now()))
+        {
+            self.seen.push(line);
+        }
+        self.seen.join("\n")
+    }
 }

@@ -73,7 +73,7 @@ impl Default for HeartbeatConfig {
 }
 
 /// The longest heartbeat timeout accepted (a day): deadlines stay far from overflowing.
-pub const MAX_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_HEARTBEAT_TIMEOUT: Duration = crate::config::limits::MAX_DURATION;
 
 impl HeartbeatConfig {
     /// Checks that heartbeats can work: a non-zero interval, shorter than the timeout, which is

@@ -10,7 +10,7 @@ use super::taskmanager::TaskManagerSession;
 use super::transport::{ClusterTransport, Placement};
 use crate::config::StorageConfig;
 use crate::error::{JobError, TaskError};
-use crate::gateway::{ProcessTasks, Running};
+use crate::gateway::{ProcessTasks, Running, TEARDOWN_WAIT, TaskRuntime};
 use crate::job::{JobResult, JobSpec, JobStatus, build_storage};
 use crate::task::{JobMetrics, Targets, TaskEvent, TaskMessage, TaskReport};
 use std::collections::{BTreeMap, HashMap};
@@ -60,7 +60,7 @@ fn address_towards(peer: SocketAddr) -> IpAddr {
 struct Executor {
     /// The subtasks' own runtime: a busy subtask never delays a heartbeat or a fetch, which
     /// run on the runtime the task manager was started on.
-    runtime: tokio::runtime::Runtime,
+    runtime: TaskRuntime,
     spec: JobSpec,
     fingerprint: u128,
     transport: ClusterTransport,
@@ -94,14 +94,10 @@ pub(crate) async fn run_task_manager(
     let ip = options
         .bind
         .unwrap_or_else(|| address_towards(options.jobmanager));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .thread_name("weir-task")
-        .enable_all()
-        .build()
-        .map_err(|e| JobError::Invalid(format!("cannot start the task runtime: {e}")))?;
+    let runtime = TaskRuntime::new()?;
     let placement = Arc::new(Placement::new(&spec.job));
     // The transport's connections run on the subtasks' runtime.
-    let entered = runtime.enter();
+    let entered = runtime.handle().enter();
     let transport = ClusterTransport::bind(
         (ip, 0).into(),
         ChannelConfig {
@@ -147,7 +143,7 @@ pub(crate) async fn run_task_manager(
             let end = serve(&session, &mut executor, &mut reports_rx).await;
             // Whatever runs belongs to a job master that is gone or done.
             for (_, mut r) in std::mem::take(&mut executor.running) {
-                r.stop(false).await;
+                r.stop(false, TEARDOWN_WAIT).await;
             }
             executor.end_session();
             match end {
@@ -182,12 +178,12 @@ pub(crate) async fn run_task_manager(
     }
     .instrument(span)
     .await;
-    // A runtime cannot be dropped in async code: its threads end on their own.
+    // The transport goes first; the runtime's threads end on their own.
     let Executor {
         runtime, transport, ..
     } = executor;
     drop(transport);
-    runtime.shutdown_background();
+    drop(runtime);
     result
 }
 
@@ -335,7 +331,7 @@ impl Executor {
                 finished,
             } => {
                 if let Some(mut r) = self.running.remove(&generation) {
-                    r.stop(finished).await;
+                    r.stop(finished, TEARDOWN_WAIT).await;
                     let give_up = Instant::now() + UPLOAD_WAIT;
                     while !r.uploads_idle() && Instant::now() < give_up {
                         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -370,7 +366,7 @@ impl Executor {
         let older: Vec<u64> = self.running.range(..generation).map(|(g, _)| *g).collect();
         for g in older {
             if let Some(mut r) = self.running.remove(&g) {
-                r.stop(false).await;
+                r.stop(false, TEARDOWN_WAIT).await;
             }
         }
         self.transport.release_before(generation);
