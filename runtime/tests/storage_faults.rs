@@ -333,11 +333,9 @@ fn latest_id(r: &JobResult) -> u64 {
     latest.rsplit("chk-").next().unwrap().parse().unwrap()
 }
 
-/// A rerun of a job continues the checkpoint ids past those already in its directory, so that no
-/// `chk-<n>` is reused. When the listing that finds them fails (one read fault, at job start), the
-/// job master only warns and starts again at `chk-1`: the rerun writes into the directories of the
-/// earlier run (here its `chk-<n>` end below the earlier run's newest, so a later
-/// `restore_from(<root>)` picks the earlier run's stale checkpoint as the newest).
+/// A rerun of a job writes into a job directory of its own (every run has a fresh job id), so
+/// no `chk-<n>` of an earlier run is reused or touched, even when the listing at its start fails
+/// (one read fault).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_listing_at_start_does_not_reuse_checkpoint_ids() {
     let tmp = tempfile::tempdir().unwrap();
@@ -346,10 +344,11 @@ async fn a_failed_listing_at_start_does_not_reuse_checkpoint_ids() {
     let totals = word_count(&env, RECORDS / 2, |_| {});
     let r1 = env.execute().await.unwrap();
     assert_eq!(totals.get(), expected(RECORDS / 2));
-    let before = complete_checkpoints(tmp.path());
+    let first_dir = tmp.path().join(r1.job_id.to_string());
+    let before = complete_checkpoints_in(&first_dir);
     assert!(latest_id(&r1) >= 3, "{r1:?}");
 
-    // The same job again, over the same directory; its first read (the listing) fails.
+    // The same job again, over the same root; its first read (the listing) fails.
     let second = faulty_fs(tmp.path(), 11, 0.0);
     second.set_fault_limit(OpKind::Read, Some(1));
     second.set_fault_rate(OpKind::Read, 1.0).unwrap();
@@ -358,12 +357,28 @@ async fn a_failed_listing_at_start_does_not_reuse_checkpoint_ids() {
     let r2 = env.execute().await.unwrap();
     assert_eq!(totals.get(), expected(RECORDS / 8));
     assert_eq!(second.stats().read_faults, 1);
-    let first_id = r2.checkpoint_history.first().map(|s| s.id.0).unwrap_or(0);
+    assert_ne!(r2.job_id, r1.job_id, "every run has its own job id");
+    let latest = r2.latest_checkpoint.clone().unwrap();
     assert!(
-        first_id > latest_id(&r1) && latest_id(&r2) > latest_id(&r1),
-        "the rerun reused checkpoint ids: the first run ended at chk-{} (complete on disk: \
-         {before:?}), the rerun started at chk-{first_id} and ended at chk-{}",
-        latest_id(&r1),
-        latest_id(&r2)
+        latest.contains(&r2.job_id.to_string()),
+        "the rerun writes into its own job directory: {latest}"
     );
+    assert_eq!(
+        complete_checkpoints_in(&first_dir),
+        before,
+        "the rerun changed the first run's checkpoints"
+    );
+}
+
+/// The ids of the complete checkpoints in one job directory, sorted.
+fn complete_checkpoints_in(job_dir: &Path) -> Vec<u64> {
+    let mut ids: Vec<u64> = std::fs::read_dir(job_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|chk| chk.path().join("_metadata").is_file())
+        .filter_map(|chk| chk.file_name().to_str()?.strip_prefix("chk-")?.parse().ok())
+        .collect();
+    ids.sort_unstable();
+    ids
 }

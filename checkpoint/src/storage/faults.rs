@@ -14,8 +14,9 @@
 //!   [`list_checkpoints`](CheckpointStorage::list_checkpoints),
 //!   [`find_checkpoints`](CheckpointStorage::find_checkpoints)) fail at the read fault rate (0
 //!   unless set).
-//! - [`check_writable`](CheckpointStorage::check_writable) and
-//!   [`discard`](CheckpointStorage::discard) are never failed (a job that cannot start, or a
+//! - [`check_writable`](CheckpointStorage::check_writable),
+//!   [`lock_job`](CheckpointStorage::lock_job), [`unlock_job`](CheckpointStorage::unlock_job)
+//!   and [`discard`](CheckpointStorage::discard) are never failed (a job that cannot start, or a
 //!   leftover directory, tests nothing of the checkpoint protocol); they are counted and delayed.
 //!
 //! An injected fault is a [`CheckpointError::Storage`] whose opendal error has kind
@@ -537,7 +538,7 @@ impl CheckpointStorage for FaultInjectingStorage {
     }
 
     async fn lock_job(&self, job: JobId, holder: &str) -> Result<(), CheckpointError> {
-        self.enter(Some(OpKind::Write), "lock_job", || format!("{job}/_lock"))
+        self.enter(None, "lock_job", || format!("{job}/_lock"))
             .await?;
         self.inner.lock_job(job, holder).await
     }
