@@ -40,6 +40,17 @@ pub enum CheckpointError {
         /// What the lock says of its holder (process, host, since when).
         holder: String,
     },
+    /// A run's job directory was taken over by another run (claim mode, after the lease
+    /// expired unrenewed): this run must stop writing there.
+    #[error(
+        "the job directory '{path}' was taken over by another run ({by}): this run's lease on it expired unrenewed, so it stops rather than write beside the new holder"
+    )]
+    LockLost {
+        /// The job directory.
+        path: String,
+        /// Who holds it now.
+        by: String,
+    },
     /// The storage was configured wrongly.
     #[error("invalid checkpoint storage configuration: {0}")]
     Config(String),

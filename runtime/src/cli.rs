@@ -127,6 +127,26 @@ pub enum CheckpointsCommand {
         /// local, or s3://bucket/prefix[/JOB_ID[/chk-N]].
         path: PathBuf,
     },
+    /// List what no complete checkpoint under a root needs; delete it with --delete.
+    ///
+    /// In every job directory no running job holds: checkpoint directories without _metadata
+    /// (INCOMPLETE), shared files no complete checkpoint's _metadata references (UNREFERENCED;
+    /// none when a _metadata cannot be read), and job directories with no complete checkpoint
+    /// at all (EMPTY-JOB, runs killed before their first). A complete checkpoint, and every file
+    /// it references, is never deleted. A locked job directory is watched for its lock's lease
+    /// first (15 s unless the run set --job-lock-lease): a renewed lock is a running job's, and
+    /// its directory is skipped. With --delete, gc holds each directory while it deletes. Exits 0;
+    /// 2 for a usage error.
+    Gc {
+        /// A checkpoint root (holding JOB_ID/chk-N): local, or s3://bucket/prefix.
+        root: PathBuf,
+        /// Delete what was found (default: only list it).
+        #[arg(long)]
+        delete: bool,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Why a command failed.
@@ -183,6 +203,15 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             let report = verify(path).await?;
             out.write_all(render_verify(&report).as_bytes())?;
             Ok(if report.problems.is_empty() { 0 } else { 1 })
+        }
+        Command::Checkpoints(CheckpointsCommand::Gc { root, delete, json }) => {
+            let report = crate::gc::gc(root, *delete).await?;
+            if *json {
+                write_json(out, &report)?;
+            } else {
+                out.write_all(crate::gc::render_gc(&report).as_bytes())?;
+            }
+            Ok(0)
         }
     }
 }
@@ -512,14 +541,14 @@ pub struct VerifyReport {
 // Opening a path.
 
 /// A user-given path opened as checkpoint storage.
-struct Opened {
+pub(crate) struct Opened {
     /// The path as the user gave it, for messages.
-    shown: String,
+    pub(crate) shown: String,
     /// The storage root, as paths under it are shown.
     root: Root,
-    storage: OpendalCheckpointStorage,
+    pub(crate) storage: OpendalCheckpointStorage,
     /// The user's path relative to `root`: `""` or `chk-<n>/`.
-    rel: String,
+    pub(crate) rel: String,
 }
 
 /// Where the storage root of an opened path is.
@@ -541,7 +570,7 @@ struct Found {
 impl Opened {
     /// How `rel` (a path relative to the storage root) is shown: a local path, or an `s3://`
     /// URL.
-    fn display(&self, rel: &str) -> String {
+    pub(crate) fn display(&self, rel: &str) -> String {
         let rel = rel.trim_end_matches('/');
         match &self.root {
             Root::Local(root) if rel.is_empty() => root.display().to_string(),
@@ -569,7 +598,7 @@ fn parse_chk(name: &str) -> Option<u64> {
 
 /// Opens `path`: an `s3://bucket/prefix` URL (configured from the AWS variables) or a local
 /// directory.
-fn open(path: &Path) -> Result<Opened, CliError> {
+pub(crate) fn open(path: &Path) -> Result<Opened, CliError> {
     match path.to_str().filter(|p| is_s3_url(p)) {
         Some(url) => open_s3(url, |name| std::env::var(name).ok()),
         None => open_local(path),

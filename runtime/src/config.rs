@@ -107,7 +107,32 @@ pub struct JobConfig {
     /// Cluster mode: this process is the job manager or a task manager. `None`: the whole job
     /// runs in this process.
     pub cluster: Option<crate::cluster::ClusterRole>,
+    /// Who owns the checkpoint a run restores from (Flink's
+    /// `execution.state-recovery.claim-mode`); default [`ClaimMode::NoClaim`].
+    pub claim_mode: ClaimMode,
+    /// How long a run's hold on its job directory lasts unrenewed: the run rewrites its lock a
+    /// third of this apart, and a run claiming the directory (claim mode, or
+    /// `weir checkpoints gc`) takes it as abandoned after seeing the lock unchanged this long.
+    /// Default [`DEFAULT_JOB_LOCK_LEASE`], range [`limits::JOB_LOCK_LEASE`].
+    pub job_lock_lease: Duration,
 }
+
+/// Who owns the checkpoint a run restores from (Flink's `execution.state-recovery.claim-mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ClaimMode {
+    /// The restored checkpoint stays its old run's: this run never deletes it, and its first
+    /// checkpoint is self-contained (full, even with incremental checkpoints).
+    #[default]
+    NoClaim,
+    /// This run owns the restored checkpoint and the job directories of the runs it descends
+    /// from (this job's checkpoints under the restore root whose holders are gone): it deletes
+    /// their older checkpoints, incomplete directories and unreferenced shared files at once,
+    /// and the restored checkpoint itself once its own retained checkpoints subsume it.
+    Claim,
+}
+
+/// The default [`JobConfig::job_lock_lease`] (Kubernetes' leader-election lease is 15 s too).
+pub const DEFAULT_JOB_LOCK_LEASE: Duration = Duration::from_secs(15);
 
 /// The default [`JobConfig::incremental_max_chain`].
 pub const DEFAULT_INCREMENTAL_MAX_CHAIN: u32 = 10;
@@ -138,6 +163,10 @@ pub mod limits {
     /// The longest any duration setting may be: checkpoint interval, timeout and min pause,
     /// aligned checkpoint timeout, restart delays, the task cancellation timeout, heartbeats.
     pub const MAX_DURATION: Duration = weir_core::config::MAX_DURATION;
+    /// The job directory lock's lease ([`JobConfig::job_lock_lease`](super::JobConfig::job_lock_lease)):
+    /// from 100 ms (renewed every 33 ms) to an hour.
+    pub const JOB_LOCK_LEASE: RangeInclusive<Duration> =
+        Duration::from_millis(100)..=Duration::from_secs(3600);
 }
 
 /// `Ok` when `value` is in `range`, else an error naming the setting and the range.
@@ -179,6 +208,8 @@ impl Default for JobConfig {
             incremental: false,
             incremental_max_chain: DEFAULT_INCREMENTAL_MAX_CHAIN,
             cluster: None,
+            claim_mode: ClaimMode::NoClaim,
+            job_lock_lease: DEFAULT_JOB_LOCK_LEASE,
         }
     }
 }
@@ -223,6 +254,14 @@ impl JobConfig {
                 "the task cancellation timeout ({:?}) must be at most {:?} (a day)",
                 self.task_cancellation_timeout,
                 limits::MAX_DURATION
+            )));
+        }
+        if !limits::JOB_LOCK_LEASE.contains(&self.job_lock_lease) {
+            return Err(JobError::Invalid(format!(
+                "the job lock lease ({:?}) must be between {:?} and {:?}",
+                self.job_lock_lease,
+                limits::JOB_LOCK_LEASE.start(),
+                limits::JOB_LOCK_LEASE.end()
             )));
         }
         Ok(())

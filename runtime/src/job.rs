@@ -2,15 +2,18 @@
 //! finalize, notify, discard), and handles failures through the restart strategy, redeploying
 //! all tasks from the latest completed checkpoint.
 
+use crate::claim::Claim;
 use crate::cluster::ClusterRole;
 use crate::cluster::jobmaster::{DeployCommon, RemoteGateway};
 use crate::cluster::taskexecutor::graph_fingerprint;
+use crate::config::ClaimMode;
 use crate::config::{JobConfig, StorageConfig};
 use crate::deploy::{EnumeratorFactory, NodeFactory};
 use crate::error::JobError;
 use crate::gateway::{
     Gateway, ProcessTasks, TEARDOWN_WAIT, TaskDeployment, TaskRuntime, TaskSettings,
 };
+use crate::lease::{LeaseKeeper, LockContent};
 use crate::restart::RestartTracker;
 use crate::restore::{RestoreChecks, candidates_at, load_first_good, one_jobs_candidates};
 use crate::source::{SplitAssignment, SplitEnumerator};
@@ -335,6 +338,8 @@ enum Outcome {
     Finished,
     Canceled,
     Failed(String),
+    /// Ends the job without a restart (its job directory was taken over).
+    Fatal(JobError),
 }
 
 struct Finalized {
@@ -466,16 +471,36 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         } else {
             Arc::new(OpendalCheckpointStorage::memory()?) as Arc<dyn CheckpointStorage>
         };
+        let lock_content = LockContent {
+            holder: lock_holder(),
+            lease: config.job_lock_lease,
+            renewal: 0,
+        };
+        // The lease on the job directory (and on those a claim takes over), renewed beside the job.
+        let mut keeper: Option<LeaseKeeper> = None;
         if config.checkpoint.is_enabled() {
             storage.check_writable().await?;
             // One writer per job directory: a second run with this job id is refused.
-            storage.lock_job(job_id, &lock_holder()).await?;
+            storage.lock_job(job_id, &lock_content.render()).await?;
+            let k = LeaseKeeper::start(lock_content.clone());
+            k.hold(storage.clone(), job_id, 0);
+            keeper = Some(k);
         }
+        let mut claim: Option<Claim> = None;
         let mut restore: Option<(Arc<dyn CheckpointStorage>, Vec<CheckpointLocation>)> =
             match &config.restore_from {
                 Some(path) => {
                     let (s, listings) = candidates_at(path).await?;
                     let locations = one_jobs_candidates(&*s, path, listings).await?;
+                    if config.claim_mode == ClaimMode::Claim
+                        && let Some(k) = &keeper
+                    {
+                        let (c, taken) = Claim::start(s.clone(), &locations, job_id, &lock_content).await?;
+                        for (job, generation) in taken {
+                            k.hold(s.clone(), job, generation);
+                        }
+                        claim = Some(c);
+                    }
                     Some((s, locations))
                 }
                 None => None,
@@ -610,6 +635,9 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                     info!(checkpoint = %point.describe(), "restoring");
                     if restored_from.is_none() {
                         restored_from = Some(point.describe());
+                        if let (Some(c), Some(k)) = (claim.as_mut(), keeper.as_ref()) {
+                            c.restored(&point.location, k).await;
+                        }
                     }
                     contexts
                 }
@@ -817,7 +845,15 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                             }
                             Ok(cp) => {
                                 coordinator.finalized(f.id, Ok(()), now, &mut actions);
-                                for old in store.add(cp) {
+                                let subsumed = store.add(cp);
+                                // Claim mode: the restored checkpoint goes once this run retains
+                                // as many of its own as it may.
+                                if store.retained().count() >= config.checkpoint.num_retained as usize
+                                    && let (Some(c), Some(k)) = (claim.as_mut(), keeper.as_ref())
+                                {
+                                    c.subsume(k).await;
+                                }
+                                for old in subsumed {
                                     discard_shared(&mut discards, &storage, job_id, registry.release(old.id));
                                     let s = storage.clone();
                                     discards.spawn(async move {
@@ -891,6 +927,15 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                     }
                     Some(_) = discards.join_next(), if !discards.is_empty() => {}
                     _ = canceller.cancelled() => break Outcome::Canceled,
+                    lost = async {
+                        match keeper.as_mut() {
+                            Some(k) => k.lost().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        warn!(error = %lost, "the job directory was taken over: stopping");
+                        break Outcome::Fatal(JobError::Storage(lost));
+                    }
                 }
                 // Carry out the coordinator's decisions.
                 let mut fail = None;
@@ -1032,7 +1077,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             // for the cancellation timeout; what is still running then is abandoned.
             let wait = match outcome {
                 Outcome::Canceled => config.task_cancellation_timeout,
-                Outcome::Finished | Outcome::Failed(_) => TEARDOWN_WAIT,
+                Outcome::Finished | Outcome::Failed(_) | Outcome::Fatal(_) => TEARDOWN_WAIT,
             };
             gateway.stop(matches!(outcome, Outcome::Finished), wait).await;
             let give_up = Instant::now() + FINALIZE_WAIT;
@@ -1184,6 +1229,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         restored_from,
                     });
                 }
+                Outcome::Fatal(e) => return Err(e),
                 Outcome::Failed(cause) => {
                     for (_, mut t) in requested.drain() {
                         if let Some(reply) = t.reply.take() {
@@ -1218,10 +1264,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         if let Gateway::Remote(remote) = &gateway {
             remote.shutdown().await;
         }
-        if config.checkpoint.is_enabled()
-            && let Err(e) = storage.unlock_job(job_id).await
-        {
-            warn!(error = %e, "cannot give the job directory up");
+        if let Some(k) = keeper {
+            k.release().await;
         }
         result
     }

@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod broadcast;
+mod claim;
 pub mod cli;
 pub mod cluster;
 pub mod config;
@@ -28,8 +29,10 @@ pub(crate) mod deploy;
 pub mod env;
 pub mod error;
 pub(crate) mod gateway;
+pub mod gc;
 pub(crate) mod job;
 pub mod keyed;
+mod lease;
 pub mod operator;
 pub mod ops;
 pub mod restart;
@@ -41,13 +44,15 @@ pub(crate) mod upload;
 pub(crate) mod verify;
 pub mod writer;
 
-pub use config::{JobConfig, StorageConfig};
+pub use config::{ClaimMode, JobConfig, StorageConfig};
 pub use deploy::OperatorContext;
 pub use env::{DataStream, KeyedStream, StreamEnvironment};
 pub use error::{JobError, TaskError};
 pub use job::{JobCanceller, JobClient, JobResult, JobStatus};
 pub use restart::RestartStrategy;
 pub use sink::{CollectHandle, LatestHandle};
+/// The checkpoint crate (`_metadata` and its handles), for tools that read checkpoints.
+pub use weir_checkpoint as checkpoint;
 pub use weir_checkpoint::coordinator::{
     CheckpointFailureReason, CheckpointStats, CheckpointStatus, SubtaskCheckpointMetrics,
 };

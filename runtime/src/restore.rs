@@ -47,43 +47,62 @@ pub(crate) async fn candidates_at(
 ) -> Result<(Arc<dyn CheckpointStorage>, Vec<CheckpointListing>), JobError> {
     let shown = path.display().to_string();
     // A `chk-<n>` directory (or prefix) is opened from its parent, the job directory, so that
-    // the files its chains share with other checkpoints (`../shared/`) are inside the root.
+    // the files its chains share with other checkpoints (`../shared/`) are inside the root; and
+    // a job directory (a `<job-id>` name) from its parent, the checkpoint root, so that every
+    // location names its job (the `_metadata` check, the job's lock for claim mode).
     let is_chk = |name: &str| {
         name.strip_prefix("chk-")
             .is_some_and(|id| id.parse::<u64>().is_ok())
     };
-    let (storage, rel): (Arc<dyn CheckpointStorage>, String) =
-        match path.to_str().filter(|p| is_s3_url(p)) {
-            // `s3://bucket/prefix`: the prefix is the path, configured from the AWS variables.
-            Some(url) => {
-                let trimmed = url.trim_end_matches('/');
-                let (root, rel) = match trimmed.rsplit_once('/') {
-                    Some((parent, name)) if is_chk(name) && parent.len() > "s3://".len() => {
-                        (parent, format!("{name}/"))
+    let is_job = |name: &str| JobId::parse(name).is_some();
+    let (storage, rel): (Arc<dyn CheckpointStorage>, String) = match path
+        .to_str()
+        .filter(|p| is_s3_url(p))
+    {
+        // `s3://bucket/prefix`: the prefix is the path, configured from the AWS variables.
+        Some(url) => {
+            let trimmed = url.trim_end_matches('/');
+            let (root, rel) = match trimmed.rsplit_once('/') {
+                Some((parent, name)) if is_chk(name) && parent.len() > "s3://".len() => {
+                    match parent.rsplit_once('/') {
+                        Some((root, job)) if is_job(job) && root.len() > "s3://".len() => {
+                            (root, format!("{job}/{name}/"))
+                        }
+                        _ => (parent, format!("{name}/")),
                     }
-                    _ => (trimmed, String::new()),
-                };
-                let config = S3Config::from_url_and_env(root)?;
-                (Arc::new(OpendalCheckpointStorage::s3(config)?), rel)
-            }
-            None => {
-                if !path.is_dir() {
-                    return Err(JobError::Restore {
-                        path: shown,
-                        reason: "no such directory".into(),
-                    });
                 }
-                let chk_name = path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .filter(|n| is_chk(n));
-                let (root, rel) = match (chk_name, path.parent()) {
-                    (Some(name), Some(parent)) if parent.is_dir() => (parent, format!("{name}/")),
-                    _ => (path, String::new()),
-                };
-                (Arc::new(OpendalCheckpointStorage::fs(root)?), rel)
+                Some((parent, name)) if is_job(name) && parent.len() > "s3://".len() => {
+                    (parent, format!("{name}/"))
+                }
+                _ => (trimmed, String::new()),
+            };
+            let config = S3Config::from_url_and_env(root)?;
+            (Arc::new(OpendalCheckpointStorage::s3(config)?), rel)
+        }
+        None => {
+            if !path.is_dir() {
+                return Err(JobError::Restore {
+                    path: shown,
+                    reason: "no such directory".into(),
+                });
             }
-        };
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let parent = path.parent().filter(|p| p.is_dir());
+            let grandparent = parent.and_then(Path::parent).filter(|p| p.is_dir());
+            let parent_name = parent
+                .and_then(|p| p.file_name())
+                .and_then(|n| n.to_str())
+                .unwrap_or("");
+            let (root, rel) = match (parent, grandparent) {
+                (Some(_), Some(root)) if is_chk(name) && is_job(parent_name) => {
+                    (root, format!("{parent_name}/{name}/"))
+                }
+                (Some(parent), _) if is_chk(name) || is_job(name) => (parent, format!("{name}/")),
+                _ => (path, String::new()),
+            };
+            (Arc::new(OpendalCheckpointStorage::fs(root)?), rel)
+        }
+    };
     let mut found = storage.find_checkpoints(&rel).await?;
     found.retain(|l| l.complete);
     if found.is_empty() {

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-use weir_checkpoint::storage::CheckpointListing;
+use weir_checkpoint::storage::{CheckpointListing, JobLock};
 use weir_checkpoint::{
     CheckpointError, CheckpointLocation, CheckpointMetadata, CheckpointStorage,
     OpendalCheckpointStorage,
@@ -957,12 +957,38 @@ impl CheckpointStorage for TestStorage {
         self.inner.find_checkpoints(path).await
     }
 
-    async fn lock_job(&self, job: JobId, holder: &str) -> Result<(), CheckpointError> {
-        self.inner.lock_job(job, holder).await
+    async fn read_lock(&self, job: JobId) -> Result<Option<JobLock>, CheckpointError> {
+        self.inner.read_lock(job).await
     }
 
-    async fn unlock_job(&self, job: JobId) -> Result<(), CheckpointError> {
-        self.inner.unlock_job(job).await
+    async fn take_lock(
+        &self,
+        job: JobId,
+        generation: u64,
+        content: &str,
+    ) -> Result<(), CheckpointError> {
+        self.inner.take_lock(job, generation, content).await
+    }
+
+    async fn renew_lock(
+        &self,
+        job: JobId,
+        generation: u64,
+        content: &str,
+    ) -> Result<(), CheckpointError> {
+        self.inner.renew_lock(job, generation, content).await
+    }
+
+    async fn release_lock(&self, job: JobId, generation: u64) -> Result<(), CheckpointError> {
+        self.inner.release_lock(job, generation).await
+    }
+
+    async fn list_files(&self, dir: &str) -> Result<Vec<String>, CheckpointError> {
+        self.inner.list_files(dir).await
+    }
+
+    async fn delete_file(&self, path: &str) -> Result<(), CheckpointError> {
+        self.inner.delete_file(path).await
     }
 }
 

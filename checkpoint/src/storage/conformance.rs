@@ -6,6 +6,8 @@
 //! works in a job of its own (ids derived from `weir-conformance/<check>`) and clears it first,
 //! so the checks can share one storage and be run again on it.
 
+pub mod lease;
+
 use crate::storage::{CheckpointListing, CheckpointLocation, CheckpointStorage};
 use crate::{CheckpointError, CheckpointMetadata, OperatorState};
 use bytes::Bytes;
@@ -40,6 +42,8 @@ pub async fn run_all(storage: &dyn CheckpointStorage) {
     check_list_and_find(storage).await;
     check_name_validation(storage).await;
     check_job_lock(storage).await;
+    lease::check_lock_generations(storage).await;
+    lease::check_list_and_delete_files(storage).await;
 }
 
 /// Runs [`run_all`] and the checks that need raw access. `raw` must be an operator over the

@@ -12,11 +12,14 @@
 //! - **Reads** ([`read_state`](CheckpointStorage::read_state),
 //!   [`read_metadata`](CheckpointStorage::read_metadata),
 //!   [`list_checkpoints`](CheckpointStorage::list_checkpoints),
-//!   [`find_checkpoints`](CheckpointStorage::find_checkpoints)) fail at the read fault rate (0
-//!   unless set).
-//! - [`check_writable`](CheckpointStorage::check_writable),
-//!   [`lock_job`](CheckpointStorage::lock_job), [`unlock_job`](CheckpointStorage::unlock_job)
-//!   and [`discard`](CheckpointStorage::discard) are never failed (a job that cannot start, or a
+//!   [`find_checkpoints`](CheckpointStorage::find_checkpoints),
+//!   [`list_files`](CheckpointStorage::list_files)) fail at the read fault rate (0 unless set).
+//! - [`check_writable`](CheckpointStorage::check_writable), the lock's calls
+//!   ([`read_lock`](CheckpointStorage::read_lock), [`take_lock`](CheckpointStorage::take_lock),
+//!   [`renew_lock`](CheckpointStorage::renew_lock),
+//!   [`release_lock`](CheckpointStorage::release_lock)),
+//!   [`discard`](CheckpointStorage::discard) and [`delete_file`](CheckpointStorage::delete_file)
+//!   are never failed (a job that cannot start, or a
 //!   leftover directory, tests nothing of the checkpoint protocol); they are counted and delayed.
 //!
 //! An injected fault is a [`CheckpointError::Storage`] whose opendal error has kind
@@ -43,7 +46,7 @@
 //! let storage = FaultInjectingStorage::new(inner, 7).with_delay(Duration::from_millis(5), sleep);
 //! ```
 
-use super::{CheckpointListing, CheckpointLocation, CheckpointStorage};
+use super::{CheckpointListing, CheckpointLocation, CheckpointStorage, JobLock};
 use crate::{CheckpointError, CheckpointMetadata};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -537,16 +540,49 @@ impl CheckpointStorage for FaultInjectingStorage {
         self.inner.find_checkpoints(path).await
     }
 
-    async fn lock_job(&self, job: JobId, holder: &str) -> Result<(), CheckpointError> {
-        self.enter(None, "lock_job", || format!("{job}/_lock"))
+    async fn read_lock(&self, job: JobId) -> Result<Option<JobLock>, CheckpointError> {
+        self.enter(None, "read_lock", || format!("{job}/_lock"))
             .await?;
-        self.inner.lock_job(job, holder).await
+        self.inner.read_lock(job).await
     }
 
-    async fn unlock_job(&self, job: JobId) -> Result<(), CheckpointError> {
-        self.enter(None, "unlock_job", || format!("{job}/_lock"))
+    async fn take_lock(
+        &self,
+        job: JobId,
+        generation: u64,
+        content: &str,
+    ) -> Result<(), CheckpointError> {
+        self.enter(None, "take_lock", || format!("{job}/_lock"))
             .await?;
-        self.inner.unlock_job(job).await
+        self.inner.take_lock(job, generation, content).await
+    }
+
+    async fn renew_lock(
+        &self,
+        job: JobId,
+        generation: u64,
+        content: &str,
+    ) -> Result<(), CheckpointError> {
+        self.enter(None, "renew_lock", || format!("{job}/_lock"))
+            .await?;
+        self.inner.renew_lock(job, generation, content).await
+    }
+
+    async fn release_lock(&self, job: JobId, generation: u64) -> Result<(), CheckpointError> {
+        self.enter(None, "release_lock", || format!("{job}/_lock"))
+            .await?;
+        self.inner.release_lock(job, generation).await
+    }
+
+    async fn list_files(&self, dir: &str) -> Result<Vec<String>, CheckpointError> {
+        self.enter(Some(OpKind::Read), "list_files", || dir.to_string())
+            .await?;
+        self.inner.list_files(dir).await
+    }
+
+    async fn delete_file(&self, path: &str) -> Result<(), CheckpointError> {
+        self.enter(None, "delete_file", || path.to_string()).await?;
+        self.inner.delete_file(path).await
     }
 }
 

@@ -65,6 +65,15 @@ pub fn parse_checkpoint_dir(name: &str) -> Option<CheckpointId> {
     (format!("chk-{n}") == name).then_some(CheckpointId(n))
 }
 
+/// A job directory's lock as found in storage: the newest generation and what its holder wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobLock {
+    /// 0 for the run that created the directory; one more for each run that took it over.
+    pub generation: u64,
+    /// What the holder wrote (its first line names the holder; the rest is the runtime's lease).
+    pub content: String,
+}
+
 /// A completed or partial checkpoint found in storage.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointListing {
@@ -181,15 +190,54 @@ pub trait CheckpointStorage: Send + Sync + 'static {
     async fn list_checkpoints(&self, job: JobId)
     -> Result<Vec<CheckpointListing>, CheckpointError>;
 
-    /// Takes the job directory `<job>/` for one run: creates `<job>/_lock`, holding `holder`,
-    /// only if it does not exist (a conditional create: `O_EXCL` on a local file system,
-    /// `If-None-Match: *` on S3), so of two runs only one succeeds. Refused with
-    /// [`CheckpointError::Locked`] when the file exists. A run that was killed leaves its lock:
-    /// its job directory stays its own (every run has a fresh job id).
-    async fn lock_job(&self, job: JobId, holder: &str) -> Result<(), CheckpointError>;
+    /// Takes the job directory `<job>/` for one run: [`take_lock`](Self::take_lock) of
+    /// generation 0 with `holder` as the content.
+    async fn lock_job(&self, job: JobId, holder: &str) -> Result<(), CheckpointError> {
+        self.take_lock(job, 0, holder).await
+    }
 
-    /// Gives the job directory up: deletes `<job>/_lock`. Idempotent.
-    async fn unlock_job(&self, job: JobId) -> Result<(), CheckpointError>;
+    /// Gives the job directory up: [`release_lock`](Self::release_lock) of generation 0, so a
+    /// run that was taken over never deletes its successor's lock. Idempotent.
+    async fn unlock_job(&self, job: JobId) -> Result<(), CheckpointError> {
+        self.release_lock(job, 0).await
+    }
+
+    /// The lock of the job directory `<job>/`: the newest generation's lock file and its content
+    /// (at most 1,000 characters), or `None` when the directory is not held.
+    async fn read_lock(&self, job: JobId) -> Result<Option<JobLock>, CheckpointError>;
+
+    /// Creates the lock file of `generation` in `<job>/` (`_lock` for 0, `_lock.<n>` after), holding
+    /// `content`, only if it does not exist: a conditional create (`O_EXCL` on a local file
+    /// system, `If-None-Match: *` on S3), so of two runs taking the same generation only one
+    /// succeeds; the other is refused with [`CheckpointError::Locked`] naming the holder (the
+    /// content's first line). A run that was killed leaves its lock; one that takes its directory
+    /// over (claim mode) takes the next generation once it has seen the lease expire.
+    async fn take_lock(
+        &self,
+        job: JobId,
+        generation: u64,
+        content: &str,
+    ) -> Result<(), CheckpointError>;
+
+    /// Rewrites the lock file of `generation` with `content` (a lease renewal). Refused with
+    /// [`CheckpointError::LockLost`] when a newer generation exists, before or after the write, or
+    /// the lock file is gone: the directory was taken over, and its old holder must stop writing.
+    async fn renew_lock(
+        &self,
+        job: JobId,
+        generation: u64,
+        content: &str,
+    ) -> Result<(), CheckpointError>;
+
+    /// Deletes the lock files of `<job>/` up to and including `generation`. Idempotent.
+    async fn release_lock(&self, job: JobId, generation: u64) -> Result<(), CheckpointError>;
+
+    /// Every file under the directory `dir` (relative to the root, `""` for the root itself),
+    /// recursively, as paths relative to the root, sorted. A missing directory has none.
+    async fn list_files(&self, dir: &str) -> Result<Vec<String>, CheckpointError>;
+
+    /// Deletes one file, by its path relative to the root. Idempotent.
+    async fn delete_file(&self, path: &str) -> Result<(), CheckpointError>;
 
     /// Finds checkpoints under a path a user gave (relative to the root; `""` is the root):
     /// the path itself if it holds `_metadata`; else its `chk-<n>` children; else the `chk-<n>`

@@ -2,8 +2,8 @@
 //! any opendal service (fs, memory and s3 here; others through [`OpendalCheckpointStorage::from_operator`]).
 
 use super::{
-    CheckpointListing, CheckpointLocation, CheckpointStorage, S3Config, SHARED_DIR_FROM_LOCATION,
-    join_path,
+    CheckpointListing, CheckpointLocation, CheckpointStorage, JobLock, S3Config,
+    SHARED_DIR_FROM_LOCATION, join_path,
 };
 use crate::metadata::MAX_METADATA_SIZE;
 use crate::{CheckpointError, CheckpointMetadata};
@@ -248,8 +248,40 @@ impl OpendalCheckpointStorage {
 
 use super::parse_checkpoint_dir as parse_chk;
 
-/// The file a run holds its job directory with.
-const LOCK_FILE: &str = "_lock";
+/// The file a run holds its job directory with, for a generation: `_lock` for the first holder,
+/// `_lock.<n>` for the n-th that took the directory over.
+fn lock_file(generation: u64) -> String {
+    match generation {
+        0 => "_lock".to_string(),
+        n => format!("_lock.{n}"),
+    }
+}
+
+/// The generation of a lock file's name (the inverse of [`lock_file`]).
+fn parse_lock_file(name: &str) -> Option<u64> {
+    match name.strip_prefix("_lock")? {
+        "" => Some(0),
+        rest => {
+            let digits = rest.strip_prefix('.')?;
+            let n: u64 = digits.parse().ok()?;
+            (n > 0 && format!(".{n}") == rest).then_some(n)
+        }
+    }
+}
+
+/// At most this many characters of a lock file are read back.
+const MAX_LOCK_CONTENT: usize = 1000;
+
+/// The first line of a lock's content (who holds it), shortened for messages.
+fn lock_holder_line(content: &str) -> String {
+    content
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(200)
+        .collect()
+}
 
 /// Checks that `name` is a plain file name that may hold state.
 fn validate_state_name(name: &str) -> Result<(), CheckpointError> {
@@ -656,9 +688,41 @@ impl CheckpointStorage for OpendalCheckpointStorage {
         self.checkpoints_in(&format!("{job}/")).await
     }
 
-    async fn lock_job(&self, job: JobId, holder: &str) -> Result<(), CheckpointError> {
+    async fn read_lock(&self, job: JobId) -> Result<Option<JobLock>, CheckpointError> {
         let dir = format!("{job}/");
-        let path = format!("{dir}{LOCK_FILE}");
+        let newest = self
+            .list_children(&dir)
+            .await?
+            .into_iter()
+            .filter(|(_, is_dir)| !is_dir)
+            .filter_map(|(name, _)| parse_lock_file(&name))
+            .max();
+        let Some(generation) = newest else {
+            return Ok(None);
+        };
+        let path = format!("{dir}{}", lock_file(generation));
+        match self.op.read(&path).await {
+            Ok(b) => Ok(Some(JobLock {
+                generation,
+                content: String::from_utf8_lossy(&b.to_vec())
+                    .chars()
+                    .take(MAX_LOCK_CONTENT)
+                    .collect(),
+            })),
+            // Released between the listing and the read.
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.storage_err(&path)(e)),
+        }
+    }
+
+    async fn take_lock(
+        &self,
+        job: JobId,
+        generation: u64,
+        content: &str,
+    ) -> Result<(), CheckpointError> {
+        let dir = format!("{job}/");
+        let path = format!("{dir}{}", lock_file(generation));
         if self.create_dirs {
             self.op
                 .create_dir(&dir)
@@ -667,12 +731,12 @@ impl CheckpointStorage for OpendalCheckpointStorage {
         }
         match self
             .op
-            .write_with(&path, holder.as_bytes().to_vec())
+            .write_with(&path, content.as_bytes().to_vec())
             .if_not_exists(true)
             .await
         {
             Ok(_) => {
-                debug!(path = %self.full_path(&path), holder, "took the job directory");
+                debug!(path = %self.full_path(&path), generation, "took the job directory");
                 Ok(())
             }
             Err(e)
@@ -682,10 +746,7 @@ impl CheckpointStorage for OpendalCheckpointStorage {
                 ) =>
             {
                 let holder = match self.op.read(&path).await {
-                    Ok(b) => String::from_utf8_lossy(&b.to_vec())
-                        .chars()
-                        .take(200)
-                        .collect(),
+                    Ok(b) => lock_holder_line(&String::from_utf8_lossy(&b.to_vec())),
                     Err(_) => "unknown holder".to_string(),
                 };
                 Err(CheckpointError::Locked {
@@ -697,12 +758,78 @@ impl CheckpointStorage for OpendalCheckpointStorage {
         }
     }
 
-    async fn unlock_job(&self, job: JobId) -> Result<(), CheckpointError> {
-        let path = format!("{job}/{LOCK_FILE}");
-        match self.op.delete(&path).await {
+    async fn renew_lock(
+        &self,
+        job: JobId,
+        generation: u64,
+        content: &str,
+    ) -> Result<(), CheckpointError> {
+        let dir = format!("{job}/");
+        let lost = |by: String| CheckpointError::LockLost {
+            path: self.full_path(&dir).trim_end_matches('/').to_string(),
+            by,
+        };
+        // Taken over? The newest generation decides, before and after the write.
+        match self.read_lock(job).await? {
+            Some(l) if l.generation > generation => return Err(lost(lock_holder_line(&l.content))),
+            Some(l) if l.generation == generation => {}
+            _ => return Err(lost("nobody: the lock file is gone".into())),
+        }
+        let path = format!("{dir}{}", lock_file(generation));
+        self.op
+            .write(&path, content.as_bytes().to_vec())
+            .await
+            .map_err(self.storage_err(&path))?;
+        match self.read_lock(job).await? {
+            Some(l) if l.generation > generation => Err(lost(lock_holder_line(&l.content))),
+            _ => Ok(()),
+        }
+    }
+
+    async fn release_lock(&self, job: JobId, generation: u64) -> Result<(), CheckpointError> {
+        let dir = format!("{job}/");
+        for (name, is_dir) in self.list_children(&dir).await? {
+            if is_dir || parse_lock_file(&name).is_none_or(|g| g > generation) {
+                continue;
+            }
+            let path = format!("{dir}{name}");
+            match self.op.delete(&path).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(self.storage_err(&path)(e)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn list_files(&self, dir: &str) -> Result<Vec<String>, CheckpointError> {
+        let dir = normalize_dir(dir)?;
+        let entries = match self.op.list_with(&dir).recursive(true).await {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(self.storage_err(&dir)(e)),
+        };
+        let mut files: Vec<String> = entries
+            .into_iter()
+            .filter(|e| !e.path().ends_with('/') && !e.metadata().mode().is_dir())
+            .map(|e| e.path().trim_start_matches('/').to_string())
+            .filter(|p| p.starts_with(&dir))
+            .collect();
+        files.sort();
+        files.dedup();
+        Ok(files)
+    }
+
+    async fn delete_file(&self, path: &str) -> Result<(), CheckpointError> {
+        if path.is_empty() || path.ends_with('/') || path.split('/').any(|s| s == "..") {
+            return Err(CheckpointError::Config(format!(
+                "cannot delete {path:?}: it is not a file path under the root"
+            )));
+        }
+        match self.op.delete(path).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(self.storage_err(&path)(e)),
+            Err(e) => Err(self.storage_err(path)(e)),
         }
     }
 

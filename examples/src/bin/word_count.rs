@@ -117,6 +117,18 @@ struct Args {
     /// the latest completed one (savepoints stay full).
     #[arg(long)]
     incremental: bool,
+    /// With --from: who owns the restored checkpoint. no-claim: it stays its old run's, and this
+    /// run's first checkpoint is full. claim: this run takes over the job directories of the runs
+    /// it descends from once their locks' leases expire, deletes what the restored checkpoint
+    /// does not need, and deletes that checkpoint too once --retain of its own subsume it.
+    #[arg(long, value_enum, default_value_t = Claim::NoClaim)]
+    claim_mode: Claim,
+    #[arg(long, value_parser = lease_duration,
+        help = format!("How long the run's lock on its job directory holds unrenewed (renewed every third of it);             a claim waits this long before it takes over a killed run's directory ({} to {}) [default: {}]",
+            humantime::format_duration(*limits::JOB_LOCK_LEASE.start()),
+            humantime::format_duration(*limits::JOB_LOCK_LEASE.end()),
+            humantime::format_duration(weir_runtime::config::DEFAULT_JOB_LOCK_LEASE)))]
+    job_lock_lease: Option<Duration>,
     /// Cluster mode: `jobmanager` runs the job master and the checkpoint coordinator, and
     /// deploys the subtasks to task managers (with --listen); task managers are started with
     /// --jobmanager. Every process takes the same job arguments.
@@ -180,6 +192,26 @@ fn bounded_duration(text: &str) -> Result<Duration, String> {
         ));
     }
     Ok(d)
+}
+
+/// `--job-lock-lease`: within [`limits::JOB_LOCK_LEASE`].
+fn lease_duration(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if !limits::JOB_LOCK_LEASE.contains(&d) {
+        return Err(format!(
+            "{text} is out of range: it must be between {} and {}",
+            humantime::format_duration(*limits::JOB_LOCK_LEASE.start()),
+            humantime::format_duration(*limits::JOB_LOCK_LEASE.end())
+        ));
+    }
+    Ok(d)
+}
+
+/// `--claim-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Claim {
+    NoClaim,
+    Claim,
 }
 
 /// A duration flag that must also be above zero.
@@ -347,6 +379,13 @@ async fn run(args: Args) -> u8 {
     if let Some(timeout) = args.task_cancellation_timeout {
         env.config_mut().task_cancellation_timeout = timeout;
     }
+    if let Some(lease) = args.job_lock_lease {
+        env.config_mut().job_lock_lease = lease;
+    }
+    env.config_mut().claim_mode = match args.claim_mode {
+        Claim::NoClaim => weir_runtime::ClaimMode::NoClaim,
+        Claim::Claim => weir_runtime::ClaimMode::Claim,
+    };
     let is_task_manager = matches!(cluster, Some(ClusterRole::TaskManager(_)));
     env.config_mut().cluster = cluster;
     let client = JobClient::default();

@@ -1,4 +1,4 @@
-//! The `weir` command-line tool: `weir checkpoints list | inspect | verify` (see
+//! The `weir` command-line tool: `weir checkpoints list | inspect | verify | gc` (see
 //! `weir_runtime::cli`).
 
 use clap::Parser;

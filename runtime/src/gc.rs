@@ -1,0 +1,160 @@
+//! `weir checkpoints gc`: what no complete checkpoint under a root needs (incomplete checkpoint
+//! directories, unreferenced shared files, job directories of runs killed before their first
+//! checkpoint), listed, and deleted with `--delete`, in job directories no running job holds.
+
+use crate::claim::{DirListing, DirPlan, apply, job_dirs, plan_dir, referenced_shared};
+use crate::cli::{CliError, Opened};
+use crate::lease::{self, Liveness, LockContent};
+use serde::Serialize;
+use std::path::Path;
+use weir_checkpoint::CheckpointStorage;
+use weir_core::ids::JobId;
+
+/// One thing `gc` found.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct GcItem {
+    /// `INCOMPLETE` (a checkpoint directory without `_metadata`), `UNREFERENCED` (a shared file
+    /// no complete checkpoint references) or `EMPTY-JOB` (a job directory with no complete
+    /// checkpoint, deleted whole).
+    pub kind: &'static str,
+    /// Where, as a local path or `s3://` URL.
+    pub path: String,
+}
+
+/// What `gc` found and did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GcReport {
+    /// The root.
+    pub root: String,
+    /// What no complete checkpoint needs.
+    pub garbage: Vec<GcItem>,
+    /// Job directories left alone, with why (held by a running job; a `_metadata` unreadable, so
+    /// its shared files all stay).
+    pub skipped: Vec<String>,
+    /// Whether the garbage was deleted.
+    pub deleted: bool,
+}
+
+/// Finds (and with `delete`, deletes) the garbage under the checkpoint root `path`. Locked job
+/// directories are watched for one lease first: one whose lock is renewed belongs to a running
+/// job and is skipped.
+pub async fn gc(path: &Path, delete: bool) -> Result<GcReport, CliError> {
+    let opened = crate::cli::open(path)?;
+    if !opened.rel.is_empty() {
+        return Err(CliError::Usage(format!(
+            "'{}' is a checkpoint directory: gc takes a checkpoint root (holding <job-id>/chk-<n>)",
+            opened.shown
+        )));
+    }
+    let storage: &dyn CheckpointStorage = &opened.storage;
+    let failed = |e: weir_checkpoint::CheckpointError| {
+        CliError::Failed(format!("gc of '{}': {e}", opened.shown))
+    };
+    let files = storage.list_files("").await.map_err(failed)?;
+    let checkpoints = storage.find_checkpoints("").await.map_err(failed)?;
+    let mut dirs = job_dirs(&files);
+    for l in &checkpoints {
+        if let Some(job) = l.location.job_id() {
+            dirs.entry(job).or_default();
+        }
+    }
+    let jobs: Vec<JobId> = dirs.keys().copied().collect();
+    let seen = lease::observe(storage, &jobs).await.map_err(failed)?;
+    let mut report = GcReport {
+        root: opened.display(""),
+        deleted: delete,
+        ..GcReport::default()
+    };
+    let content = LockContent {
+        holder: format!("weir checkpoints gc, process {}", std::process::id()),
+        lease: crate::config::DEFAULT_JOB_LOCK_LEASE,
+        renewal: 0,
+    };
+    for (job, files) in &dirs {
+        let liveness = &seen[job];
+        if let Liveness::Held { holder } = liveness {
+            report.skipped.push(format!(
+                "{}: held by a running job ({holder})",
+                opened.display(&job.to_string())
+            ));
+            continue;
+        }
+        let mut listing = DirListing::of(*job, files);
+        listing.add_checkpoints(*job, &checkpoints);
+        let complete: Vec<_> = listing.complete().collect();
+        let referenced = referenced_shared(storage, *job, complete.iter().copied()).await;
+        if referenced.is_none() && !listing.shared.is_empty() {
+            report.skipped.push(format!(
+                "{}/shared: a complete checkpoint's _metadata cannot be read, so every shared file stays",
+                opened.display(&job.to_string())
+            ));
+        }
+        let plan = plan_dir(&listing, |_, complete| complete, referenced.as_ref());
+        if plan.is_empty() {
+            continue;
+        }
+        report.garbage.extend(items(&opened, *job, &plan));
+        if delete {
+            // Hold the directory while deleting, so no run takes it meanwhile.
+            let Some(generation) = lease::take_over(storage, *job, liveness, &content)
+                .await
+                .map_err(failed)?
+            else {
+                report.skipped.push(format!(
+                    "{}: taken by another run while gc looked",
+                    opened.display(&job.to_string())
+                ));
+                continue;
+            };
+            apply(storage, *job, &plan).await.map_err(failed)?;
+            if !plan.empties_dir {
+                storage
+                    .release_lock(*job, generation)
+                    .await
+                    .map_err(failed)?;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The report's lines for one directory's plan.
+fn items(opened: &Opened, job: JobId, plan: &DirPlan) -> Vec<GcItem> {
+    if plan.empties_dir {
+        return vec![GcItem {
+            kind: "EMPTY-JOB",
+            path: opened.display(&job.to_string()),
+        }];
+    }
+    let checkpoints = plan.checkpoints.iter().map(|(id, _)| GcItem {
+        kind: "INCOMPLETE",
+        path: opened.display(&format!("{job}/chk-{}", id.0)),
+    });
+    let shared = plan.shared.iter().map(|name| GcItem {
+        kind: "UNREFERENCED",
+        path: opened.display(&format!("{job}/shared/{name}")),
+    });
+    checkpoints.chain(shared).collect()
+}
+
+/// The report as text.
+pub fn render_gc(r: &GcReport) -> String {
+    let mut s = String::new();
+    for item in &r.garbage {
+        s.push_str(&format!("{:<13}{}\n", item.kind, item.path));
+    }
+    for skipped in &r.skipped {
+        s.push_str(&format!("SKIPPED      {skipped}\n"));
+    }
+    let verb = if r.deleted {
+        "deleted"
+    } else {
+        "found (run with --delete to delete)"
+    };
+    s.push_str(&format!(
+        "gc: {} items no complete checkpoint under {} needs, {verb}\n",
+        r.garbage.len(),
+        r.root
+    ));
+    s
+}

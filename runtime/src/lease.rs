@@ -1,0 +1,369 @@
+//! The lease on a job directory: what a run writes into its lock, how it renews it, and how
+//! another run tells an abandoned lock (its holder killed) from a held one.
+//!
+//! A run holds `<job-id>/` through a lock file of some generation
+//! ([`CheckpointStorage::take_lock`]). Its content is the holder's name, the lease it promises
+//! and a renewal counter. The holder rewrites it every third of the lease
+//! ([`LeaseKeeper`]). Another run judges a lock as Kubernetes' leader election does, without
+//! comparing clocks: it reads the lock, waits one lease (and a fifth), and reads it again. An
+//! unchanged lock was not renewed for a whole lease: its holder is gone, and the directory may be
+//! taken over by creating the next generation's lock, which only one taker can do. A holder that
+//! was only frozen finds the newer generation at its next renewal and stops
+//! ([`CheckpointError::LockLost`]).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing::{debug, warn};
+use weir_checkpoint::storage::JobLock;
+use weir_checkpoint::{CheckpointError, CheckpointStorage};
+use weir_core::ids::JobId;
+
+use crate::config::DEFAULT_JOB_LOCK_LEASE;
+
+/// What a lock file holds: who, the lease promised, and a counter each renewal raises.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LockContent {
+    pub holder: String,
+    pub lease: Duration,
+    pub renewal: u64,
+}
+
+impl LockContent {
+    /// The file's text: the holder on the first line (what a refusal names), then the lease.
+    pub fn render(&self) -> String {
+        format!(
+            "{}\nlease_ms {}\nrenewal {}\n",
+            self.holder.lines().next().unwrap_or(""),
+            self.lease.as_millis(),
+            self.renewal
+        )
+    }
+
+    /// Reads a lock's text. A lock without a lease line (written before leases, or damaged)
+    /// promises the default lease.
+    pub fn parse(text: &str) -> LockContent {
+        let mut lines = text.lines();
+        let holder = lines.next().unwrap_or("").to_string();
+        let mut lease = DEFAULT_JOB_LOCK_LEASE;
+        let mut renewal = 0;
+        for line in lines {
+            if let Some(ms) = line
+                .strip_prefix("lease_ms ")
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                // A damaged or hostile lock cannot make a reader wait for ever.
+                lease = Duration::from_millis(
+                    ms.min(crate::config::limits::JOB_LOCK_LEASE.end().as_millis() as u64),
+                );
+            } else if let Some(n) = line.strip_prefix("renewal ").and_then(|v| v.parse().ok()) {
+                renewal = n;
+            }
+        }
+        LockContent {
+            holder,
+            lease,
+            renewal,
+        }
+    }
+}
+
+/// What two readings of a lock, one lease apart, say of its directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Liveness {
+    /// No lock: nobody holds the directory.
+    Free,
+    /// The lock changed (renewed, released and taken again, taken over): a run holds it.
+    Held { holder: String },
+    /// The lock stayed as it was for a whole lease: its holder is gone. The directory may be
+    /// taken over with the next generation.
+    Abandoned { generation: u64, holder: String },
+}
+
+/// Judges a directory from two readings of its lock taken a lease apart.
+pub(crate) fn judge(first: Option<&JobLock>, second: Option<&JobLock>) -> Liveness {
+    match (first, second) {
+        (_, None) => Liveness::Free,
+        (Some(a), Some(b)) if a == b => Liveness::Abandoned {
+            generation: b.generation,
+            holder: LockContent::parse(&b.content).holder,
+        },
+        (_, Some(b)) => Liveness::Held {
+            holder: LockContent::parse(&b.content).holder,
+        },
+    }
+}
+
+/// How long to watch a lock that promises `lease` before judging it.
+pub(crate) fn watch_time(lease: Duration) -> Duration {
+    lease + lease / 5
+}
+
+/// Judges the job directories `jobs`: reads their locks, waits once for the longest lease any
+/// of them promises, and reads them again. Directories without a lock are free at once.
+pub(crate) async fn observe(
+    storage: &dyn CheckpointStorage,
+    jobs: &[JobId],
+) -> Result<BTreeMap<JobId, Liveness>, CheckpointError> {
+    let mut first = BTreeMap::new();
+    for &job in jobs {
+        first.insert(job, storage.read_lock(job).await?);
+    }
+    let wait = first
+        .values()
+        .flatten()
+        .map(|l| watch_time(LockContent::parse(&l.content).lease))
+        .max();
+    if let Some(wait) = wait {
+        debug!(
+            ?wait,
+            locked = first.values().flatten().count(),
+            "watching job directory locks"
+        );
+        tokio::time::sleep(wait).await;
+    }
+    let mut out = BTreeMap::new();
+    for (job, before) in first {
+        let after = match &before {
+            None => None,
+            Some(_) => storage.read_lock(job).await?,
+        };
+        out.insert(job, judge(before.as_ref(), after.as_ref()));
+    }
+    Ok(out)
+}
+
+/// Takes `job` over as judged: generation 0 when free, the next one when abandoned. `None` when
+/// it is held, or another run took it first.
+pub(crate) async fn take_over(
+    storage: &dyn CheckpointStorage,
+    job: JobId,
+    liveness: &Liveness,
+    content: &LockContent,
+) -> Result<Option<u64>, CheckpointError> {
+    let generation = match liveness {
+        Liveness::Free => 0,
+        Liveness::Abandoned { generation, .. } => generation + 1,
+        Liveness::Held { .. } => return Ok(None),
+    };
+    match storage.take_lock(job, generation, &content.render()).await {
+        Ok(()) => Ok(Some(generation)),
+        Err(CheckpointError::Locked { holder, .. }) => {
+            warn!(%job, %holder, "another run took the job directory first");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A lock a run holds: where, which directory, which generation.
+type Held = (Arc<dyn CheckpointStorage>, JobId, u64);
+
+/// Renews the locks a run holds (its own job directory and those it claimed), every third of
+/// the lease, until released. A lock found taken over is reported through [`lost`](Self::lost).
+pub(crate) struct LeaseKeeper {
+    held: Arc<Mutex<Vec<Held>>>,
+    lost: tokio::sync::watch::Receiver<Option<(String, String)>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LeaseKeeper {
+    /// Starts renewing, as `content` promises, the locks [`hold`](Self::hold) adds.
+    pub fn start(content: LockContent) -> LeaseKeeper {
+        let held: Arc<Mutex<Vec<Held>>> = Arc::new(Mutex::new(Vec::new()));
+        let (tx, lost) = tokio::sync::watch::channel(None);
+        let dirs = held.clone();
+        let task = tokio::spawn(async move {
+            let mut content = content;
+            let mut tick = tokio::time::interval(content.lease / 3);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                content.renewal += 1;
+                let now: Vec<Held> = dirs.lock().map(|d| d.clone()).unwrap_or_default();
+                for (storage, job, generation) in now {
+                    match storage.renew_lock(job, generation, &content.render()).await {
+                        Ok(()) => {}
+                        Err(CheckpointError::LockLost { path, by }) => {
+                            let _ = tx.send(Some((path, by)));
+                            return;
+                        }
+                        // A transient error: the next renewal may succeed within the lease.
+                        Err(e) => warn!(%job, error = %e, "cannot renew the job directory's lock"),
+                    }
+                }
+            }
+        });
+        LeaseKeeper { held, lost, task }
+    }
+
+    /// Renews `job`'s lock of `generation` in `storage` from now on.
+    pub fn hold(&self, storage: Arc<dyn CheckpointStorage>, job: JobId, generation: u64) {
+        if let Ok(mut d) = self.held.lock() {
+            d.push((storage, job, generation));
+        }
+    }
+
+    /// Stops renewing `job` (its directory is being deleted).
+    pub fn forget(&self, job: JobId) {
+        if let Ok(mut d) = self.held.lock() {
+            d.retain(|(_, j, _)| *j != job);
+        }
+    }
+
+    /// Resolves when a lock was found taken over, with that error; pending for ever otherwise.
+    pub async fn lost(&mut self) -> CheckpointError {
+        loop {
+            if let Some((path, by)) = self.lost.borrow_and_update().clone() {
+                return CheckpointError::LockLost { path, by };
+            }
+            if self.lost.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Stops renewing and releases every lock still held (each its own generation and older,
+    /// so a successor's lock stays).
+    pub async fn release(self) {
+        self.task.abort();
+        let held: Vec<Held> = self.held.lock().map(|d| d.clone()).unwrap_or_default();
+        for (storage, job, generation) in held {
+            if let Err(e) = storage.release_lock(job, generation).await {
+                warn!(%job, error = %e, "cannot give the job directory up");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(generation: u64, content: &str) -> JobLock {
+        JobLock {
+            generation,
+            content: content.to_string(),
+        }
+    }
+
+    #[test]
+    fn content_round_trips_and_old_locks_promise_the_default() {
+        let c = LockContent {
+            holder: "process 7 on h".into(),
+            lease: Duration::from_millis(1500),
+            renewal: 4,
+        };
+        assert_eq!(LockContent::parse(&c.render()), c);
+        let old = LockContent::parse("process 1 on h, since 5 ms after the Unix epoch");
+        assert_eq!(old.lease, DEFAULT_JOB_LOCK_LEASE);
+        assert_eq!(
+            old.holder,
+            "process 1 on h, since 5 ms after the Unix epoch"
+        );
+        // A hostile lease is capped at the longest a lease may be.
+        assert_eq!(
+            LockContent::parse("x\nlease_ms 99999999999999").lease,
+            Duration::from_secs(3600)
+        );
+    }
+
+    #[test]
+    fn an_unchanged_lock_is_abandoned_a_changed_one_held() {
+        let a = lock(0, "run a\nlease_ms 100\nrenewal 3\n");
+        let renewed = lock(0, "run a\nlease_ms 100\nrenewal 4\n");
+        let taken = lock(1, "run b\nlease_ms 100\nrenewal 0\n");
+        assert_eq!(judge(None, None), Liveness::Free);
+        assert_eq!(judge(Some(&a), None), Liveness::Free);
+        assert_eq!(
+            judge(Some(&a), Some(&a)),
+            Liveness::Abandoned {
+                generation: 0,
+                holder: "run a".into()
+            }
+        );
+        assert_eq!(
+            judge(Some(&a), Some(&renewed)),
+            Liveness::Held {
+                holder: "run a".into()
+            }
+        );
+        assert_eq!(
+            judge(Some(&a), Some(&taken)),
+            Liveness::Held {
+                holder: "run b".into()
+            }
+        );
+        assert_eq!(
+            judge(None, Some(&a)),
+            Liveness::Held {
+                holder: "run a".into()
+            }
+        );
+        assert_eq!(watch_time(Duration::from_secs(5)), Duration::from_secs(6));
+    }
+
+    #[tokio::test]
+    async fn a_kept_lease_is_held_a_dead_one_abandoned_and_taken_over_once() {
+        let storage: Arc<dyn CheckpointStorage> =
+            Arc::new(weir_checkpoint::OpendalCheckpointStorage::memory().unwrap());
+        let (live, dead) = (JobId(1), JobId(2));
+        let content = |holder: &str| LockContent {
+            holder: holder.into(),
+            lease: Duration::from_millis(150),
+            renewal: 0,
+        };
+        storage
+            .take_lock(live, 0, &content("live").render())
+            .await
+            .unwrap();
+        storage
+            .take_lock(dead, 0, &content("dead").render())
+            .await
+            .unwrap();
+        let mut keeper = LeaseKeeper::start(content("live"));
+        keeper.hold(storage.clone(), live, 0);
+        let seen = observe(&*storage, &[live, dead, JobId(3)]).await.unwrap();
+        assert_eq!(
+            seen[&live],
+            Liveness::Held {
+                holder: "live".into()
+            }
+        );
+        assert_eq!(
+            seen[&dead],
+            Liveness::Abandoned {
+                generation: 0,
+                holder: "dead".into()
+            }
+        );
+        assert_eq!(seen[&JobId(3)], Liveness::Free);
+        // Two takers of the dead directory: one wins.
+        let a = take_over(&*storage, dead, &seen[&dead], &content("a"))
+            .await
+            .unwrap();
+        let b = take_over(&*storage, dead, &seen[&dead], &content("b"))
+            .await
+            .unwrap();
+        assert_eq!((a, b), (Some(1), None));
+        // The live one taken over (as if it had been frozen): its keeper reports the loss.
+        storage
+            .take_lock(live, 1, &content("thief").render())
+            .await
+            .unwrap();
+        let lost = tokio::time::timeout(Duration::from_secs(10), keeper.lost())
+            .await
+            .unwrap();
+        assert!(
+            matches!(&lost, CheckpointError::LockLost { by, .. } if by == "thief"),
+            "{lost:?}"
+        );
+        keeper.release().await;
+        // Releasing generation 0 left the thief's lock.
+        assert_eq!(
+            storage.read_lock(live).await.unwrap().map(|l| l.generation),
+            Some(1)
+        );
+    }
+}
