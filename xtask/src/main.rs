@@ -92,11 +92,17 @@ fn workspace_root() -> PathBuf {
         .unwrap_or(manifest_dir)
 }
 
-/// `cargo` as the one that started us (`$CARGO`), else from `PATH`.
+/// `cargo` as the one that started us (`$CARGO`), else from `PATH`. Under CI (`CI` set) without
+/// an explicit `CARGO_INCREMENTAL`, incremental compilation is off: a fresh clone gains nothing
+/// from it, and its files are half of the test build's target directory (a CI run once ran out
+/// of disk).
 fn cargo(root: &Path) -> Command {
     let program = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(program);
     cmd.current_dir(root);
+    if std::env::var_os("CI").is_some() && std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        cmd.env("CARGO_INCREMENTAL", "0");
+    }
     cmd
 }
 
