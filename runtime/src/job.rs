@@ -500,8 +500,14 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                             k.hold(s.clone(), job, generation);
                         }
                         claim = Some(c);
+                        // Watching the leases took a while: a running job's retention may have
+                        // deleted what was listed, and new checkpoints may exist. List again.
+                        let (s, listings) = candidates_at(path).await?;
+                        let locations = one_jobs_candidates(&*s, path, listings).await?;
+                        Some((s, locations))
+                    } else {
+                        Some((s, locations))
                     }
-                    Some((s, locations))
                 }
                 None => None,
             };
