@@ -82,6 +82,11 @@ fn cluster_protocol() {
 }
 
 #[test]
+fn identity_frames() {
+    fuzz("identity");
+}
+
+#[test]
 fn every_target_has_a_test_here() {
     let source = include_str!("budget.rs");
     for name in targets::NAMES {

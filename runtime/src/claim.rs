@@ -278,7 +278,7 @@ impl Claim {
             let referenced = referenced_shared(&*self.storage, job, kept.iter().copied()).await;
             let plan = plan_dir(&listing, |id, complete| complete && keep(id), referenced.as_ref());
             if plan.empties_dir {
-                keeper.forget(job);
+                keeper.forget(job).await;
                 self.dirs.retain(|d| *d != job);
             }
             apply(&*self.storage, job, &plan).await?;

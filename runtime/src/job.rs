@@ -483,7 +483,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             // One writer per job directory: a second run with this job id is refused.
             storage.lock_job(job_id, &lock_content.render()).await?;
             let k = LeaseKeeper::start(lock_content.clone());
-            k.hold(storage.clone(), job_id, 0);
+            k.hold(storage.clone(), job_id, 0).await;
             keeper = Some(k);
         }
         let mut claim: Option<Claim> = None;
@@ -497,7 +497,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                     {
                         let (c, taken) = Claim::start(s.clone(), &locations, job_id, &lock_content).await?;
                         for (job, generation) in taken {
-                            k.hold(s.clone(), job, generation);
+                            k.hold(s.clone(), job, generation).await;
                         }
                         claim = Some(c);
                         // Watching the leases took a while: a running job's retention may have

@@ -12,8 +12,9 @@
 //! ([`CheckpointError::LockLost`]).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Mutex;
 use tracing::{debug, warn};
 use weir_checkpoint::storage::JobLock;
 use weir_checkpoint::{CheckpointError, CheckpointStorage};
@@ -162,6 +163,8 @@ type Held = (Arc<dyn CheckpointStorage>, JobId, u64);
 /// Renews the locks a run holds (its own job directory and those it claimed), every third of
 /// the lease, until released. A lock found taken over is reported through [`lost`](Self::lost).
 pub(crate) struct LeaseKeeper {
+    /// Locked for a whole round of renewals, so that once [`forget`](Self::forget) returns no
+    /// renewal of that lock is under way (one could recreate a lock file being deleted).
     held: Arc<Mutex<Vec<Held>>>,
     lost: tokio::sync::watch::Receiver<Option<(String, String)>>,
     task: tokio::task::JoinHandle<()>,
@@ -181,8 +184,9 @@ impl LeaseKeeper {
             loop {
                 tick.tick().await;
                 content.renewal += 1;
-                let now: Vec<Held> = dirs.lock().map(|d| d.clone()).unwrap_or_default();
-                for (storage, job, generation) in now {
+                let now = dirs.lock().await;
+                for (storage, job, generation) in now.iter() {
+                    let (job, generation) = (*job, *generation);
                     match storage.renew_lock(job, generation, &content.render()).await {
                         Ok(()) => {}
                         Err(CheckpointError::LockLost { path, by }) => {
@@ -199,17 +203,14 @@ impl LeaseKeeper {
     }
 
     /// Renews `job`'s lock of `generation` in `storage` from now on.
-    pub fn hold(&self, storage: Arc<dyn CheckpointStorage>, job: JobId, generation: u64) {
-        if let Ok(mut d) = self.held.lock() {
-            d.push((storage, job, generation));
-        }
+    pub async fn hold(&self, storage: Arc<dyn CheckpointStorage>, job: JobId, generation: u64) {
+        self.held.lock().await.push((storage, job, generation));
     }
 
-    /// Stops renewing `job` (its directory is being deleted).
-    pub fn forget(&self, job: JobId) {
-        if let Ok(mut d) = self.held.lock() {
-            d.retain(|(_, j, _)| *j != job);
-        }
+    /// Stops renewing `job`: when this returns, no renewal of it is under way or will start, so
+    /// its directory can be deleted.
+    pub async fn forget(&self, job: JobId) {
+        self.held.lock().await.retain(|(_, j, _)| *j != job);
     }
 
     /// Resolves when a lock was found taken over, with that error; pending for ever otherwise.
@@ -228,7 +229,7 @@ impl LeaseKeeper {
     /// so a successor's lock stays).
     pub async fn release(self) {
         self.task.abort();
-        let held: Vec<Held> = self.held.lock().map(|d| d.clone()).unwrap_or_default();
+        let held: Vec<Held> = self.held.lock().await.clone();
         for (storage, job, generation) in held {
             if let Err(e) = storage.release_lock(job, generation).await {
                 warn!(%job, error = %e, "cannot give the job directory up");
@@ -323,7 +324,7 @@ mod tests {
             .await
             .unwrap();
         let mut keeper = LeaseKeeper::start(content("live"));
-        keeper.hold(storage.clone(), live, 0);
+        keeper.hold(storage.clone(), live, 0).await;
         let seen = observe(&*storage, &[live, dead, JobId(3)]).await.unwrap();
         assert_eq!(
             seen[&live],

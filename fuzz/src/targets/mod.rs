@@ -2,6 +2,7 @@
 
 pub mod channel_state;
 pub mod codec;
+pub mod identity;
 pub mod keyed;
 mod keyed_mutate;
 pub mod metadata;
@@ -13,7 +14,7 @@ use crate::harness::{self, Budget, Checked, Report};
 use std::time::Duration;
 
 /// Every target's name, in the order a full run takes them.
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 8] = [
     "metadata",
     "keyed",
     "channel-state",
@@ -21,6 +22,7 @@ pub const NAMES: [&str; 7] = [
     "codec",
     "tcp",
     "protocol",
+    "identity",
 ];
 
 /// Fuzzes the target `name` within `budget`; `None` when there is no such target.
@@ -33,6 +35,7 @@ pub fn fuzz(name: &str, budget: &Budget) -> Option<Report> {
         "codec" => harness::fuzz(&codec::Codec, budget),
         "tcp" => harness::fuzz(&tcp::Tcp, budget),
         "protocol" => harness::fuzz(&protocol::Protocol, budget),
+        "identity" => harness::fuzz(&identity::Identity, budget),
         _ => return None,
     })
 }
@@ -47,6 +50,7 @@ pub fn replay(name: &str, seed: u64, hang: Duration) -> Option<(String, Checked)
         "codec" => harness::replay(&codec::Codec, seed, hang),
         "tcp" => harness::replay(&tcp::Tcp, seed, hang),
         "protocol" => harness::replay(&protocol::Protocol, seed, hang),
+        "identity" => harness::replay(&identity::Identity, seed, hang),
         _ => None,
     }
 }
