@@ -480,10 +480,11 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         let mut keeper: Option<LeaseKeeper> = None;
         if config.checkpoint.is_enabled() {
             storage.check_writable().await?;
-            // One writer per job directory: a second run with this job id is refused.
-            storage.lock_job(job_id, &lock_content.render()).await?;
+            // One writer per job directory: a second run with this job id is refused while the
+            // first holds it (renews its lease); a killed run's directory is taken over.
+            let generation = crate::lease::take_job_directory(&*storage, job_id, &lock_content).await?;
             let k = LeaseKeeper::start(lock_content.clone());
-            k.hold(storage.clone(), job_id, 0).await;
+            k.hold(storage.clone(), job_id, generation).await;
             keeper = Some(k);
         }
         let mut claim: Option<Claim> = None;

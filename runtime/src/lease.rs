@@ -157,6 +157,32 @@ pub(crate) async fn take_over(
     }
 }
 
+/// Takes a run's own job directory: generation 0 of a fresh directory (every run's, unless the
+/// job id is fixed). When it is locked (a fixed job id run again), the lock is watched for one
+/// lease: a holder that renews it is running, and the run is refused with
+/// [`CheckpointError::Locked`]; an abandoned one (its run killed) is taken over with the next
+/// generation. Returns the generation held.
+pub(crate) async fn take_job_directory(
+    storage: &dyn CheckpointStorage,
+    job: JobId,
+    content: &LockContent,
+) -> Result<u64, CheckpointError> {
+    let refusal = match storage.lock_job(job, &content.render()).await {
+        Ok(()) => return Ok(0),
+        Err(e @ CheckpointError::Locked { .. }) => e,
+        Err(e) => return Err(e),
+    };
+    tracing::info!(%job, "the job directory is locked: watching its lease to see whether its holder runs");
+    let seen = observe(storage, &[job]).await?;
+    match take_over(storage, job, &seen[&job], content).await? {
+        Some(generation) => {
+            warn!(%job, "took over the job directory of a run that stopped renewing its lease");
+            Ok(generation)
+        }
+        None => Err(refusal),
+    }
+}
+
 /// A lock a run holds: where, which directory, which generation.
 type Held = (Arc<dyn CheckpointStorage>, JobId, u64);
 

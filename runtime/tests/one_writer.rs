@@ -53,6 +53,8 @@ impl Run {
             .set_source_config("records", self.records)
             .set_source_config("seed", self.seed);
         env.config_mut().job_id = self.job_id;
+        // Short leases: a second run judges a held directory within half a second.
+        env.config_mut().job_lock_lease = Duration::from_millis(300);
         env.config_mut().checkpoint.num_retained = 2;
         if self.no_restart {
             env.set_restart_strategy(weir_runtime::RestartStrategy::NoRestart);
@@ -219,6 +221,41 @@ async fn a_second_run_with_the_same_job_id_is_refused_while_the_first_holds_it()
     assert!(!lock.exists());
     let (_, totals) = second.execute().await.unwrap();
     assert_eq!(totals, expected(40_000, 1));
+}
+
+/// A run with a fixed job id whose earlier run was killed (its lock left, no longer renewed)
+/// takes the directory over after one lease, runs exactly, and gives it up at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_job_id_takes_over_the_directory_of_a_killed_run() {
+    let root = tempfile::tempdir().unwrap();
+    let id = JobId(0xdead_beef);
+    let dir = root.path().join(id.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("_lock"),
+        "process 1 on a host gone\nlease_ms 200\nrenewal 7\n",
+    )
+    .unwrap();
+    let mut run = Run::new(root.path(), 3);
+    run.job_id = Some(id);
+    let started = std::time::Instant::now();
+    let (result, totals) = run.execute().await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(240),
+        "it watched the lease first"
+    );
+    assert_eq!(totals, expected(40_000, 3));
+    assert_eq!(result.job_id, id);
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("_lock"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "every lock generation is given up: {left:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
