@@ -411,4 +411,10 @@ fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
         String::from_utf8_lossy(&run.stderr)
     );
     assert_eq!(parse_totals(&out), expected_totals(records, 42));
+    // Exact only because the cluster's savepoint was used: this run resumed from it.
+    processes::assert_restored(
+        &String::from_utf8_lossy(&run.stdout),
+        records,
+        &[Path::new(&savepoint)],
+    );
 }

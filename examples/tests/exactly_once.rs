@@ -198,7 +198,10 @@ async fn fail_then_restore(parallelism_before: u32, parallelism_after: u32, max:
         assert_eq!(result.restarts, 0, "{ctx}");
         let from = result.restored_from.unwrap_or_default();
         assert!(from.contains("/chk-"), "{ctx}: restored from {from:?}");
-        assert!(result.source_records <= records, "{ctx}");
+        assert!(
+            result.source_records < records,
+            "{ctx}: the restored run must resume, not start over"
+        );
         return;
     }
     panic!("seed={seed}: no failing run completed a checkpoint first");
@@ -498,4 +501,11 @@ async fn file_sink_commits_gap_free_duplicate_free_prefixes_under_failures() {
     assert_eq!(r.restarts, 3, "{ctx}");
     let last = verify_running_sums(&committed_parts(&out), &ctx);
     assert_prefixes(&last, &counts_per_key(records), &ctx);
+    // The job finished, so the prefixes are whole: every key's last committed running sum is its
+    // total (an empty or partial output fails here, not only a wrong one).
+    assert_eq!(
+        last,
+        counts_per_key(records),
+        "{ctx}: the committed running sums end at the totals"
+    );
 }

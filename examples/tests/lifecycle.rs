@@ -10,6 +10,9 @@ use std::time::Duration;
 use weir_examples::{WordCountOptions, build, expected_totals};
 use weir_runtime::{ExternalizedRetention, JobClient, JobError, JobStatus, StreamEnvironment};
 
+#[path = "support/processes.rs"]
+mod processes;
+
 const RECORDS: u64 = 4_000_000;
 const SEED: u64 = 42;
 
@@ -136,6 +139,7 @@ fn stop_with_savepoint_move_it_and_resume_gives_exact_totals() {
             expected_totals(RECORDS, SEED),
             "drain={drain}"
         );
+        processes::assert_restored(&resumed.stdout, RECORDS, &[&moved]);
     }
 }
 
@@ -365,9 +369,17 @@ async fn non_restored_state_is_an_error_unless_allowed() {
         other => panic!("expected a restore error, got {other:?}"),
     }
     let (env, totals) = job(false, Some(&root), true);
-    env.execute().await.unwrap();
+    let resumed = env.execute().await.unwrap();
     let expected: BTreeMap<u64, i64> = (0..10).map(|k| (k, (records / 10) as i64)).collect();
     assert_eq!(totals.get(), expected);
+    // Exact only because the sum's state was restored: the sources resumed, they did not start
+    // over.
+    assert!(resumed.restored_from.is_some(), "the run must restore");
+    assert!(
+        resumed.source_records < records,
+        "the restored run emitted {} of {records} records: it started over",
+        resumed.source_records
+    );
 }
 
 fn weir_checkpoint_status_completed() -> weir_runtime::CheckpointStatus {

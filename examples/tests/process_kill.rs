@@ -6,7 +6,7 @@
 #[path = "support/processes.rs"]
 mod processes;
 
-use processes::{StderrLines, interrupt, wait_output};
+use processes::{StderrLines, assert_restored, interrupt, wait_output};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -107,6 +107,7 @@ fn parse_totals(text: &str) -> BTreeMap<String, i64> {
 #[derive(Debug)]
 struct Summary {
     records: u64,
+    emitted: u64,
     seconds: f64,
     records_per_s: f64,
     checkpoints: u64,
@@ -132,6 +133,7 @@ fn parse_summary(stdout: &str) -> Summary {
     };
     Summary {
         records: get("records").parse().unwrap(),
+        emitted: get("emitted").parse().unwrap(),
         seconds: get("seconds").parse().unwrap(),
         records_per_s: get("records_per_s").parse().unwrap(),
         checkpoints: get("checkpoints").parse().unwrap(),
@@ -208,6 +210,7 @@ fn sigkill_then_restore(extra: &[&str]) {
     );
     assert_eq!(totals.values().sum::<i64>(), records as i64);
     assert_eq!(parse_summary(&stdout).restarts, 0);
+    assert_restored(&stdout, records, &[&root]);
 }
 
 #[test]
@@ -407,6 +410,8 @@ fn summary_line_of_a_normal_run_parses() {
     assert!(out.status.success(), "{}\n{stderr}", out.status);
     let s = parse_summary(&stdout);
     assert_eq!(s.records, records, "{s:?}");
+    // The sources rewound to the checkpoint at the failure and emitted what followed it again.
+    assert!(s.emitted >= records, "{s:?}");
     assert!(s.seconds > 0.0, "{s:?}");
     // records_per_s is records / seconds, rounded; seconds is printed to the millisecond.
     let lo = records as f64 / (s.seconds + 0.0005);
@@ -489,4 +494,5 @@ fn repeated_sigkill_and_restore(extra: &[&str]) {
     );
     let totals = parse_totals(&std::fs::read_to_string(&out).unwrap());
     assert_eq!(totals, expected_totals(records, 42));
+    assert_restored(&String::from_utf8_lossy(&last.stdout), records, &[]);
 }

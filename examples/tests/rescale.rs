@@ -1,6 +1,8 @@
 //! Rescale round trips 2 → 4 → 1 through savepoints, in-process and through the `word_count` binary, give exact results.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/processes.rs"]
+mod processes;
 mod support;
 
 use std::collections::BTreeMap;
@@ -188,6 +190,9 @@ fn word_count_binary_round_trip_2_4_1_gives_exact_totals() {
                 .collect();
             assert_eq!(written, expected_totals(RECORDS, SEED), "{ctx}");
             assert_eq!(totals, written, "{ctx}");
+            // Exact only because the savepoint's state was used: this run resumed from it.
+            let saved = from.as_ref().expect("the last run restores");
+            processes::assert_restored(&run.stdout, RECORDS, &[saved]);
         } else {
             emitted += summary_records(&run);
             assert!(emitted < RECORDS, "{ctx}: stopped late");

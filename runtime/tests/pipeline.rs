@@ -2,6 +2,10 @@
 //! uids, validation, checkpointing defaults, memory storage and keyed process functions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
+use support::assert_restored;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -22,7 +26,7 @@ use weir_core::partition::Partitioner;
 use weir_runtime::keyed::{Collector, KeyedContext, KeyedProcessFunction, KeyedStateRegistry};
 use weir_runtime::operator::{Chained, OneInputOperator, OpResult, Output};
 use weir_runtime::{
-    DataStream, JobCanceller, JobError, JobStatus, RestartStrategy, StorageConfig,
+    DataStream, JobCanceller, JobError, JobResult, JobStatus, RestartStrategy, StorageConfig,
     StreamEnvironment, TaskError,
 };
 use weir_state::{ValueState, ValueStateDescriptor};
@@ -356,7 +360,7 @@ async fn uid_job(
     extra_filter: bool,
     uids: bool,
     ending: Ending,
-) -> Result<BTreeMap<u64, i64>, JobError> {
+) -> Result<(BTreeMap<u64, i64>, JobResult), JobError> {
     let env = StreamEnvironment::new();
     env.set_job_name("uid-test")
         .set_parallelism(2)
@@ -398,8 +402,8 @@ async fn uid_job(
     match ending {
         Ending::LatestPerKey => {
             let totals = sum.latest_per_key();
-            run_uid_job(env, root, first_run).await?;
-            Ok(totals.get())
+            let result = run_uid_job(env, root, first_run).await?;
+            Ok((totals.get(), result))
         }
         Ending::Spy => {
             let spy = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
@@ -409,17 +413,21 @@ async fn uid_job(
                 let e = m.entry(k).or_insert(v);
                 *e = (*e).max(v);
             });
-            run_uid_job(env, root, first_run).await?;
+            let result = run_uid_job(env, root, first_run).await?;
             let m = spy.lock().unwrap().clone();
-            Ok(m)
+            Ok((m, result))
         }
     }
 }
 
 /// Runs a [`uid_job`]; a first run is cancelled once `root` holds a complete checkpoint.
-async fn run_uid_job(env: StreamEnvironment, root: &Path, first_run: bool) -> Result<(), JobError> {
+async fn run_uid_job(
+    env: StreamEnvironment,
+    root: &Path,
+    first_run: bool,
+) -> Result<JobResult, JobError> {
     if !first_run {
-        return env.execute().await.map(|_| ());
+        return env.execute().await;
     }
     let client = JobCanceller::default();
     let job = tokio::spawn(env.execute_with(client.clone()));
@@ -442,7 +450,7 @@ async fn run_uid_job(env: StreamEnvironment, root: &Path, first_run: bool) -> Re
         JobStatus::Canceled,
         "the first run ended first"
     );
-    Ok(())
+    Ok(result)
 }
 
 #[test]
@@ -481,10 +489,11 @@ async fn uids_let_a_changed_graph_restore_its_keyed_state() {
     // A filter is inserted before the sum: the uid'd operators keep their state, so the running
     // sums resume where the checkpoint left them and end at the exact totals.
     let second = tmp.path().join("second");
-    let totals = uid_job(&second, Some(&first), true, true, Ending::Spy)
+    let (totals, result) = uid_job(&second, Some(&first), true, true, Ending::Spy)
         .await
         .unwrap();
     assert_eq!(totals, counts_mod(200_000, 13));
+    assert_restored(&result, 200_000, "a filter inserted before the sum");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -512,10 +521,15 @@ async fn uids_let_a_changed_graph_with_a_latest_per_key_sink_restore() {
         .await
         .unwrap();
     let second = tmp.path().join("second");
-    let totals = uid_job(&second, Some(&first), true, true, Ending::LatestPerKey)
+    let (totals, result) = uid_job(&second, Some(&first), true, true, Ending::LatestPerKey)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(totals, counts_mod(200_000, 13));
+    assert_restored(
+        &result,
+        200_000,
+        "a filter inserted before the sum, latest_per_key sink",
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1211,7 +1225,8 @@ async fn split_enumerator_state_is_checkpointed_and_splits_are_reassigned_on_res
     let expected = counts_mod(records, 7);
     for p in [3, 1] {
         let (env, totals) = job(p, Some(&root), None);
-        env.execute().await.unwrap();
+        let r = env.execute().await.unwrap();
         assert_eq!(totals.get(), expected, "restored at parallelism {p}");
+        assert_restored(&r, records, &format!("restored at parallelism {p}"));
     }
 }

@@ -579,7 +579,8 @@ fn summary(records: Option<u64>, result: &JobResult) -> String {
     };
     let secs = result.duration.as_secs_f64();
     let mut summary = format!(
-        "summary: records={records} seconds={secs:.3} records_per_s={:.0} checkpoints={} restarts={}",
+        "summary: records={records} emitted={} seconds={secs:.3} records_per_s={:.0} checkpoints={} restarts={}",
+        result.source_records,
         records as f64 / secs.max(1e-9),
         result.checkpoints_completed,
         result.restarts

@@ -78,6 +78,28 @@ pub fn summary_field(stdout: &str, key: &str) -> u64 {
         .unwrap()
 }
 
+/// What a restored run printed proves that it restored: `restored from:` names a checkpoint or
+/// savepoint (under one of `under`, when given), and its sources emitted fewer than `records` records in
+/// this run (`emitted=`), so they resumed rather than started over. With exact results, which
+/// the caller checks, that is only possible when the restored state was used.
+pub fn assert_restored(stdout: &str, records: u64, under: &[&Path]) -> String {
+    let from = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("restored from: "))
+        .unwrap_or_else(|| panic!("the run did not restore (no `restored from:`):\n{stdout}"))
+        .to_string();
+    assert!(
+        under.is_empty() || under.iter().any(|u| from.contains(&*u.to_string_lossy())),
+        "restored from {from:?}, not under {under:?}"
+    );
+    let emitted = summary_field(stdout, "emitted");
+    assert!(
+        emitted < records,
+        "the restored run emitted {emitted} of {records} records: it started over"
+    );
+    from
+}
+
 /// The last 40 lines of a log file (empty if it cannot be read).
 pub fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -14,6 +14,26 @@ use weir_runtime::operator::{Chained, OneInputOperator, OpResult, Output};
 use weir_runtime::source::splitmix64;
 
 // ---------------------------------------------------------------------------------------------
+// Proving a restore.
+// ---------------------------------------------------------------------------------------------
+
+/// Asserts that a run restored: it names the checkpoint or savepoint it restored from, and its
+/// sources emitted fewer than the job's `total` records in this run (they resumed rather than
+/// started over). The caller checks that the results are exact, which, with these two, is only
+/// possible when the restored state was used.
+pub fn assert_restored(result: &weir_runtime::JobResult, total: u64, ctx: &str) {
+    let from = result
+        .restored_from
+        .as_deref()
+        .unwrap_or_else(|| panic!("{ctx}: the run did not restore"));
+    assert!(
+        result.source_records < total,
+        "{ctx}: restored from {from}, the sources emitted {} of {total} records: they started over",
+        result.source_records
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // Failure injection, for any record type.
 // ---------------------------------------------------------------------------------------------
 
