@@ -74,6 +74,7 @@ async fn word_count_with_failures(parallelism: u32, failures: usize) {
         assert_eq!(totals.values().sum::<i64>(), records as i64, "{ctx}");
         assert_eq!(injector.injected(), failures, "{ctx}");
         assert_eq!(result.restarts as usize, failures, "{ctx}");
+        assert_resumed(&result, records, &ctx);
         if failures == 0 || result.checkpoints_completed > 0 {
             return;
         }
@@ -133,6 +134,7 @@ async fn word_count_chaos_many_failures() {
             "{ctx}"
         );
         assert_eq!(result.restarts, 10, "{ctx}");
+        assert_resumed(&result, records, &ctx);
         assert!(result.checkpoints_completed > 0, "{ctx}");
     }
 }
@@ -302,6 +304,7 @@ async fn collect_sink_output_under_failures_equals_failure_free_run() {
     let r = env.execute().await.unwrap();
     let ctx = format!("{ctx} checkpoints={}", r.checkpoints_completed);
     assert_eq!(r.restarts, 3, "{ctx}");
+    assert_resumed(&r, records, &ctx);
     assert_eq!(injector.injected(), 3, "{ctx}");
     let last = verify_running_sums(&faulty.records_by_subtask(), &ctx);
     assert_eq!(last, expected, "{ctx}: final running sums");
@@ -342,6 +345,7 @@ async fn collect_sink_commits_gap_free_duplicate_free_prefixes_under_failures() 
         let r = env.execute().await.unwrap();
         let ctx = format!("{ctx} checkpoints={}", r.checkpoints_completed);
         assert_eq!(r.restarts, 3, "{ctx}");
+        assert_resumed(&r, records, &ctx);
         assert_eq!(injector.injected(), 3, "{ctx}");
         let last = verify_running_sums(&faulty.records_by_subtask(), &ctx);
         assert_prefixes(&last, &counts_per_key(records), &ctx);
@@ -397,6 +401,7 @@ async fn reduce_under_failures_equals_failure_free_run() {
     let (env, faulty, _) = reduce_job(&dir.path().join("faulty"), records, thresholds);
     let r = env.execute().await.unwrap();
     assert_eq!(r.restarts, 3, "{ctx}");
+    assert_resumed(&r, records, &ctx);
 
     // The final (count, max) per key, computed without the engine.
     let mut expected: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
@@ -460,6 +465,7 @@ async fn file_sink_run(root: &Path, records: u64, thresholds: Vec<u64>) -> (JobR
     .uid("files");
     let r = env.execute().await.unwrap();
     assert_eq!(r.restarts as usize, failures.injected());
+    assert_resumed(&r, records, "file sink under failures");
     std::fs::create_dir_all(&out).unwrap();
     (r, out)
 }
@@ -482,6 +488,7 @@ async fn file_sink_under_failures_commits_the_failure_free_lines() {
     )
     .await;
     assert_eq!(r.restarts, 3, "seed={seed}");
+    assert_resumed(&r, records, &format!("seed={seed}"));
     let faulty = lines(committed_parts(&faulty_dir));
     assert_eq!(faulty.len(), clean.len(), "seed={seed}: line counts differ");
     assert!(faulty == clean, "seed={seed}: committed lines differ");
@@ -499,6 +506,7 @@ async fn file_sink_commits_gap_free_duplicate_free_prefixes_under_failures() {
     let ctx = format!("seed={seed} thresholds={thresholds:?}");
     let (r, out) = file_sink_run(dir.path(), records, thresholds).await;
     assert_eq!(r.restarts, 3, "{ctx}");
+    assert_resumed(&r, records, &ctx);
     let last = verify_running_sums(&committed_parts(&out), &ctx);
     assert_prefixes(&last, &counts_per_key(records), &ctx);
     // The job finished, so the prefixes are whole: every key's last committed running sum is its

@@ -3,6 +3,10 @@
 //! channel, a slow sink).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
+use support::assert_resumed;
+
 use std::time::Duration;
 use weir_examples::{WordCountOptions, build, expected_totals};
 use weir_runtime::{CheckpointingMode, RestartStrategy};
@@ -46,6 +50,7 @@ async fn at_least_once_under_failures_loses_nothing() {
     // An injected failure can land in a task of a generation that is already being torn down
     // (the injector counts across restarts); the job master ignores such stale failures.
     assert!((1..=3).contains(&r.restarts), "{r:?}");
+    assert_resumed(&r, records, "at-least-once under failures");
     let got = totals.get();
     let expected = expected_totals(records, o.seed);
     assert_eq!(got.len(), expected.len());
@@ -72,6 +77,7 @@ async fn exactly_once_under_backpressure_and_a_failure_is_exact() {
     let (env, totals, _) = build(&o);
     let r = env.execute().await.unwrap();
     assert_eq!(r.restarts, 1);
+    assert_resumed(&r, records, "a failure under backpressure");
     assert!(
         r.checkpoints_completed > 0,
         "no checkpoint completed under backpressure"
@@ -97,6 +103,7 @@ async fn concurrent_aligned_checkpoints_are_exact_under_failures() {
     }
     let r = env.execute().await.unwrap();
     assert_eq!(r.restarts, 2);
+    assert_resumed(&r, records, "concurrent aligned checkpoints under failures");
     assert!(r.checkpoints_completed > 0);
     assert_eq!(totals.get(), expected_totals(records, o.seed));
 }

@@ -91,6 +91,10 @@ pub struct JobResult {
     pub latest_checkpoint: Option<String>,
     /// The checkpoint the job started from, if any.
     pub restored_from: Option<String>,
+    /// Records the sources emitted since the latest restore, at the start or after a failure
+    /// (all of them when nothing was restored). Below the job's total when that restore resumed
+    /// the sources, which is how a test tells a restore from a start over.
+    pub source_records_since_restore: u64,
     /// The savepoint a stop-with-savepoint ended the job with.
     pub savepoint: Option<String>,
     /// Trigger requests refused (too many in progress, min pause, not all tasks running).
@@ -585,6 +589,8 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         let mut generation = 0u64;
         let mut first_running: Option<Duration> = None;
         let mut restored_from = None;
+        // The sources' count when the latest restore was deployed.
+        let mut since_restore_base = 0u64;
         let mut completed = 0u64;
         let mut failed = 0u64;
         let mut durations = Vec::new();
@@ -639,7 +645,16 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                     };
                     next_checkpoint_id = next_checkpoint_id.max(point.metadata.checkpoint_id.0 + 1);
                     restored_meta = Some(point.metadata.clone());
+                    // `cargo xtask mutants`: a restore that loads nothing, to show the tests fail.
+                    #[cfg(weir_mutant = "restore_noop")]
+                    let contexts: HashMap<_, _> = {
+                        let mut contexts = contexts;
+                        contexts.clear();
+                        restored_meta = None;
+                        contexts
+                    };
                     info!(checkpoint = %point.describe(), "restoring");
+                    since_restore_base = metrics.source_records.load(Ordering::Relaxed);
                     if restored_from.is_none() {
                         restored_from = Some(point.describe());
                         if let (Some(c), Some(k)) = (claim.as_mut(), keeper.as_ref()) {
@@ -761,6 +776,16 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                                 }
                             }
                             TaskEvent::Acknowledge { id, state, metrics } => {
+                                // `cargo xtask mutants`: subtask 0's keyed state handles are
+                                // dropped from every acknowledgement, to show the tests fail.
+                                #[cfg(weir_mutant = "drop_handle")]
+                                let state = {
+                                    let mut state = state;
+                                    if task.subtask == 0 {
+                                        state.operators.values_mut().for_each(|o| o.keyed.clear());
+                                    }
+                                    state
+                                };
                                 if let Some(span) = spans.get(&id) {
                                     span.in_scope(|| debug!(%task, sync = ?metrics.sync_duration, async_ = ?metrics.async_duration, alignment = ?metrics.alignment, size = metrics.state_size, "acknowledged"));
                                 }
@@ -1234,6 +1259,10 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                             .latest()
                             .map(|c| storage.location_path(&c.location)),
                         restored_from,
+                        source_records_since_restore: metrics
+                            .source_records
+                            .load(Ordering::Relaxed)
+                            .saturating_sub(since_restore_base),
                     });
                 }
                 Outcome::Fatal(e) => return Err(e),

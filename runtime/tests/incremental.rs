@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use support::{Failures, inject, test_seed};
+use support::{Failures, assert_resumed, inject, test_seed};
 use weir_checkpoint::storage::{CheckpointStorage, is_shared};
 use weir_checkpoint::{CheckpointMetadata, OpendalCheckpointStorage};
 use weir_core::ids::JobId;
@@ -241,6 +241,7 @@ async fn incremental_chains_with_failures_are_exact() {
     assert_eq!(r.status, JobStatus::Finished, "{ctx}");
     assert_eq!(failures.injected(), thresholds.len(), "{ctx}");
     assert!(r.restarts >= 1, "{ctx}");
+    assert_resumed(&r, records, &ctx);
     assert_eq!(totals.get(), expected(records), "{ctx}");
     let kept = retained(root, r.job_id).await;
     assert!(!kept.is_empty(), "{ctx}");

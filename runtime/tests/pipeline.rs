@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::assert_restored;
+use support::{assert_restored, assert_resumed};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -696,6 +696,7 @@ async fn memory_storage_with_checkpoints_and_a_failure_is_exact() {
         .latest_per_key();
         let r = env.execute().await.unwrap();
         assert_eq!(r.restarts, 1);
+        assert_resumed(&r, records, "one failure half way");
         assert_eq!(totals.get(), counts_mod(records, 17));
         if r.checkpoints_completed > 0 {
             let latest = r.latest_checkpoint.unwrap();
@@ -765,6 +766,7 @@ async fn count_and_max_run(
     .latest_per_key();
     let r = env.execute().await.unwrap();
     assert_eq!(r.restarts as usize, thresholds.len());
+    assert_resumed(&r, records, "failures at the thresholds");
     assert_eq!(r.status, JobStatus::Finished);
     out.get()
 }

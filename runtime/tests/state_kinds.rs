@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use support::{Failures, inject};
+use support::{Failures, assert_resumed, inject};
 use weir_runtime::keyed::{Collector, KeyedContext, KeyedProcessFunction, KeyedStateRegistry};
 use weir_runtime::source::splitmix64;
 use weir_runtime::{
@@ -319,6 +319,7 @@ async fn all_five_kinds_are_exactly_once_under_failures() {
         let ctx = format!("records={records}");
         assert_eq!(failures.injected(), 3, "{ctx}");
         assert_eq!(r.restarts, 3, "{ctx}");
+        assert_resumed(&r, records, &ctx);
         let expected = expected(records);
         let ranges = verify(&out.records_by_subtask(), &expected, true, &ctx);
         let full: BTreeMap<u64, (u64, u64)> = expected
@@ -378,6 +379,7 @@ async fn all_five_kinds_restore_exactly_at_another_parallelism() {
         );
         assert_eq!(failures.injected(), 1, "{ctx}");
         assert_eq!(r.restarts, 1, "{ctx}");
+        assert_resumed(&r, records, &ctx);
 
         let expected = expected(records);
         let before = verify(&before.records_by_subtask(), &expected, true, &ctx);

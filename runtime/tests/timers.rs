@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{Failures, inject, test_seed};
+use support::{Failures, assert_resumed, inject, test_seed};
 use weir_core::element::Watermark;
 use weir_core::handle::OperatorStateMode;
 use weir_core::keygroup::{assign_to_key_group, compute_key_group_range_for_operator_index};
@@ -530,6 +530,7 @@ async fn event_time_timers_are_exactly_once_under_failures() {
         let ctx = format!("{ctx} checkpoints={}", r.checkpoints_completed);
         assert_eq!(r.status, JobStatus::Finished, "{ctx}");
         assert_eq!(r.restarts, 3, "{ctx}");
+        assert_resumed(&r, RECORDS, &ctx);
         assert_eq!(failures.injected(), 3, "{ctx}");
         let by_subtask = faulty.records_by_subtask();
         check_subtask_order(&by_subtask, 2, &ctx);

@@ -8,12 +8,15 @@
 //! ([`s3::ensure_s3s_fs`]) and pass its path to the tests as `WEIR_S3FS_BIN`.
 //! - `bench [name]`: release-build the examples and run a named benchmark (default `wordcount`).
 //! - `chaos`: the heavy `#[ignore]`d scenarios, in release mode.
+//! - `mutants`: the exactly-once and restore tests under each deliberate bug (`weir_mutant`),
+//!   which must mostly fail.
 //! - `chaos fuzz [args]`: every decoder fuzzed (`weir-fuzz`, 10M mutated inputs by default) in
 //!   the `fuzz` profile (release, with overflow checks); args go to `weir-fuzz`.
 //!
 //! Plain `std::process::Command` throughout; no shell scripts.
 
 mod bench;
+mod mutants;
 mod s3;
 mod testcount;
 mod tidy;
@@ -39,6 +42,8 @@ $WEIR_TOOLS_DIR or ~/.cache/weir/tools, and pass it to the tests as WEIR_S3FS_BI
 use your own)
   bench [name]  release benchmarks; names: {benches}
   chaos         cargo test --workspace --release -- --ignored
+  mutants       the exactly-once and restore tests under each deliberate bug (a restore that
+                loads nothing, a dropped state handle): fails unless most of them fail
   chaos fuzz [args]
                 every decoder fuzzed: 10M mutated inputs in release (profile `fuzz`, overflow
                 checks on); args go to weir-fuzz: --inputs N, --seconds S, --seed S,
@@ -63,6 +68,7 @@ fn run(args: &[String]) -> Result<()> {
         Some("tidy") => tidy::run(&root),
         Some("test") => tests(&root, rest),
         Some("bench") => bench::run(&root, rest),
+        Some("mutants") => mutants::run(&root, &s3::ensure_s3s_fs()?),
         Some("chaos") => match rest.first().map(String::as_str) {
             None => chaos(&root),
             Some("fuzz") => fuzz(&root, rest.get(1..).unwrap_or_default()),

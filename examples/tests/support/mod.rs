@@ -245,3 +245,17 @@ pub async fn run_and_stop(
     assert!(dir.join("_metadata").is_file(), "{dir:?}");
     (r, dir)
 }
+
+/// After failures: the latest restore resumed the sources (they emitted fewer than `total`
+/// records since it), which, with exact results, is only possible when the restored state was
+/// used. A job whose failures all came before its first checkpoint had nothing to restore.
+pub fn assert_resumed(r: &weir_runtime::JobResult, total: u64, ctx: &str) {
+    if r.restarts == 0 || r.restored_from.is_none() {
+        return;
+    }
+    assert!(
+        r.source_records_since_restore < total,
+        "{ctx}: after the latest restore the sources emitted {} of {total} records: they started over",
+        r.source_records_since_restore
+    );
+}

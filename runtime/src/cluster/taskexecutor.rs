@@ -166,6 +166,10 @@ pub(crate) async fn run_task_manager(
                         recovery_times: Vec::new(),
                         latest_checkpoint: None,
                         restored_from: None,
+                        source_records_since_restore: executor
+                            .metrics
+                            .source_records
+                            .load(Ordering::Relaxed),
                         savepoint: None,
                         trigger_refusals: 0,
                     });

@@ -27,9 +27,23 @@ pub fn assert_restored(result: &weir_runtime::JobResult, total: u64, ctx: &str) 
         .as_deref()
         .unwrap_or_else(|| panic!("{ctx}: the run did not restore"));
     assert!(
-        result.source_records < total,
+        result.source_records_since_restore < total,
         "{ctx}: restored from {from}, the sources emitted {} of {total} records: they started over",
-        result.source_records
+        result.source_records_since_restore
+    );
+}
+
+/// After failures: the latest restore resumed the sources (they emitted fewer than `total`
+/// records since it), which, with exact results, is only possible when the restored state was
+/// used. A job whose failures all came before its first checkpoint had nothing to restore.
+pub fn assert_resumed(r: &weir_runtime::JobResult, total: u64, ctx: &str) {
+    if r.restarts == 0 || r.restored_from.is_none() {
+        return;
+    }
+    assert!(
+        r.source_records_since_restore < total,
+        "{ctx}: after the latest restore the sources emitted {} of {total} records: they started over",
+        r.source_records_since_restore
     );
 }
 
