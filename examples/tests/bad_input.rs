@@ -3,6 +3,10 @@
 //! mid-run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/processes.rs"]
+mod processes;
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -576,6 +580,7 @@ async fn corrupt_metadata_falls_back_to_the_previous_checkpoint() {
         &path_arg(&out),
     ]);
     assert!(run.success, "{}", run.stderr);
+    processes::assert_restored(&run.stdout, opts.records.unwrap(), &[root]);
     assert!(
         run.stderr.contains("_metadata") && run.stderr.contains("falling back"),
         "the fallback is not reported:\n{}",
@@ -695,12 +700,14 @@ async fn state_damage_falls_back(suffix: &str, damage: fn(&Path)) {
     let result = restore_many_keys(records, tmp.path(), &root)
         .await
         .unwrap_or_else(|e| panic!("the restore did not fall back: {e}"));
-    let from = result.restored_from.unwrap();
+    let from = result.restored_from.clone().unwrap();
     let older_name = older.file_name().unwrap().to_string_lossy().into_owned();
     assert!(
         from.ends_with(&format!("/{older_name}")),
         "restored from {from}, expected {older_name}"
     );
+    // Exact totals (checked by the restore) only because the older checkpoint's state was used.
+    support::assert_restored(&result, records, "fell back past a damaged file");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,9 @@
 //! `no-claim` every checkpoint a run restored from is left whole.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/processes.rs"]
+mod processes;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -177,6 +180,9 @@ fn cycles(mode: &str, root: &Path) -> (Vec<u64>, BTreeMap<String, i64>) {
         "{}",
         String::from_utf8_lossy(&done.stderr)
     );
+    // The last run resumed (its sources emitted fewer than all records): exact totals below are
+    // only possible with the restored state.
+    processes::assert_restored(&String::from_utf8_lossy(&done.stdout), RECORDS, &[root]);
     resumed.push(last);
     let totals = std::fs::read_to_string(&out)
         .unwrap()

@@ -16,8 +16,8 @@ const MUTANTS: [(&str, &str); 2] = [
     ),
 ];
 
-/// The exactly-once and restore tests, by name.
-const TESTS: &str = "(package(weir-runtime) | package(weir-examples)) & \
+/// The exactly-once and restore tests: integration tests (not units), by name.
+const TESTS: &str = "(package(weir-runtime) | package(weir-examples)) & kind(test) & \
     test(/restor|resum|rescal|round_trip|sigkill|fall|failover|under_failures|claim|exactly|kill/)";
 
 /// Most: more than this share of the selected tests must fail under each mutant.

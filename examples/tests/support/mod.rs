@@ -259,3 +259,18 @@ pub fn assert_resumed(r: &weir_runtime::JobResult, total: u64, ctx: &str) {
         r.source_records_since_restore
     );
 }
+
+/// Asserts that a run restored: it names what it restored from, and its sources emitted fewer
+/// than the job's `total` records since (they resumed rather than started over), which, with
+/// exact results, is only possible when the restored state was used.
+pub fn assert_restored(r: &weir_runtime::JobResult, total: u64, ctx: &str) {
+    let from = r
+        .restored_from
+        .as_deref()
+        .unwrap_or_else(|| panic!("{ctx}: the run did not restore"));
+    assert!(
+        r.source_records_since_restore < total,
+        "{ctx}: restored from {from}, the sources emitted {} of {total} records: they started over",
+        r.source_records_since_restore
+    );
+}
