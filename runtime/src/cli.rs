@@ -205,7 +205,16 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             Ok(if report.problems.is_empty() { 0 } else { 1 })
         }
         Command::Checkpoints(CheckpointsCommand::Gc { root, delete, json }) => {
-            let report = crate::gc::gc(root, *delete).await?;
+            let opened = open(root)?;
+            if !opened.rel.is_empty() {
+                return Err(CliError::Usage(format!(
+                    "'{}' is a checkpoint directory: gc takes a checkpoint root (holding <job-id>/chk-<n>)",
+                    opened.shown
+                )));
+            }
+            let report = crate::gc::gc(&opened.storage, &|rel| opened.display(rel), *delete)
+                .await
+                .map_err(|e| CliError::Failed(format!("gc of '{}': {e}", opened.shown)))?;
             if *json {
                 write_json(out, &report)?;
             } else {

@@ -132,7 +132,7 @@ pub enum ClaimMode {
 }
 
 /// The default [`JobConfig::job_lock_lease`] (Kubernetes' leader-election lease is 15 s too).
-pub const DEFAULT_JOB_LOCK_LEASE: Duration = Duration::from_secs(15);
+pub const DEFAULT_JOB_LOCK_LEASE: Duration = crate::lease::DEFAULT_JOB_LOCK_LEASE;
 
 /// The default [`JobConfig::incremental_max_chain`].
 pub const DEFAULT_INCREMENTAL_MAX_CHAIN: u32 = 10;
@@ -166,7 +166,7 @@ pub mod limits {
     /// The job directory lock's lease ([`JobConfig::job_lock_lease`](super::JobConfig::job_lock_lease)):
     /// from 100 ms (renewed every 33 ms) to an hour.
     pub const JOB_LOCK_LEASE: RangeInclusive<Duration> =
-        Duration::from_millis(100)..=Duration::from_secs(3600);
+        Duration::from_millis(100)..=crate::lease::MAX_JOB_LOCK_LEASE;
 }
 
 /// `Ok` when `value` is in `range`, else an error naming the setting and the range.

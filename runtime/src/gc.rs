@@ -3,11 +3,9 @@
 //! checkpoint), listed, and deleted with `--delete`, in job directories no running job holds.
 
 use crate::claim::{DirListing, DirPlan, apply, job_dirs, plan_dir, referenced_shared};
-use crate::cli::{CliError, Opened};
 use crate::lease::{self, Liveness, LockContent};
 use serde::Serialize;
-use std::path::Path;
-use weir_checkpoint::CheckpointStorage;
+use weir_checkpoint::{CheckpointError, CheckpointStorage};
 use weir_core::ids::JobId;
 
 /// One thing `gc` found.
@@ -35,23 +33,17 @@ pub struct GcReport {
     pub deleted: bool,
 }
 
-/// Finds (and with `delete`, deletes) the garbage under the checkpoint root `path`. Locked job
-/// directories are watched for one lease first: one whose lock is renewed belongs to a running
-/// job and is skipped.
-pub async fn gc(path: &Path, delete: bool) -> Result<GcReport, CliError> {
-    let opened = crate::cli::open(path)?;
-    if !opened.rel.is_empty() {
-        return Err(CliError::Usage(format!(
-            "'{}' is a checkpoint directory: gc takes a checkpoint root (holding <job-id>/chk-<n>)",
-            opened.shown
-        )));
-    }
-    let storage: &dyn CheckpointStorage = &opened.storage;
-    let failed = |e: weir_checkpoint::CheckpointError| {
-        CliError::Failed(format!("gc of '{}': {e}", opened.shown))
-    };
-    let files = storage.list_files("").await.map_err(failed)?;
-    let checkpoints = storage.find_checkpoints("").await.map_err(failed)?;
+/// Finds (and with `delete`, deletes) the garbage under the checkpoint root of `storage`;
+/// `display` shows a path relative to the root as the user knows it. Locked job directories are
+/// watched for one lease first: one whose lock is renewed belongs to a running job and is
+/// skipped.
+pub async fn gc(
+    storage: &dyn CheckpointStorage,
+    display: &dyn Fn(&str) -> String,
+    delete: bool,
+) -> Result<GcReport, CheckpointError> {
+    let files = storage.list_files("").await?;
+    let checkpoints = storage.find_checkpoints("").await?;
     let mut dirs = job_dirs(&files);
     for l in &checkpoints {
         if let Some(job) = l.location.job_id() {
@@ -59,15 +51,15 @@ pub async fn gc(path: &Path, delete: bool) -> Result<GcReport, CliError> {
         }
     }
     let jobs: Vec<JobId> = dirs.keys().copied().collect();
-    let seen = lease::observe(storage, &jobs).await.map_err(failed)?;
+    let seen = lease::observe(storage, &jobs).await?;
     let mut report = GcReport {
-        root: opened.display(""),
+        root: display(""),
         deleted: delete,
         ..GcReport::default()
     };
     let content = LockContent {
         holder: format!("weir checkpoints gc, process {}", std::process::id()),
-        lease: crate::config::DEFAULT_JOB_LOCK_LEASE,
+        lease: lease::DEFAULT_JOB_LOCK_LEASE,
         renewal: 0,
     };
     for (job, files) in &dirs {
@@ -75,7 +67,7 @@ pub async fn gc(path: &Path, delete: bool) -> Result<GcReport, CliError> {
         if let Liveness::Held { holder } = liveness {
             report.skipped.push(format!(
                 "{}: held by a running job ({holder})",
-                opened.display(&job.to_string())
+                display(&job.to_string())
             ));
             continue;
         }
@@ -86,32 +78,27 @@ pub async fn gc(path: &Path, delete: bool) -> Result<GcReport, CliError> {
         if referenced.is_none() && !listing.shared.is_empty() {
             report.skipped.push(format!(
                 "{}/shared: a complete checkpoint's _metadata cannot be read, so every shared file stays",
-                opened.display(&job.to_string())
+                display(&job.to_string())
             ));
         }
         let plan = plan_dir(&listing, |_, complete| complete, referenced.as_ref());
         if plan.is_empty() {
             continue;
         }
-        report.garbage.extend(items(&opened, *job, &plan));
+        report.garbage.extend(items(display, *job, &plan));
         if delete {
             // Hold the directory while deleting, so no run takes it meanwhile.
-            let Some(generation) = lease::take_over(storage, *job, liveness, &content)
-                .await
-                .map_err(failed)?
+            let Some(generation) = lease::take_over(storage, *job, liveness, &content).await?
             else {
                 report.skipped.push(format!(
                     "{}: taken by another run while gc looked",
-                    opened.display(&job.to_string())
+                    display(&job.to_string())
                 ));
                 continue;
             };
-            apply(storage, *job, &plan).await.map_err(failed)?;
+            apply(storage, *job, &plan).await?;
             if !plan.empties_dir {
-                storage
-                    .release_lock(*job, generation)
-                    .await
-                    .map_err(failed)?;
+                storage.release_lock(*job, generation).await?;
             }
         }
     }
@@ -119,20 +106,20 @@ pub async fn gc(path: &Path, delete: bool) -> Result<GcReport, CliError> {
 }
 
 /// The report's lines for one directory's plan.
-fn items(opened: &Opened, job: JobId, plan: &DirPlan) -> Vec<GcItem> {
+fn items(display: &dyn Fn(&str) -> String, job: JobId, plan: &DirPlan) -> Vec<GcItem> {
     if plan.empties_dir {
         return vec![GcItem {
             kind: "EMPTY-JOB",
-            path: opened.display(&job.to_string()),
+            path: display(&job.to_string()),
         }];
     }
     let checkpoints = plan.checkpoints.iter().map(|(id, _)| GcItem {
         kind: "INCOMPLETE",
-        path: opened.display(&format!("{job}/chk-{}", id.0)),
+        path: display(&format!("{job}/chk-{}", id.0)),
     });
     let shared = plan.shared.iter().map(|name| GcItem {
         kind: "UNREFERENCED",
-        path: opened.display(&format!("{job}/shared/{name}")),
+        path: display(&format!("{job}/shared/{name}")),
     });
     checkpoints.chain(shared).collect()
 }

@@ -20,7 +20,13 @@ use weir_checkpoint::storage::JobLock;
 use weir_checkpoint::{CheckpointError, CheckpointStorage};
 use weir_core::ids::JobId;
 
-use crate::config::DEFAULT_JOB_LOCK_LEASE;
+/// The lease a lock promises when it names none (written before leases, or damaged), and the
+/// default of `JobConfig::job_lock_lease` (Kubernetes' leader-election lease is 15 s too).
+pub(crate) const DEFAULT_JOB_LOCK_LEASE: Duration = Duration::from_secs(15);
+
+/// The longest lease a lock may promise: a damaged or hostile lock cannot make a reader wait
+/// longer.
+pub(crate) const MAX_JOB_LOCK_LEASE: Duration = Duration::from_secs(3600);
 
 /// What a lock file holds: who, the lease promised, and a counter each renewal raises.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,9 +60,7 @@ impl LockContent {
                 .and_then(|v| v.parse::<u64>().ok())
             {
                 // A damaged or hostile lock cannot make a reader wait for ever.
-                lease = Duration::from_millis(
-                    ms.min(crate::config::limits::JOB_LOCK_LEASE.end().as_millis() as u64),
-                );
+                lease = Duration::from_millis(ms).min(MAX_JOB_LOCK_LEASE);
             } else if let Some(n) = line.strip_prefix("renewal ").and_then(|v| v.parse().ok()) {
                 renewal = n;
             }
