@@ -10,7 +10,9 @@ mod processes;
 #[path = "../../checkpoint/tests/support/s3_server.rs"]
 mod s3_server;
 
-use processes::{Processes, free_port, log_tail, parse_totals, summary_field, wait_output};
+use processes::{
+    Processes, free_port, listening_addr, log_tail, parse_totals, summary_field, wait_output,
+};
 use s3_server::{S3Server, files_under};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -43,7 +45,6 @@ fn a_task_manager_killed_mid_run_is_replaced_and_the_totals_are_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let records = 1_500_000u64;
     let out = tmp.path().join("totals.csv");
-    let addr = format!("127.0.0.1:{}", free_port());
     let job: Vec<String> = [
         "--records",
         &records.to_string(),
@@ -65,6 +66,21 @@ fn a_task_manager_killed_mid_run_is_replaced_and_the_totals_are_exact() {
     .map(|s| s.to_string())
     .collect();
     let log = |name: &str| tmp.path().join(format!("{name}.log"));
+    let mut procs = Processes(Vec::new());
+    procs.0.push(word_count(
+        &job,
+        &[
+            "--role".into(),
+            "jobmanager".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--output".into(),
+            out.to_str().unwrap().into(),
+        ],
+        &env,
+        &log("jobmanager"),
+    ));
+    let addr = listening_addr(&log("jobmanager"), Duration::from_secs(60));
     let task_manager = |name: &str| {
         word_count(
             &job,
@@ -78,20 +94,6 @@ fn a_task_manager_killed_mid_run_is_replaced_and_the_totals_are_exact() {
             &log(name),
         )
     };
-    let mut procs = Processes(Vec::new());
-    procs.0.push(word_count(
-        &job,
-        &[
-            "--role".into(),
-            "jobmanager".into(),
-            "--listen".into(),
-            addr.clone(),
-            "--output".into(),
-            out.to_str().unwrap().into(),
-        ],
-        &env,
-        &log("jobmanager"),
-    ));
     procs.0.push(task_manager("tm1"));
     procs.0.push(task_manager("tm2"));
 
@@ -155,7 +157,6 @@ fn a_task_manager_killed_mid_run_is_replaced_and_the_totals_are_exact() {
 #[test]
 fn a_task_manager_with_other_job_arguments_is_refused_clearly() {
     let tmp = tempfile::tempdir().unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
     let chk = tmp.path().join("chk");
     let job = |parallelism: &str| -> Vec<String> {
         [
@@ -179,11 +180,12 @@ fn a_task_manager_with_other_job_arguments_is_refused_clearly() {
             "--role".into(),
             "jobmanager".into(),
             "--listen".into(),
-            addr.clone(),
+            "127.0.0.1:0".into(),
         ],
         &[],
         &tmp.path().join("jobmanager.log"),
     ));
+    let addr = listening_addr(&tmp.path().join("jobmanager.log"), Duration::from_secs(60));
     // Built with parallelism 3, its job graph is not the job manager's.
     let tm = word_count(
         &job("3"),
@@ -313,7 +315,6 @@ fn a_job_manager_started_again_with_from_resumes_the_job_on_the_same_task_manage
 fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
     let tmp = tempfile::tempdir().unwrap();
     let records = 1_500_000u64;
-    let addr = format!("127.0.0.1:{}", free_port());
     let savepoints = tmp.path().join("savepoints");
     let job: Vec<String> = [
         "--records",
@@ -334,6 +335,20 @@ fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
     .collect();
     let log = |name: &str| tmp.path().join(format!("{name}.log"));
     let mut procs = Processes(Vec::new());
+    let jm = word_count(
+        &job,
+        &[
+            "--role".into(),
+            "jobmanager".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--stop-with-savepoint-after".into(),
+            "300000".into(),
+        ],
+        &[],
+        &log("jobmanager"),
+    );
+    let addr = listening_addr(&log("jobmanager"), Duration::from_secs(60));
     for name in ["tm1", "tm2"] {
         procs.0.push(word_count(
             &job,
@@ -347,19 +362,6 @@ fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
             &log(name),
         ));
     }
-    let jm = word_count(
-        &job,
-        &[
-            "--role".into(),
-            "jobmanager".into(),
-            "--listen".into(),
-            addr.clone(),
-            "--stop-with-savepoint-after".into(),
-            "300000".into(),
-        ],
-        &[],
-        &log("jobmanager"),
-    );
     let jm = wait_output(jm, Duration::from_secs(120));
     let stdout = String::from_utf8_lossy(&jm.stdout).into_owned();
     assert!(

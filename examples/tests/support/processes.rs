@@ -24,7 +24,52 @@ impl Drop for Processes {
     }
 }
 
-/// A port free on loopback now (the tests start a job manager on it right after).
+/// The address a job manager started with `--listen 127.0.0.1:0` bound, read from its log
+/// (`RUST_LOG=info`) as soon as it is there: no port is picked before the bind, so no other
+/// test can take it in between.
+pub fn listening_addr(log: &Path, within: Duration) -> String {
+    let give_up = Instant::now() + within;
+    loop {
+        let text = strip_ansi(&std::fs::read_to_string(log).unwrap_or_default());
+        let found = text
+            .lines()
+            .filter(|l| l.contains("job manager listening"))
+            .find_map(|l| {
+                l.split_whitespace()
+                    .find_map(|t| t.strip_prefix("addr="))
+                    .map(str::to_string)
+            });
+        if let Some(addr) = found {
+            return addr;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "the job manager did not listen within {within:?}; its log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `text` without terminal colour sequences (`ESC [ … m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A port free on loopback now, for a job manager that must come back on the same address
+/// after it is killed (prefer `--listen 127.0.0.1:0` with [`listening_addr`]).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
