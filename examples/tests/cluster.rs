@@ -420,3 +420,107 @@ fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
         &[Path::new(&savepoint)],
     );
 }
+
+/// A task manager lost with no replacement: the failover cannot find enough slots within the
+/// slot timeout, which, like Flink's NoResourceAvailableException, is a failure for the restart
+/// strategy: the job manager deploys again, and again, until a replacement registers; the job
+/// then resumes from its checkpoint and its totals are exact.
+#[test]
+fn a_task_manager_lost_with_no_replacement_waits_through_the_restart_strategy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 1_500_000u64;
+    let out = tmp.path().join("totals.csv");
+    let chk = tmp.path().join("chk");
+    let job: Vec<String> = [
+        "--records",
+        &records.to_string(),
+        "--parallelism",
+        "4",
+        "--checkpoint-interval",
+        "50ms",
+        "--checkpoint-dir",
+        chk.to_str().unwrap(),
+        "--sink-delay",
+        "2us",
+        "--heartbeat-interval",
+        "100ms",
+        "--heartbeat-timeout",
+        "2s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let log = |name: &str| tmp.path().join(format!("{name}.log"));
+    let mut procs = Processes(Vec::new());
+    procs.0.push(word_count(
+        &job,
+        &[
+            "--role".into(),
+            "jobmanager".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--slot-timeout".into(),
+            "500ms".into(),
+            "--output".into(),
+            out.to_str().unwrap().into(),
+        ],
+        &[],
+        &log("jobmanager"),
+    ));
+    let addr = listening_addr(&log("jobmanager"), Duration::from_secs(60));
+    let task_manager = |name: &str| {
+        word_count(
+            &job,
+            &[
+                "--jobmanager".into(),
+                addr.clone(),
+                "--slots".into(),
+                "2".into(),
+            ],
+            &[],
+            &log(name),
+        )
+    };
+    procs.0.push(task_manager("tm1"));
+    procs.0.push(task_manager("tm2"));
+    let give_up = Instant::now() + Duration::from_secs(120);
+    while !chk.is_dir() || files_under(&chk).iter().all(|f| !f.ends_with("/_metadata")) {
+        assert!(
+            Instant::now() < give_up,
+            "no checkpoint completed; job manager log:\n{}",
+            log_tail(&log("jobmanager"))
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    procs.0[1].kill().unwrap();
+    procs.0[1].wait().unwrap();
+    // No replacement until the job manager went through the restart strategy twice.
+    let deploying_again = |text: &str| text.matches("not enough slots; deploying again").count();
+    while deploying_again(&std::fs::read_to_string(log("jobmanager")).unwrap_or_default()) < 2 {
+        assert!(
+            Instant::now() < give_up,
+            "the missing slots never went to the restart strategy; job manager log:\n{}",
+            log_tail(&log("jobmanager"))
+        );
+        assert!(
+            procs.0[0].try_wait().unwrap().is_none(),
+            "the job manager gave up instead of restarting:\n{}",
+            log_tail(&log("jobmanager"))
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    procs.0.push(task_manager("tm3"));
+    let jm = procs.0.remove(0);
+    let jm = wait_output(jm, Duration::from_secs(240));
+    let stdout = String::from_utf8_lossy(&jm.stdout).into_owned();
+    assert!(
+        jm.status.success(),
+        "job manager failed; stdout:\n{stdout}\nlog:\n{}",
+        log_tail(&log("jobmanager"))
+    );
+    assert_eq!(parse_totals(&out), expected_totals(records, 42));
+    assert!(
+        summary_field(&stdout, "restarts") >= 3,
+        "the loss and two deployments without slots are restarts:\n{stdout}"
+    );
+}

@@ -727,7 +727,28 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         storage: storage_root.clone(),
                         chain_epoch: chain_epoch.load(Ordering::Acquire),
                     };
-                    remote.deploy(generation, job, common, deployments, report_tx.clone()).await?;
+                    match remote.deploy(generation, job, common, deployments, report_tx.clone()).await {
+                        Ok(()) => {}
+                        // Too few slots within the slot timeout (a task manager lost with no
+                        // replacement): like Flink's NoResourceAvailableException, a failure for
+                        // the restart strategy, which deploys again once its delay passed.
+                        Err(JobError::NoResources(why)) => {
+                            let Some(delay) = restart.on_failure(started.elapsed()) else {
+                                return Err(JobError::Failed {
+                                    restarts: restart.restarts(),
+                                    strategy: config.restart_strategy().describe(),
+                                    cause: format!("not enough resources: {why} (the slot timeout)"),
+                                });
+                            };
+                            warn!(%why, ?delay, restart = restart.restarts(), "not enough slots; deploying again");
+                            execution.restart_all();
+                            if !delay.is_zero() {
+                                tokio::time::sleep(delay).await;
+                            }
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             }
             drop(report_tx);
