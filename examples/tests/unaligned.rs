@@ -474,3 +474,66 @@ async fn job_result_reports_the_in_flight_bytes_of_completed_checkpoints() {
         r.checkpoint_in_flight
     );
 }
+
+/// Stop-with-savepoint while unaligned checkpoints run under real backpressure: the savepoint is
+/// aligned (it holds no in-flight data, so it can be restored at another parallelism), and the
+/// job resumed from it at parallelism 3 counts every record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_with_savepoint_under_backpressure_restores_at_another_parallelism() {
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 400_000;
+    let o = WordCountOptions {
+        savepoint_dir: Some(tmp.path().join("savepoints")),
+        ..backpressured(tmp.path(), records)
+    };
+    let (env, _, _) = build(&o);
+    let client = JobClient::default();
+    let job = tokio::spawn(env.execute_with(client.clone()));
+    // Some unaligned checkpoints first, with data in flight.
+    let root = o.checkpoint_dir.clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !root.is_dir() || std::fs::read_dir(&root).unwrap().count() == 0 {
+        assert!(Instant::now() < deadline, "no checkpoint directory");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let savepoint = loop {
+        match client.stop_with_savepoint(None, false).await {
+            Ok(p) => break p,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no savepoint: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let stopped = tokio::time::timeout(Duration::from_secs(120), job)
+        .await
+        .expect("the stop did not end the job")
+        .unwrap()
+        .unwrap();
+    assert!(stopped.source_records < records, "the job stopped early");
+    let path = PathBuf::from(savepoint.trim_start_matches("file://"));
+    let meta = weir_runtime::checkpoint::CheckpointMetadata::from_bytes(
+        "_metadata",
+        &std::fs::read(path.join("_metadata")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        meta.in_flight.is_empty(),
+        "a savepoint holds no in-flight data"
+    );
+
+    let resumed = WordCountOptions {
+        parallelism: 3,
+        from: Some(path),
+        checkpoint_dir: tmp.path().join("checkpoints-2"),
+        ..backpressured(tmp.path(), records)
+    };
+    let (env, totals, _) = build(&resumed);
+    let r = tokio::time::timeout(Duration::from_secs(120), env.execute())
+        .await
+        .expect("bounded")
+        .unwrap();
+    assert_eq!(totals.get(), expected_totals(records, o.seed));
+    assert_restored(&r, records, "resumed at parallelism 3 from the savepoint");
+}
