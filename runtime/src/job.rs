@@ -1322,6 +1322,18 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             remote.shutdown().await;
         }
         if let Some(k) = keeper {
+            // A run that leaves nothing (no checkpoint retained, none begun) leaves no directory:
+            // while it still holds the lock, it stops renewing it and deletes the directory with it.
+            let dir = CheckpointLocation { dir: format!("{job_id}/") };
+            let only_locks = matches!(storage.list_files(&dir.dir).await,
+                Ok(files) if files.iter().all(|f| f.rsplit('/').next().is_some_and(|n| n.starts_with("_lock"))));
+            let no_checkpoints = matches!(storage.list_checkpoints(job_id).await, Ok(c) if c.is_empty());
+            if only_locks && no_checkpoints {
+                k.forget(job_id).await;
+                if let Err(e) = storage.discard(&dir).await {
+                    warn!(error = %e, "cannot remove the empty job directory");
+                }
+            }
             k.release().await;
         }
         result

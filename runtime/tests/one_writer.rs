@@ -299,3 +299,27 @@ async fn a_root_resumes_the_latest_checkpoint_of_the_same_job_across_its_runs() 
         "the third run restores the second's newest checkpoint: {restored}"
     );
 }
+
+/// A run that retained no checkpoint (it ended before its first) leaves no job directory behind,
+/// not even an empty one or its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_without_checkpoints_leaves_no_job_directory() {
+    let root = tempfile::tempdir().unwrap();
+    let env = StreamEnvironment::new();
+    env.set_parallelism(2)
+        .enable_checkpointing(Duration::from_secs(3600))
+        .set_checkpoint_dir(root.path());
+    let totals = env
+        .from_generator(Some(1_000), |i| i % KEYS)
+        .map(|k: u64| (k, 1i64))
+        .key_by(|t: &(u64, i64)| &t.0)
+        .sum()
+        .latest_per_key();
+    let r = tokio::time::timeout(Duration::from_secs(60), env.execute())
+        .await
+        .expect("bounded")
+        .unwrap();
+    assert_eq!(r.checkpoints_completed, 0);
+    assert_eq!(totals.get().values().sum::<i64>(), 1_000);
+    assert_eq!(job_dirs(root.path()), Vec::<PathBuf>::new());
+}
