@@ -144,8 +144,9 @@ pub(crate) async fn referenced_shared(
     Some(names)
 }
 
-/// Carries a plan out: checkpoint directories, then shared files, then (when it empties it)
-/// the directory with its lock.
+/// Carries a plan out: checkpoint directories, then shared files. A plan that empties the
+/// directory leaves its lock: the caller deletes the directory while it still holds it
+/// ([`discard_dir`]).
 pub(crate) async fn apply(
     storage: &dyn CheckpointStorage,
     job: JobId,
@@ -159,14 +160,27 @@ pub(crate) async fn apply(
     for name in &plan.shared {
         storage.delete_file(&format!("{job}/shared/{name}")).await?;
     }
-    if plan.empties_dir {
-        storage
-            .discard(&CheckpointLocation {
-                dir: format!("{job}/"),
-            })
-            .await?;
-    }
     Ok(())
+}
+
+/// Deletes the job directory `job` whole, lock included, if the lock's newest generation is
+/// still `generation` (the caller's, no longer renewed): a directory taken over meanwhile stays.
+pub(crate) async fn discard_dir(
+    storage: &dyn CheckpointStorage,
+    job: JobId,
+    generation: u64,
+) -> Result<bool, CheckpointError> {
+    match storage.read_lock(job).await? {
+        Some(l) if l.generation == generation => {
+            storage
+                .discard(&CheckpointLocation {
+                    dir: format!("{job}/"),
+                })
+                .await?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
 }
 
 /// The job directories under a storage root (the first segment of `files`), with their files.
@@ -184,7 +198,8 @@ pub(crate) fn job_dirs(files: &[String]) -> BTreeMap<JobId, Vec<String>> {
 /// and the checkpoint it restored from until its own checkpoints subsume it.
 pub(crate) struct Claim {
     storage: Arc<dyn CheckpointStorage>,
-    dirs: Vec<JobId>,
+    /// The claimed directories, with the generation of their lock this run holds.
+    dirs: Vec<(JobId, u64)>,
     restored: Option<(JobId, CheckpointId)>,
 }
 
@@ -217,9 +232,17 @@ impl Claim {
                 warn!(%job, %holder, "not claimed: a running job holds this job directory");
                 continue;
             }
-            if let Some(generation) = lease::take_over(&*storage, *job, liveness, content).await? {
-                dirs.push(*job);
-                taken.push((*job, generation));
+            match lease::take_over(&*storage, *job, liveness, content).await {
+                Ok(Some(generation)) => {
+                    dirs.push((*job, generation));
+                    taken.push((*job, generation));
+                }
+                Ok(None) => {}
+                // One directory that cannot be taken (a file named like a job, a storage error)
+                // does not stop the run: it is left alone.
+                Err(e) => {
+                    warn!(%job, error = %e, "not claimed: cannot take the job directory over")
+                }
             }
         }
         info!(
@@ -243,12 +266,12 @@ impl Claim {
         let (Some(job), Some(id)) = (location.job_id(), location.checkpoint_id()) else {
             return;
         };
-        if self.dirs.contains(&job) {
+        if self.dirs.iter().any(|(d, _)| *d == job) {
             self.restored = Some((job, id));
         } else {
             warn!(checkpoint = %self.storage.location_path(location), "the restored checkpoint is not claimed: its job directory is held by a running job");
         }
-        for dir in self.dirs.clone() {
+        for (dir, _) in self.dirs.clone() {
             self.clean(dir, |c| c >= id, keeper).await;
         }
     }
@@ -277,11 +300,17 @@ impl Claim {
             let kept: Vec<CheckpointId> = listing.complete().filter(|id| keep(*id)).collect();
             let referenced = referenced_shared(&*self.storage, job, kept.iter().copied()).await;
             let plan = plan_dir(&listing, |id, complete| complete && keep(id), referenced.as_ref());
-            if plan.empties_dir {
-                keeper.forget(job).await;
-                self.dirs.retain(|d| *d != job);
-            }
             apply(&*self.storage, job, &plan).await?;
+            if plan.empties_dir {
+                let generation = self
+                    .dirs
+                    .iter()
+                    .find(|(d, _)| *d == job)
+                    .map_or(0, |(_, g)| *g);
+                keeper.forget(job).await;
+                self.dirs.retain(|(d, _)| *d != job);
+                discard_dir(&*self.storage, job, generation).await?;
+            }
             info!(%job, checkpoints = plan.checkpoints.len(), shared = plan.shared.len(), whole = plan.empties_dir, "deleted what the claimed job directory no longer needs");
             Ok::<_, CheckpointError>(())
         }

@@ -212,7 +212,9 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<u8, CliError> {
                     opened.shown
                 )));
             }
-            let report = crate::gc::gc(&opened.storage, &|rel| opened.display(rel), *delete)
+            let storage: std::sync::Arc<dyn weir_checkpoint::CheckpointStorage> =
+                std::sync::Arc::new(opened.storage.clone());
+            let report = crate::gc::gc(storage, &|rel| opened.display(rel), *delete)
                 .await
                 .map_err(|e| CliError::Failed(format!("gc of '{}': {e}", opened.shown)))?;
             if *json {

@@ -2,9 +2,12 @@
 //! directories, unreferenced shared files, job directories of runs killed before their first
 //! checkpoint), listed, and deleted with `--delete`, in job directories no running job holds.
 
-use crate::claim::{DirListing, DirPlan, apply, job_dirs, plan_dir, referenced_shared};
-use crate::lease::{self, Liveness, LockContent};
+use crate::claim::{
+    DirListing, DirPlan, apply, discard_dir, job_dirs, plan_dir, referenced_shared,
+};
+use crate::lease::{self, LeaseKeeper, Liveness, LockContent};
 use serde::Serialize;
+use std::sync::Arc;
 use weir_checkpoint::{CheckpointError, CheckpointStorage};
 use weir_core::ids::JobId;
 
@@ -38,7 +41,7 @@ pub struct GcReport {
 /// watched for one lease first: one whose lock is renewed belongs to a running job and is
 /// skipped.
 pub async fn gc(
-    storage: &dyn CheckpointStorage,
+    storage: Arc<dyn CheckpointStorage>,
     display: &dyn Fn(&str) -> String,
     delete: bool,
 ) -> Result<GcReport, CheckpointError> {
@@ -51,7 +54,7 @@ pub async fn gc(
         }
     }
     let jobs: Vec<JobId> = dirs.keys().copied().collect();
-    let seen = lease::observe(storage, &jobs).await?;
+    let seen = lease::observe(&*storage, &jobs).await?;
     let mut report = GcReport {
         root: display(""),
         deleted: delete,
@@ -74,7 +77,7 @@ pub async fn gc(
         let mut listing = DirListing::of(*job, files);
         listing.add_checkpoints(*job, &checkpoints);
         let complete: Vec<_> = listing.complete().collect();
-        let referenced = referenced_shared(storage, *job, complete.iter().copied()).await;
+        let referenced = referenced_shared(&*storage, *job, complete.iter().copied()).await;
         if referenced.is_none() && !listing.shared.is_empty() {
             report.skipped.push(format!(
                 "{}/shared: a complete checkpoint's _metadata cannot be read, so every shared file stays",
@@ -86,23 +89,39 @@ pub async fn gc(
             continue;
         }
         report.garbage.extend(items(display, *job, &plan));
-        if delete {
-            // Hold the directory while deleting, so no run takes it meanwhile.
-            let Some(generation) = lease::take_over(storage, *job, liveness, &content).await?
-            else {
-                report.skipped.push(format!(
-                    "{}: taken by another run while gc looked",
-                    display(&job.to_string())
-                ));
-                continue;
-            };
-            apply(storage, *job, &plan).await?;
-            if !plan.empties_dir {
-                storage.release_lock(*job, generation).await?;
-            }
+        if delete && let Err(e) = delete_dir(&storage, *job, liveness, &content, &plan).await {
+            report
+                .skipped
+                .push(format!("{}: {e}", display(&job.to_string())));
         }
     }
     Ok(report)
+}
+
+/// Deletes what `plan` names in `job`'s directory while holding it (a lock taken over as judged,
+/// renewed throughout), so that no run takes the directory meanwhile; the directory goes whole
+/// only if gc still holds it at the end.
+async fn delete_dir(
+    storage: &Arc<dyn CheckpointStorage>,
+    job: JobId,
+    liveness: &Liveness,
+    content: &LockContent,
+    plan: &DirPlan,
+) -> Result<(), CheckpointError> {
+    let Some(generation) = lease::take_over(&**storage, job, liveness, content).await? else {
+        return Err(CheckpointError::Config(
+            "taken by another run while gc looked".to_string(),
+        ));
+    };
+    let keeper = LeaseKeeper::start(content.clone());
+    keeper.hold(storage.clone(), job, generation).await;
+    let result = apply(&**storage, job, plan).await;
+    if result.is_ok() && plan.empties_dir {
+        keeper.forget(job).await;
+        discard_dir(&**storage, job, generation).await?;
+    }
+    keeper.release().await;
+    result
 }
 
 /// The report's lines for one directory's plan.

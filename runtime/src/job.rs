@@ -482,11 +482,14 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
         };
         // The lease on the job directory (and on those a claim takes over), renewed beside the job.
         let mut keeper: Option<LeaseKeeper> = None;
+        // The generation of the lock this run holds on its own job directory.
+        let mut own_generation = 0u64;
         if config.checkpoint.is_enabled() {
             storage.check_writable().await?;
             // One writer per job directory: a second run with this job id is refused while the
             // first holds it (renews its lease); a killed run's directory is taken over.
             let generation = crate::lease::take_job_directory(&*storage, job_id, &lock_content).await?;
+            own_generation = generation;
             let k = LeaseKeeper::start(lock_content.clone());
             k.hold(storage.clone(), job_id, generation).await;
             keeper = Some(k);
@@ -1325,10 +1328,13 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             // A run that leaves nothing (no checkpoint retained, none begun) leaves no directory:
             // while it still holds the lock, it stops renewing it and deletes the directory with it.
             let dir = CheckpointLocation { dir: format!("{job_id}/") };
+            let lost = matches!(&result, Err(JobError::Storage(weir_checkpoint::CheckpointError::LockLost { .. })));
+            let still_ours = matches!(storage.read_lock(job_id).await,
+                Ok(Some(l)) if l.generation == own_generation);
             let only_locks = matches!(storage.list_files(&dir.dir).await,
                 Ok(files) if files.iter().all(|f| f.rsplit('/').next().is_some_and(|n| n.starts_with("_lock"))));
             let no_checkpoints = matches!(storage.list_checkpoints(job_id).await, Ok(c) if c.is_empty());
-            if only_locks && no_checkpoints {
+            if !lost && still_ours && only_locks && no_checkpoints {
                 k.forget(job_id).await;
                 if let Err(e) = storage.discard(&dir).await {
                     warn!(error = %e, "cannot remove the empty job directory");

@@ -24,6 +24,14 @@ use weir_core::ids::JobId;
 /// default of `JobConfig::job_lock_lease` (Kubernetes' leader-election lease is 15 s too).
 pub(crate) const DEFAULT_JOB_LOCK_LEASE: Duration = Duration::from_secs(15);
 
+/// The most characters of the holder a lock file keeps, so that its lease and renewal lines
+/// always fit in what a reader reads back (1,000 characters).
+const MAX_HOLDER_CHARS: usize = 200;
+
+/// The shortest lease a lock may promise: a damaged lock cannot make a reader judge a live holder
+/// at once.
+const MIN_JOB_LOCK_LEASE: Duration = Duration::from_millis(100);
+
 /// The longest lease a lock may promise: a damaged or hostile lock cannot make a reader wait
 /// longer.
 pub(crate) const MAX_JOB_LOCK_LEASE: Duration = Duration::from_secs(3600);
@@ -41,7 +49,13 @@ impl LockContent {
     pub fn render(&self) -> String {
         format!(
             "{}\nlease_ms {}\nrenewal {}\n",
-            self.holder.lines().next().unwrap_or(""),
+            self.holder
+                .lines()
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take(MAX_HOLDER_CHARS)
+                .collect::<String>(),
             self.lease.as_millis(),
             self.renewal
         )
@@ -60,7 +74,7 @@ impl LockContent {
                 .and_then(|v| v.parse::<u64>().ok())
             {
                 // A damaged or hostile lock cannot make a reader wait for ever.
-                lease = Duration::from_millis(ms).min(MAX_JOB_LOCK_LEASE);
+                lease = Duration::from_millis(ms).clamp(MIN_JOB_LOCK_LEASE, MAX_JOB_LOCK_LEASE);
             } else if let Some(n) = line.strip_prefix("renewal ").and_then(|v| v.parse().ok()) {
                 renewal = n;
             }
@@ -111,8 +125,23 @@ pub(crate) async fn observe(
     jobs: &[JobId],
 ) -> Result<BTreeMap<JobId, Liveness>, CheckpointError> {
     let mut first = BTreeMap::new();
+    let mut unreadable = BTreeMap::new();
     for &job in jobs {
-        first.insert(job, storage.read_lock(job).await?);
+        match storage.read_lock(job).await {
+            Ok(lock) => {
+                first.insert(job, lock);
+            }
+            // A directory whose lock cannot be read is left alone, as if held.
+            Err(e) => {
+                warn!(%job, error = %e, "cannot read the job directory's lock: leaving it alone");
+                unreadable.insert(
+                    job,
+                    Liveness::Held {
+                        holder: format!("unknown: {e}"),
+                    },
+                );
+            }
+        }
     }
     let wait = first
         .values()
@@ -127,13 +156,18 @@ pub(crate) async fn observe(
         );
         tokio::time::sleep(wait).await;
     }
-    let mut out = BTreeMap::new();
+    let mut out = unreadable;
     for (job, before) in first {
-        let after = match &before {
-            None => None,
-            Some(_) => storage.read_lock(job).await?,
+        let judged = match &before {
+            None => judge(None, None),
+            Some(_) => match storage.read_lock(job).await {
+                Ok(after) => judge(before.as_ref(), after.as_ref()),
+                Err(e) => Liveness::Held {
+                    holder: format!("unknown: {e}"),
+                },
+            },
         };
-        out.insert(job, judge(before.as_ref(), after.as_ref()));
+        out.insert(job, judged);
     }
     Ok(out)
 }
@@ -148,7 +182,11 @@ pub(crate) async fn take_over(
 ) -> Result<Option<u64>, CheckpointError> {
     let generation = match liveness {
         Liveness::Free => 0,
-        Liveness::Abandoned { generation, .. } => generation + 1,
+        // A damaged lock file of the last generation there is: left alone.
+        Liveness::Abandoned { generation, .. } => match generation.checked_add(1) {
+            Some(next) => next,
+            None => return Ok(None),
+        },
         Liveness::Held { .. } => return Ok(None),
     };
     match storage.take_lock(job, generation, &content.render()).await {
@@ -172,7 +210,18 @@ pub(crate) async fn take_job_directory(
     content: &LockContent,
 ) -> Result<u64, CheckpointError> {
     let refusal = match storage.lock_job(job, &content.render()).await {
-        Ok(()) => return Ok(0),
+        Ok(()) => match storage.read_lock(job).await? {
+            // A newer generation beside the fresh `_lock` (its older files deleted by hand):
+            // give `_lock` back and judge the newer one.
+            Some(newer) if newer.generation > 0 => {
+                storage.delete_file(&format!("{job}/_lock")).await?;
+                CheckpointError::Locked {
+                    path: format!("{job}"),
+                    holder: LockContent::parse(&newer.content).holder,
+                }
+            }
+            _ => return Ok(0),
+        },
         Err(e @ CheckpointError::Locked { .. }) => e,
         Err(e) => return Err(e),
     };
@@ -211,20 +260,38 @@ impl LeaseKeeper {
             let mut tick = tokio::time::interval(content.lease / 3);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
+            // When each lock was last renewed: one not renewed for a whole lease may have been
+            // judged abandoned and taken over, so its holder stops.
+            let mut renewed: BTreeMap<JobId, std::time::Instant> = BTreeMap::new();
             loop {
                 tick.tick().await;
                 content.renewal += 1;
                 let now = dirs.lock().await;
                 for (storage, job, generation) in now.iter() {
                     let (job, generation) = (*job, *generation);
+                    let since = *renewed.entry(job).or_insert_with(std::time::Instant::now);
                     match storage.renew_lock(job, generation, &content.render()).await {
-                        Ok(()) => {}
+                        Ok(()) => {
+                            renewed.insert(job, std::time::Instant::now());
+                        }
                         Err(CheckpointError::LockLost { path, by }) => {
                             let _ = tx.send(Some((path, by)));
                             return;
                         }
                         // A transient error: the next renewal may succeed within the lease.
-                        Err(e) => warn!(%job, error = %e, "cannot renew the job directory's lock"),
+                        Err(e) if since.elapsed() < content.lease => {
+                            warn!(%job, error = %e, "cannot renew the job directory's lock");
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Some((
+                                format!("{job}"),
+                                format!(
+                                    "nobody known: its lease could not be renewed for {:?} ({e})",
+                                    content.lease
+                                ),
+                            )));
+                            return;
+                        }
                     }
                 }
             }
@@ -293,6 +360,20 @@ mod tests {
             old.holder,
             "process 1 on h, since 5 ms after the Unix epoch"
         );
+        // A zero lease is read as the shortest, and a holder name that would push the lease out
+        // of what a reader reads back is cut.
+        assert_eq!(
+            LockContent::parse("x\nlease_ms 0").lease,
+            Duration::from_millis(100)
+        );
+        let long = LockContent {
+            holder: "h".repeat(5000),
+            lease: Duration::from_secs(2),
+            renewal: 1,
+        };
+        let text = long.render();
+        assert!(text.len() < 1000, "{}", text.len());
+        assert_eq!(LockContent::parse(&text).lease, Duration::from_secs(2));
         // A hostile lease is capped at the longest a lease may be.
         assert_eq!(
             LockContent::parse("x\nlease_ms 99999999999999").lease,
@@ -370,6 +451,17 @@ mod tests {
             }
         );
         assert_eq!(seen[&JobId(3)], Liveness::Free);
+        // A damaged lock of the last generation there is cannot be taken over (no overflow).
+        let last = Liveness::Abandoned {
+            generation: u64::MAX,
+            holder: "x".into(),
+        };
+        assert_eq!(
+            take_over(&*storage, JobId(9), &last, &content("a"))
+                .await
+                .unwrap(),
+            None
+        );
         // Two takers of the dead directory: one wins.
         let a = take_over(&*storage, dead, &seen[&dead], &content("a"))
             .await

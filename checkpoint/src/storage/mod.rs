@@ -229,7 +229,9 @@ pub trait CheckpointStorage: Send + Sync + 'static {
         content: &str,
     ) -> Result<(), CheckpointError>;
 
-    /// Deletes the lock files of `<job>/` up to and including `generation`. Idempotent.
+    /// Deletes the lock files of `<job>/` up to and including `generation`, unless a newer
+    /// generation exists (the directory was taken over: its older lock files stay, so that no
+    /// run takes generation 0 beside the new holder). Idempotent.
     async fn release_lock(&self, job: JobId, generation: u64) -> Result<(), CheckpointError>;
 
     /// Every file under the directory `dir` (relative to the root, `""` for the root itself),

@@ -788,7 +788,18 @@ impl CheckpointStorage for OpendalCheckpointStorage {
 
     async fn release_lock(&self, job: JobId, generation: u64) -> Result<(), CheckpointError> {
         let dir = format!("{job}/");
-        for (name, is_dir) in self.list_children(&dir).await? {
+        let children = self.list_children(&dir).await?;
+        // Taken over: the older lock files stay, so no later run takes generation 0 beside the
+        // new holder without watching its lease first.
+        let newest = children
+            .iter()
+            .filter(|(_, is_dir)| !is_dir)
+            .filter_map(|(name, _)| parse_lock_file(name))
+            .max();
+        if newest.is_some_and(|n| n > generation) {
+            return Ok(());
+        }
+        for (name, is_dir) in children {
             if is_dir || parse_lock_file(&name).is_none_or(|g| g > generation) {
                 continue;
             }

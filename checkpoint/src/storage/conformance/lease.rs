@@ -8,7 +8,8 @@ use crate::storage::CheckpointStorage;
 /// Lock generations: `take_lock` of a generation is a conditional create; the newest
 /// generation is what `read_lock` reports; a holder whose directory was taken over (a newer
 /// generation exists) or whose lock is gone is refused a renewal as `LockLost`, naming the new
-/// holder; a renewal rewrites the content; `release_lock(g)` deletes generations up to `g` only.
+/// holder; a renewal rewrites the content; `release_lock(g)` deletes generations up to `g` only,
+/// and nothing while a newer generation exists.
 pub async fn check_lock_generations(storage: &dyn CheckpointStorage) {
     let check = "lock_generations";
     let job = fresh_job(storage, check).await;
@@ -124,6 +125,20 @@ pub async fn check_lock_generations(storage: &dyn CheckpointStorage) {
         check,
         still.as_ref().is_some_and(|l| l.generation == 1),
         || format!("releasing generation 0 must leave generation 1, got {still:?}"),
+    );
+    // ... and generation 0's file too: a new run taking generation 0 now would write beside the
+    // holder of generation 1 without watching its lease.
+    let e = err(
+        storage,
+        check,
+        "take 0 after takeover",
+        storage.take_lock(job, 0, "run d").await,
+    );
+    must(
+        storage,
+        check,
+        matches!(e, CheckpointError::Locked { .. }),
+        || format!("generation 0 must still be taken after a takeover, got {e:?}"),
     );
     ok(
         storage,
