@@ -189,8 +189,9 @@ async fn a_start_whose_checkpoint_listing_keeps_failing_fails_naming_the_fault()
     let err = result.expect_err("a start that cannot list earlier checkpoints must fail");
     assert!(err.to_string().contains("injected fault"), "{err}");
     assert!(err.to_string().contains("list_checkpoints"), "{err}");
-    // The first try and three retries.
-    assert_eq!(storage.stats().read_faults, 4, "{err}");
+    // The first try and three retries: the error is the fourth read fault.
+    assert!(err.to_string().contains("read fault 4,"), "{err}");
+    assert!(storage.stats().read_faults >= 4, "{err}");
     assert!(!has_checkpoint(tmp.path()), "nothing was written");
 }
 
