@@ -210,10 +210,12 @@ pub(crate) async fn take_job_directory(
     content: &LockContent,
 ) -> Result<u64, CheckpointError> {
     let refusal = match storage.lock_job(job, &content.render()).await {
-        Ok(()) => match storage.read_lock(job).await? {
+        // (A failed read here is not a reason to stop: the check is a defence against lock
+        // files deleted by hand, and the first renewal finds a newer generation too.)
+        Ok(()) => match storage.read_lock(job).await {
             // A newer generation beside the fresh `_lock` (its older files deleted by hand):
             // give `_lock` back and judge the newer one.
-            Some(newer) if newer.generation > 0 => {
+            Ok(Some(newer)) if newer.generation > 0 => {
                 storage.delete_file(&format!("{job}/_lock")).await?;
                 CheckpointError::Locked {
                     path: format!("{job}"),
