@@ -246,31 +246,8 @@ pub async fn run_and_stop(
     (r, dir)
 }
 
-/// After failures: the latest restore resumed the sources (they emitted fewer than `total`
-/// records since it), which, with exact results, is only possible when the restored state was
-/// used. A job whose failures all came before its first checkpoint had nothing to restore.
-pub fn assert_resumed(r: &weir_runtime::JobResult, total: u64, ctx: &str) {
-    if r.restarts == 0 || r.restored_from.is_none() {
-        return;
-    }
-    assert!(
-        r.source_records_since_restore < total,
-        "{ctx}: after the latest restore the sources emitted {} of {total} records: they started over",
-        r.source_records_since_restore
-    );
-}
-
-/// Asserts that a run restored: it names what it restored from, and its sources emitted fewer
-/// than the job's `total` records since (they resumed rather than started over), which, with
-/// exact results, is only possible when the restored state was used.
-pub fn assert_restored(r: &weir_runtime::JobResult, total: u64, ctx: &str) {
-    let from = r
-        .restored_from
-        .as_deref()
-        .unwrap_or_else(|| panic!("{ctx}: the run did not restore"));
-    assert!(
-        r.source_records_since_restore < total,
-        "{ctx}: restored from {from}, the sources emitted {} of {total} records: they started over",
-        r.source_records_since_restore
-    );
-}
+#[path = "../../../runtime/tests/support/restored.rs"]
+mod restored;
+// Each test binary uses one or both.
+#[allow(unused_imports)]
+pub use restored::{assert_restored, assert_resumed};
