@@ -183,6 +183,30 @@ pub(crate) async fn discard_dir(
     }
 }
 
+/// A run that leaves nothing in its own job directory (no checkpoint retained or begun, no shared
+/// file) deletes it, lock included, while it still holds it: it stops renewing first, and
+/// [`discard_dir`] checks that the lock is still `generation`.
+pub(crate) async fn leave_if_empty(
+    storage: &dyn CheckpointStorage,
+    job: JobId,
+    generation: u64,
+    keeper: &LeaseKeeper,
+) {
+    let result = async {
+        let mut listing = DirListing::of(job, &storage.list_files(&format!("{job}/")).await?);
+        listing.add_checkpoints(job, &storage.list_checkpoints(job).await?);
+        if listing == DirListing::default() {
+            keeper.forget(job).await;
+            discard_dir(storage, job, generation).await?;
+        }
+        Ok::<_, CheckpointError>(())
+    }
+    .await;
+    if let Err(e) = result {
+        warn!(%job, error = %e, "cannot remove the empty job directory");
+    }
+}
+
 /// The job directories under a storage root (the first segment of `files`), with their files.
 pub(crate) fn job_dirs(files: &[String]) -> BTreeMap<JobId, Vec<String>> {
     let mut out: BTreeMap<JobId, Vec<String>> = BTreeMap::new();

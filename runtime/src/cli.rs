@@ -205,7 +205,18 @@ pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<u8, CliError> {
             Ok(if report.problems.is_empty() { 0 } else { 1 })
         }
         Command::Checkpoints(CheckpointsCommand::Gc { root, delete, json }) => {
+            let job_dir = root
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(weir_core::ids::JobId::parse)
+                .is_some();
             let opened = open(root)?;
+            if job_dir {
+                return Err(CliError::Usage(format!(
+                    "'{}' is a job directory: gc takes the checkpoint root that holds it",
+                    opened.shown
+                )));
+            }
             if !opened.rel.is_empty() {
                 return Err(CliError::Usage(format!(
                     "'{}' is a checkpoint directory: gc takes a checkpoint root (holding <job-id>/chk-<n>)",

@@ -1325,20 +1325,9 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             remote.shutdown().await;
         }
         if let Some(k) = keeper {
-            // A run that leaves nothing (no checkpoint retained, none begun) leaves no directory:
-            // while it still holds the lock, it stops renewing it and deletes the directory with it.
-            let dir = CheckpointLocation { dir: format!("{job_id}/") };
-            let lost = matches!(&result, Err(JobError::Storage(weir_checkpoint::CheckpointError::LockLost { .. })));
-            let still_ours = matches!(storage.read_lock(job_id).await,
-                Ok(Some(l)) if l.generation == own_generation);
-            let only_locks = matches!(storage.list_files(&dir.dir).await,
-                Ok(files) if files.iter().all(|f| f.rsplit('/').next().is_some_and(|n| n.starts_with("_lock"))));
-            let no_checkpoints = matches!(storage.list_checkpoints(job_id).await, Ok(c) if c.is_empty());
-            if !lost && still_ours && only_locks && no_checkpoints {
-                k.forget(job_id).await;
-                if let Err(e) = storage.discard(&dir).await {
-                    warn!(error = %e, "cannot remove the empty job directory");
-                }
+            // A run taken over leaves the directory to its new holder.
+            if !matches!(&result, Err(JobError::Storage(weir_checkpoint::CheckpointError::LockLost { .. }))) {
+                crate::claim::leave_if_empty(&*storage, job_id, own_generation, &k).await;
             }
             k.release().await;
         }

@@ -105,6 +105,11 @@ async fn gc_lists_and_deletes_only_what_no_complete_checkpoint_needs() {
         format!("EMPTY-JOB {}", r(&dead)),
     ]
     .into();
+    // A job directory, or a checkpoint directory, is not a root: refused, nothing looked at.
+    for wrong in [job.clone(), job.join(format!("chk-{}", kept[0]))] {
+        let o = weir(&["checkpoints", "gc"], &wrong);
+        assert_eq!(o.status.code(), Some(2), "{o:?}");
+    }
     let listed = weir(&["checkpoints", "gc"], &root);
     assert!(listed.status.success(), "{listed:?}");
     assert_eq!(

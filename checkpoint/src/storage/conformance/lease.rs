@@ -4,6 +4,7 @@
 use super::{err, fail, fresh_job, must, ok, pattern, write_complete};
 use crate::CheckpointError;
 use crate::storage::CheckpointStorage;
+use weir_core::ids::JobId;
 
 /// Lock generations: `take_lock` of a generation is a conditional create; the newest
 /// generation is what `read_lock` reports; a holder whose directory was taken over (a newer
@@ -69,6 +70,12 @@ pub async fn check_lock_generations(storage: &dyn CheckpointStorage) {
             .is_some_and(|l| l.content == "run a\nrenewal 1"),
         || format!("a renewal must rewrite the content, got {renewed:?}"),
     );
+    check_takeover(storage, check, job).await;
+}
+
+/// The second half of [`check_lock_generations`]: run b takes over the directory that run a
+/// holds (generation 0), and run a loses it.
+async fn check_takeover(storage: &dyn CheckpointStorage, check: &str, job: JobId) {
     // Run b takes the directory over.
     ok(
         storage,
