@@ -6,6 +6,8 @@
 //! the listing at job start, make a rerun reuse checkpoint ids: ignored, a known bug).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -290,9 +292,29 @@ async fn a_read_fault_during_restore_falls_back_to_the_previous_checkpoint() {
         .unwrap_or_else(|e| panic!("the job failed: {e}"));
     eprintln!("{}", summary(&r, &storage, start.elapsed()));
     assert_eq!(r.restarts, 1);
-    assert_eq!(storage.stats().read_faults, 1);
-    assert!(r.restored_from.is_some(), "{r:?}");
+    let injected = storage.injected();
+    assert_eq!(injected.len(), 1, "{injected:?}");
+    // The one fault was on reading a complete checkpoint; the run restored from an older one.
+    let failed = checkpoint_in(&injected[0].path)
+        .unwrap_or_else(|| panic!("the fault was not on a checkpoint's file: {injected:?}"));
+    let restored = r.restored_from.as_deref().map(checkpoint_in);
+    let restored = restored.flatten().unwrap_or_else(|| panic!("no restore: {r:?}"));
+    assert!(
+        restored < failed,
+        "the read of chk-{failed} failed, yet the run restored from chk-{restored}"
+    );
+    assert!(
+        ["read_metadata", "read_state"].contains(&injected[0].operation),
+        "{injected:?}"
+    );
+    support::assert_restored(&r, RECORDS, "fallback");
     assert_eq!(totals.get(), expected(RECORDS));
+}
+
+/// The checkpoint id in a path that names a `chk-<n>` directory.
+fn checkpoint_in(path: &str) -> Option<u64> {
+    let (_, rest) = path.rsplit_once("chk-")?;
+    rest.split('/').next()?.parse().ok()
 }
 
 /// Every read of the restore fails and only one checkpoint is retained: the job fails with an

@@ -53,8 +53,8 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use opendal::ErrorKind;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use weir_core::handle::StreamStateHandle;
 use weir_core::ids::{CheckpointId, JobId};
@@ -240,6 +240,20 @@ pub struct FaultInjectingStorage {
     reads: FaultSwitch,
     operations: AtomicU64,
     delay: Option<(Duration, SleepFn)>,
+    /// Every fault injected so far, in order.
+    injected: Mutex<Vec<InjectedFault>>,
+}
+
+/// One injected fault: which operation failed and on which path, so a test can check what a
+/// recovery did next (for example, that it fell back past the checkpoint whose read failed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InjectedFault {
+    /// Read or write.
+    pub kind: OpKind,
+    /// The operation, for example `"read_metadata"`.
+    pub operation: &'static str,
+    /// The path the operation was for, as in the fault's error.
+    pub path: String,
 }
 
 impl fmt::Debug for FaultInjectingStorage {
@@ -265,6 +279,7 @@ impl FaultInjectingStorage {
             reads: FaultSwitch::new(seed, OpKind::Read),
             operations: AtomicU64::new(0),
             delay: None,
+            injected: Mutex::new(Vec::new()),
         }
     }
 
@@ -345,6 +360,14 @@ impl FaultInjectingStorage {
         self.stats().injected_faults()
     }
 
+    /// Every fault injected so far, in the order they were injected.
+    pub fn injected(&self) -> Vec<InjectedFault> {
+        self.injected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// All counters.
     pub fn stats(&self) -> FaultStats {
         FaultStats {
@@ -391,8 +414,18 @@ impl FaultInjectingStorage {
         }
         match fault {
             None => Ok(()),
-            Some((kind, fault)) => Err(CheckpointError::Storage {
-                path: self.full_path(&rel()),
+            Some((kind, fault)) => {
+                let path = self.full_path(&rel());
+                self.injected
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(InjectedFault {
+                        kind,
+                        operation,
+                        path: path.clone(),
+                    });
+                Err(CheckpointError::Storage {
+                path,
                 source: opendal::Error::new(
                     ErrorKind::Unexpected,
                     format!(
@@ -402,7 +435,8 @@ impl FaultInjectingStorage {
                 )
                 .with_operation(operation)
                 .set_temporary(),
-            }),
+            })
+            }
         }
     }
 }
@@ -779,6 +813,18 @@ mod tests {
         let stats = storage.stats();
         assert_eq!((stats.reads, stats.read_faults), (7, 7));
         assert_eq!((stats.writes, stats.write_faults), (1, 0));
+        // Each fault is recorded with its operation and path.
+        let injected = storage.injected();
+        assert_eq!(injected.len(), 7);
+        assert!(injected.iter().all(|f| f.kind == OpKind::Read));
+        assert_eq!(injected[2].operation, "read_metadata");
+        assert!(
+            injected[2]
+                .path
+                .ends_with(&format!("{job}/chk-1/_metadata")),
+            "{injected:?}"
+        );
+        assert_eq!(injected[3].operation, "list_checkpoints");
         // Turned off while in use.
         storage.set_fault_rate(OpKind::Read, 0.0).unwrap();
         assert_eq!(storage.read_metadata(&loc).await.unwrap(), metadata(job, 1));
