@@ -37,6 +37,8 @@ pub struct WordCountOptions {
     pub from: Option<PathBuf>,
     /// Print every update.
     pub print: bool,
+    /// Also write every update, exactly once, as `(word,count)` lines into part files here.
+    pub running_sums: Option<PathBuf>,
     /// Restart strategy; `None`: the default.
     pub restart: Option<RestartStrategy>,
     /// Records per batch.
@@ -79,6 +81,7 @@ impl Default for WordCountOptions {
             fail_after: Vec::new(),
             from: None,
             print: false,
+            running_sums: None,
             restart: None,
             batch_size: 1024,
             retain: 1,
@@ -254,6 +257,9 @@ pub fn build(
     };
     if opts.print {
         counts.clone().print().uid("print");
+    }
+    if let Some(dir) = &opts.running_sums {
+        counts.clone().write_to_files(dir).uid("running-sums");
     }
     // `sum` emits on the subtask that owns each word: the stream is already partitioned by the
     // word, so the sink chains to it without a shuffle.

@@ -45,6 +45,7 @@ fn a_task_manager_killed_mid_run_is_replaced_and_the_totals_are_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let records = 1_500_000u64;
     let out = tmp.path().join("totals.csv");
+    let sums = tmp.path().join("sums");
     let job: Vec<String> = [
         "--records",
         &records.to_string(),
@@ -54,6 +55,8 @@ fn a_task_manager_killed_mid_run_is_replaced_and_the_totals_are_exact() {
         "50ms",
         "--checkpoint-dir",
         "s3://weir-cluster/wc",
+        "--running-sums",
+        sums.to_str().unwrap(),
         // Stretches the run so that the kill lands in its middle.
         "--sink-delay",
         "2us",
@@ -124,6 +127,8 @@ fn a_task_manager_killed_mid_run_is_replaced_and_the_totals_are_exact() {
         expected_totals(records, 42),
         "exactly-once totals after losing a task manager, as computed without the engine"
     );
+    // Each running count was committed once, by the lost task manager or by another.
+    processes::assert_running_sums(&sums, &parse_totals(&out));
     assert!(
         summary_field(&stdout, "restarts") >= 1,
         "the kill did not land mid-run:\n{stdout}"
@@ -316,6 +321,7 @@ fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
     let tmp = tempfile::tempdir().unwrap();
     let records = 1_500_000u64;
     let savepoints = tmp.path().join("savepoints");
+    let sums = tmp.path().join("sums");
     let job: Vec<String> = [
         "--records",
         &records.to_string(),
@@ -327,6 +333,8 @@ fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
         tmp.path().join("chk").to_str().unwrap(),
         "--savepoint-dir",
         savepoints.to_str().unwrap(),
+        "--running-sums",
+        sums.to_str().unwrap(),
         "--sink-delay",
         "2us",
     ]
@@ -404,6 +412,8 @@ fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
             tmp.path().join("chk2").to_str().unwrap(),
             "--output",
             out.to_str().unwrap(),
+            "--running-sums",
+            sums.to_str().unwrap(),
         ])
         .output()
         .unwrap();
@@ -419,6 +429,8 @@ fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
         records,
         &[Path::new(&savepoint)],
     );
+    // Each running count was committed once, by the cluster or by the one process.
+    processes::assert_running_sums(&sums, &parse_totals(&out));
 }
 
 /// A task manager lost with no replacement: the failover cannot find enough slots within the

@@ -2,7 +2,10 @@
 //! what a failure-free run (or `expected_totals`, computed without the engine) produces.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/processes.rs"]
+mod processes;
 mod support;
+use processes::assert_running_sums;
 use support::*;
 
 use std::collections::BTreeMap;
@@ -59,7 +62,8 @@ async fn word_count_with_failures(parallelism: u32, failures: usize) {
             parallelism,
             seed: generator_seed,
             checkpoint_interval: Some(interval),
-            checkpoint_dir: dir.path().to_path_buf(),
+            checkpoint_dir: dir.path().join("checkpoints"),
+            running_sums: Some(dir.path().join("sums")),
             fail_after,
             ..WordCountOptions::default()
         };
@@ -75,6 +79,7 @@ async fn word_count_with_failures(parallelism: u32, failures: usize) {
         assert_eq!(injector.injected(), failures, "{ctx}");
         assert_eq!(result.restarts as usize, failures, "{ctx}");
         assert_resumed(&result, records, &ctx);
+        assert_running_sums(&dir.path().join("sums"), &totals);
         if failures == 0 || result.checkpoints_completed > 0 {
             return;
         }
@@ -162,6 +167,7 @@ async fn fail_then_restore(parallelism_before: u32, parallelism_after: u32, max:
             seed,
             checkpoint_interval: Some(Duration::from_millis(20)),
             checkpoint_dir: dir.path().join("first"),
+            running_sums: Some(dir.path().join("sums")),
             fail_after: vec![records / 2],
             restart: Some(RestartStrategy::NoRestart),
             ..WordCountOptions::default()
@@ -198,12 +204,11 @@ async fn fail_then_restore(parallelism_before: u32, parallelism_after: u32, max:
         assert_eq!(totals, expected_totals(records, seed), "{ctx}");
         assert_eq!(totals.values().sum::<i64>(), records as i64, "{ctx}");
         assert_eq!(result.restarts, 0, "{ctx}");
-        let from = result.restored_from.unwrap_or_default();
+        let from = result.restored_from.as_deref().unwrap_or_default();
         assert!(from.contains("/chk-"), "{ctx}: restored from {from:?}");
-        assert!(
-            result.source_records < records,
-            "{ctx}: the restored run must resume, not start over"
-        );
+        assert_restored(&result, records, &ctx);
+        // Each running count was committed once, by the failed run or by the restored one.
+        assert_running_sums(&dir.path().join("sums"), &totals);
         return;
     }
     panic!("seed={seed}: no failing run completed a checkpoint first");

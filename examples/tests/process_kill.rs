@@ -6,7 +6,7 @@
 #[path = "support/processes.rs"]
 mod processes;
 
-use processes::{StderrLines, assert_restored, interrupt, wait_output};
+use processes::{StderrLines, assert_restored, assert_running_sums, interrupt, wait_output};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -156,13 +156,16 @@ fn sigkill_mid_run_then_restore_from_incremental_checkpoints_gives_exact_totals(
 fn sigkill_then_restore(extra: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("checkpoints");
-    let records: u64 = 10_000_000;
+    let sums = tmp.path().join("running-sums");
+    let records: u64 = 3_000_000;
     let n = records.to_string();
     let mut child = word_count()
         .args(["--records", &n, "--parallelism", "2"])
         .args(extra)
         .args(["--checkpoint-interval", "50ms", "--checkpoint-dir"])
         .arg(&root)
+        .arg("--running-sums")
+        .arg(&sums)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -196,6 +199,8 @@ fn sigkill_then_restore(extra: &[&str]) {
         .arg(&root)
         .arg("--output")
         .arg(&out)
+        .arg("--running-sums")
+        .arg(&sums)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -211,6 +216,8 @@ fn sigkill_then_restore(extra: &[&str]) {
     assert_eq!(totals.values().sum::<i64>(), records as i64);
     assert_eq!(parse_summary(&stdout).restarts, 0);
     assert_restored(&stdout, records, &[&root]);
+    // Each running count was committed once, by the killed run or by the restored one.
+    assert_running_sums(&sums, &totals);
 }
 
 #[test]

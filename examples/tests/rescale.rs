@@ -164,6 +164,8 @@ fn word_count_binary_round_trip_2_4_1_gives_exact_totals() {
             &cp,
             "--savepoint-dir",
             "savepoints",
+            "--running-sums",
+            "sums",
         ];
         let from_arg = from.as_ref().map(|f| f.to_str().unwrap().to_string());
         if let Some(f) = &from_arg {
@@ -193,6 +195,8 @@ fn word_count_binary_round_trip_2_4_1_gives_exact_totals() {
             // Exact only because the savepoint's state was used: this run resumed from it.
             let saved = from.as_ref().expect("the last run restores");
             processes::assert_restored(&run.stdout, RECORDS, &[saved]);
+            // Each running count was committed once over the three runs.
+            processes::assert_running_sums(&tmp.path().join("sums"), &written);
         } else {
             emitted += summary_records(&run);
             assert!(emitted < RECORDS, "{ctx}: stopped late");

@@ -59,6 +59,10 @@ struct Args {
     /// Print every update as `subtask> (word,count)`.
     #[arg(long)]
     print: bool,
+    /// Also write every update as `(word,count)` lines into part files under DIR, exactly once:
+    /// a file per subtask per checkpoint, committed when the checkpoint completes.
+    #[arg(long, value_name = "DIR")]
+    running_sums: Option<PathBuf>,
     #[arg(long, default_value_t = 1024, value_parser = in_range(limits::BATCH_SIZE),
         help = format!("Records per batch ({})", range_text(limits::BATCH_SIZE)))]
     batch_size: usize,
@@ -443,6 +447,7 @@ fn job_options(args: &Args) -> WordCountOptions {
         fail_after: args.fail_after.into_iter().collect(),
         from: args.from.clone(),
         print: args.print,
+        running_sums: args.running_sums.clone(),
         restart: None,
         batch_size: args.batch_size,
         retain: args.retain,

@@ -123,6 +123,65 @@ pub fn summary_field(stdout: &str, key: &str) -> u64 {
         .unwrap()
 }
 
+/// Checks the running counts that `--running-sums DIR` committed against the final `totals`:
+/// for each word, the counts 1, 2, …, total, each exactly once. A lost and a duplicated update
+/// of the same word cancel out in a total; here the duplicate shows twice and the lost one not
+/// at all. Every part file's name must be `part-<subtask>-<transaction>` (in-progress files are
+/// hidden, and none may be left over).
+pub fn assert_running_sums(dir: &Path, totals: &BTreeMap<String, i64>) {
+    let mut sums: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let entries = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot list the running sums in {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        assert!(
+            name.starts_with("part-"),
+            "a foreign file {name} in {}",
+            dir.display()
+        );
+        for line in std::fs::read_to_string(&path).unwrap().lines() {
+            let pair = line.strip_prefix('(').and_then(|l| l.strip_suffix(')'));
+            let (word, count) = pair
+                .and_then(|p| p.split_once(','))
+                .unwrap_or_else(|| panic!("{name}: not a (word,count) line: {line:?}"));
+            let count: i64 = count
+                .parse()
+                .unwrap_or_else(|e| panic!("{name}: {line:?}: {e}"));
+            sums.entry(word.to_string()).or_default().push(count);
+        }
+    }
+    assert_eq!(
+        sums.keys().collect::<Vec<_>>(),
+        totals.keys().collect::<Vec<_>>(),
+        "the words with running counts are not the words with totals"
+    );
+    for (word, counts) in &mut sums {
+        counts.sort_unstable();
+        let total = totals[word];
+        assert_eq!(
+            counts.len() as i64,
+            total,
+            "word {word}: {} running counts committed for a total of {total}",
+            counts.len()
+        );
+        if let Some((at, (got, want))) = counts
+            .iter()
+            .zip(1..)
+            .enumerate()
+            .find(|(_, (g, w))| *g != w)
+        {
+            panic!(
+                "word {word}: the committed running counts, sorted, have {got} where {want} belongs \
+                 (position {at}): an update was lost or committed twice"
+            );
+        }
+    }
+}
+
 /// What a restored run printed proves that it restored: `restored from:` names a checkpoint or
 /// savepoint (under one of `under`, when given), and its sources emitted fewer than `records` records in
 /// this run (`emitted=`), so they resumed rather than started over. With exact results, which
