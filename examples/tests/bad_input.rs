@@ -6,6 +6,7 @@
 #[path = "support/processes.rs"]
 mod processes;
 mod support;
+use support::{Bounded, BoundedCommand};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,7 +35,7 @@ where
         .env_remove("RUST_LOG")
         .env_remove("RUST_BACKTRACE")
         .env_remove("RUST_LIB_BACKTRACE")
-        .output()
+        .output_bounded()
         .unwrap();
     Run {
         success: out.status.success(),
@@ -374,6 +375,7 @@ async fn out_of_range_settings_are_errors_from_execute() {
         tweak(&env);
         let err = env
             .execute()
+            .bounded()
             .await
             .expect_err("a job configured out of range ran");
         assert!(matches!(err, JobError::Invalid(_)), "case {i}: {err:?}");
@@ -392,7 +394,7 @@ async fn out_of_range_settings_are_errors_from_execute() {
         checkpoint_dir: tmp.path().join("p"),
         ..WordCountOptions::default()
     });
-    let message = env.execute().await.unwrap_err().to_string();
+    let message = env.execute().bounded().await.unwrap_err().to_string();
     assert!(
         message.contains("invalid parallelism 4294967295") && message.contains("32768"),
         "{message}"
@@ -542,7 +544,7 @@ async fn word_count_with_retained_checkpoints(tmp: &Path) -> WordCountOptions {
         };
         let (env, totals, _) = build(&opts);
         env.checkpoint_config().num_retained = 3;
-        let result = env.execute().await.unwrap();
+        let result = env.execute().bounded().await.unwrap();
         assert_eq!(totals.get(), expected_totals(records, opts.seed));
         settle().await;
         if let Some(latest) = &result.latest_checkpoint {
@@ -643,7 +645,7 @@ async fn many_keys_with_checkpoints(tmp: &Path, retained: u32) -> (u64, PathBuf,
     for _ in 0..4 {
         let root = tmp.join(format!("checkpoints-{records}"));
         let (env, totals) = many_keys_job(records, &root, retained, None);
-        let result = env.execute().await.unwrap();
+        let result = env.execute().bounded().await.unwrap();
         assert_eq!(totals.get(), many_keys_expected(records));
         settle().await;
         if let Some(latest) = &result.latest_checkpoint {
@@ -682,7 +684,7 @@ fn state_files(chk: &Path, suffix: &str) -> Vec<PathBuf> {
 
 async fn restore_many_keys(records: u64, tmp: &Path, root: &Path) -> Result<JobResult, JobError> {
     let (env, totals) = many_keys_job(records, &tmp.join("restored"), 1, Some(root));
-    let result = env.execute().await;
+    let result = env.execute().bounded().await;
     if result.is_ok() {
         assert_eq!(totals.get(), many_keys_expected(records));
     }
@@ -791,7 +793,7 @@ async fn storage_unwritable_mid_run_fails_checkpoints_not_the_job() {
             released.store(true, Ordering::Relaxed);
         })
     };
-    let result = env.execute().await;
+    let result = env.execute().bounded().await;
     released.store(true, Ordering::Relaxed);
     watcher.join().unwrap();
     let result = result.unwrap_or_else(|e| panic!("the job failed: {e}"));

@@ -5,6 +5,10 @@
 //! `no-claim` every checkpoint a run restored from is left whole.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../runtime/tests/support/bounded.rs"]
+mod bounded;
+use bounded::BoundedCommand;
+
 #[path = "support/processes.rs"]
 mod processes;
 
@@ -173,7 +177,7 @@ fn cycles(mode: &str, root: &Path) -> (Vec<u64>, BTreeMap<String, i64>) {
         .args(["--sink-delay", "1ns"])
         .arg("--output")
         .arg(&out)
-        .output()
+        .output_bounded()
         .unwrap();
     assert!(
         done.status.success(),

@@ -5,6 +5,10 @@
 //! Needs `WEIR_S3FS_BIN` (`cargo xtask test` sets it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../runtime/tests/support/bounded.rs"]
+mod bounded;
+use bounded::BoundedCommand;
+
 #[path = "support/processes.rs"]
 mod processes;
 #[path = "../../checkpoint/tests/support/s3_server.rs"]
@@ -415,7 +419,7 @@ fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
             "--running-sums",
             sums.to_str().unwrap(),
         ])
-        .output()
+        .output_bounded()
         .unwrap();
     assert!(
         run.status.success(),

@@ -8,9 +8,14 @@
 //! latest checkpoint once B's task manager registers again, and the job manager's totals equal
 //! those computed without the engine.
 //!
-//! Heavy and privileged: `#[ignore]`d, run by `cargo xtask chaos` (release mode), which sets
-//! `WEIR_S3FS_BIN`. Needs root and iproute2 (`ip`, `ss`); without them it fails, saying so.
+//! Privileged: it needs root and iproute2 (`ip`, `ss`), and without them fails, saying so.
+//! `cargo xtask ci` and `cargo xtask test` run it (about 15 s in a debug build), installing
+//! iproute2 with apt-get when it is missing, and set `WEIR_S3FS_BIN`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../runtime/tests/support/bounded.rs"]
+mod bounded;
+use bounded::BoundedCommand;
 
 #[path = "support/processes.rs"]
 mod processes;
@@ -54,7 +59,10 @@ fn ip_binary() -> PathBuf {
 
 /// Runs `ip args...`; panics with its stderr when it fails.
 fn ip(args: &[&str]) {
-    let out = Command::new(ip_binary()).args(args).output().unwrap();
+    let out = Command::new(ip_binary())
+        .args(args)
+        .output_bounded()
+        .unwrap();
     assert!(
         out.status.success(),
         "`ip {}` failed ({}): {}",
@@ -100,7 +108,7 @@ impl Hosts {
         hosts.delete();
         let probe = Command::new(ip_binary())
             .args(["netns", "add", &hosts.a])
-            .output()
+            .output_bounded()
             .unwrap();
         assert!(
             probe.status.success(),
@@ -199,7 +207,7 @@ fn wait_listening(ns: &str, addr: &str, server: &mut Child, log: &Path) {
     loop {
         let out = Command::new(ip_binary())
             .args(["netns", "exec", ns, "ss", "-ltnH"])
-            .output()
+            .output_bounded()
             .unwrap();
         assert!(
             out.status.success(),
@@ -235,7 +243,6 @@ fn completed_checkpoints(bucket: &Path) -> usize {
 }
 
 #[test]
-#[ignore = "needs root and iproute2; heavy: run by `cargo xtask chaos`"]
 fn a_link_cut_longer_than_the_heartbeat_timeout_is_survived_with_exact_totals() {
     let s3s_fs = s3s_fs();
     // Dropped last: the processes inside the namespaces are killed first.

@@ -6,6 +6,7 @@
 mod processes;
 mod support;
 use processes::assert_running_sums;
+use support::Bounded;
 use support::*;
 
 use std::collections::BTreeMap;
@@ -70,6 +71,7 @@ async fn word_count_with_failures(parallelism: u32, failures: usize) {
         let (env, totals, injector) = build(&opts);
         let result = env
             .execute()
+            .bounded()
             .await
             .unwrap_or_else(|e| panic!("{ctx}: the job failed: {e}"));
         let totals = totals.get();
@@ -132,7 +134,11 @@ async fn word_count_chaos_many_failures() {
             ..WordCountOptions::default()
         };
         let (env, totals, _) = build(&opts);
-        let result = env.execute().await.unwrap();
+        let result = env
+            .execute()
+            .bounded_by(Duration::from_secs(600))
+            .await
+            .unwrap();
         assert_eq!(
             totals.get(),
             expected_totals(records, generator_seed),
@@ -173,7 +179,7 @@ async fn fail_then_restore(parallelism_before: u32, parallelism_after: u32, max:
             ..WordCountOptions::default()
         };
         let (env, _, injector) = build(&failing);
-        match env.execute().await {
+        match env.execute().bounded().await {
             // Not a check of `cause`: it may name a downstream task's closed input instead of
             // the injected panic (see `a_failed_job_reports_the_root_cause` in
             // runtime/tests/pipeline.rs).
@@ -198,6 +204,7 @@ async fn fail_then_restore(parallelism_before: u32, parallelism_after: u32, max:
         let (env, totals, _) = build(&restoring);
         let result = env
             .execute()
+            .bounded()
             .await
             .unwrap_or_else(|e| panic!("{ctx}: the restored job failed: {e}"));
         let totals = totals.get();
@@ -294,7 +301,7 @@ async fn collect_sink_output_under_failures_equals_failure_free_run() {
 
     let dir = tempfile::tempdir().unwrap();
     let (env, clean, _) = keyed_sum_job(&dir.path().join("clean"), records, Vec::new(), 30);
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.restarts, 0);
     let last = verify_running_sums(&clean.records_by_subtask(), "failure-free run");
     assert_eq!(last, expected, "failure-free run: final running sums");
@@ -306,7 +313,7 @@ async fn collect_sink_output_under_failures_equals_failure_free_run() {
     let ctx = format!("seed={seed} thresholds={thresholds:?} interval={interval}ms");
     let (env, faulty, injector) =
         keyed_sum_job(&dir.path().join("faulty"), records, thresholds, interval);
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     let ctx = format!("{ctx} checkpoints={}", r.checkpoints_completed);
     assert_eq!(r.restarts, 3, "{ctx}");
     assert_resumed(&r, records, &ctx);
@@ -327,7 +334,7 @@ async fn collect_sink_commits_the_records_after_the_last_checkpoint() {
     let env = StreamEnvironment::new();
     let input: Vec<u64> = (0..1000).collect();
     let handle = env.from_collection(input.clone()).collect();
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.checkpoints_completed, 0);
     assert_eq!(handle.records(), input);
 }
@@ -347,7 +354,7 @@ async fn collect_sink_commits_gap_free_duplicate_free_prefixes_under_failures() 
             "seed={seed} records={records} thresholds={thresholds:?} interval={interval}ms"
         );
         let (env, faulty, injector) = keyed_sum_job(dir.path(), records, thresholds, interval);
-        let r = env.execute().await.unwrap();
+        let r = env.execute().bounded().await.unwrap();
         let ctx = format!("{ctx} checkpoints={}", r.checkpoints_completed);
         assert_eq!(r.restarts, 3, "{ctx}");
         assert_resumed(&r, records, &ctx);
@@ -400,11 +407,11 @@ async fn reduce_under_failures_equals_failure_free_run() {
     let dir = tempfile::tempdir().unwrap();
 
     let (env, clean, _) = reduce_job(&dir.path().join("clean"), records, Vec::new());
-    env.execute().await.unwrap();
+    env.execute().bounded().await.unwrap();
     let thresholds = rng.thresholds(3, records);
     let ctx = format!("seed={seed} thresholds={thresholds:?}");
     let (env, faulty, _) = reduce_job(&dir.path().join("faulty"), records, thresholds);
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.restarts, 3, "{ctx}");
     assert_resumed(&r, records, &ctx);
 
@@ -468,7 +475,7 @@ async fn file_sink_run(root: &Path, records: u64, thresholds: Vec<u64>) -> (JobR
     .uid("sum")
     .write_to_files(&out)
     .uid("files");
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.restarts as usize, failures.injected());
     assert_resumed(&r, records, "file sink under failures");
     std::fs::create_dir_all(&out).unwrap();

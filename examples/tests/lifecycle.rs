@@ -3,6 +3,10 @@
 //! on cancellation and non-restored state.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../runtime/tests/support/bounded.rs"]
+mod bounded;
+use bounded::{Bounded, BoundedCommand};
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,7 +30,7 @@ fn word_count(dir: &Path, args: &[&str]) -> Run {
     let out = Command::new(env!("CARGO_BIN_EXE_word_count"))
         .current_dir(dir)
         .args(args)
-        .output()
+        .output_bounded()
         .unwrap();
     Run {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -206,7 +210,7 @@ async fn on_demand_checkpoint_and_savepoint() {
     });
     let client = JobClient::default();
     let c = client.clone();
-    let job = tokio::spawn(env.execute_with(client));
+    let job = tokio::spawn(env.execute_with(client).bounded());
     // The job needs to be running first; requests before that are refused.
     let checkpoint = loop {
         match c.trigger_checkpoint().await {
@@ -267,7 +271,7 @@ async fn on_demand_checkpoint_without_checkpointing_is_refused_and_savepoints_wo
     let (env, _totals, _) = build(&o);
     let client = JobClient::default();
     let c = client.clone();
-    let job = tokio::spawn(env.execute_with(client));
+    let job = tokio::spawn(env.execute_with(client).bounded());
     let refused = c.trigger_checkpoint().await.unwrap_err();
     assert!(
         refused.to_string().contains("checkpointing is not enabled"),
@@ -299,7 +303,7 @@ async fn retention_on_cancellation() {
         env.checkpoint_config().externalized_retention = retention;
         let client = JobClient::default();
         let c = client.clone();
-        let job = tokio::spawn(env.execute_with(client));
+        let job = tokio::spawn(env.execute_with(client).bounded());
         let root = o.checkpoint_dir.clone();
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while !root.is_dir() || complete_checkpoints(&root).is_empty() {
@@ -358,10 +362,10 @@ async fn non_restored_state_is_an_error_unless_allowed() {
         (env, totals)
     };
     let (env, _) = job(true, None, false);
-    let first = env.execute().await.unwrap();
+    let first = env.execute().bounded().await.unwrap();
     assert!(first.checkpoints_completed > 0);
     let (env, _) = job(false, Some(&root), false);
-    match env.execute().await {
+    match env.execute().bounded().await {
         Err(JobError::Restore { reason, .. }) => {
             assert!(reason.contains("extra-sum"), "{reason}");
             assert!(reason.contains("allow_non_restored_state"), "{reason}");
@@ -369,7 +373,7 @@ async fn non_restored_state_is_an_error_unless_allowed() {
         other => panic!("expected a restore error, got {other:?}"),
     }
     let (env, totals) = job(false, Some(&root), true);
-    let resumed = env.execute().await.unwrap();
+    let resumed = env.execute().bounded().await.unwrap();
     let expected: BTreeMap<u64, i64> = (0..10).map(|k| (k, (records / 10) as i64)).collect();
     assert_eq!(totals.get(), expected);
     // Exact only because the sum's state was restored: the sources resumed, they did not start
@@ -414,7 +418,7 @@ async fn a_finished_sink_subtask_does_not_commit_twice_after_a_failover() {
             v
         })
         .collect();
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.restarts, 1);
     let mut got = handle.records();
     got.sort_unstable();
@@ -437,7 +441,7 @@ async fn stop_with_savepoint_commits_everything_emitted() {
         let handle = env.from_generator(None, |i| i).map(|i: u64| i).collect();
         let client = JobClient::default();
         let c = client.clone();
-        let job = tokio::spawn(env.execute_with(client));
+        let job = tokio::spawn(env.execute_with(client).bounded());
         tokio::time::sleep(Duration::from_millis(50)).await;
         let path = loop {
             match c.stop_with_savepoint(None, false).await {

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
+use support::Bounded;
 
 use support::assert_resumed;
 
@@ -31,7 +32,7 @@ async fn at_least_once_without_failures_is_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let o = opts(tmp.path(), 300_000, CheckpointingMode::AtLeastOnce);
     let (env, totals, _) = build(&o);
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert!(r.checkpoints_completed > 0, "{r:?}");
     assert_eq!(totals.get(), expected_totals(300_000, o.seed));
 }
@@ -45,7 +46,7 @@ async fn at_least_once_under_failures_loses_nothing() {
         ..opts(tmp.path(), records, CheckpointingMode::AtLeastOnce)
     };
     let (env, totals, injector) = build(&o);
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(injector.injected(), 3);
     // An injected failure can land in a task of a generation that is already being torn down
     // (the injector counts across restarts); the job master ignores such stale failures.
@@ -75,7 +76,7 @@ async fn exactly_once_under_backpressure_and_a_failure_is_exact() {
         ..opts(tmp.path(), records, CheckpointingMode::ExactlyOnce)
     };
     let (env, totals, _) = build(&o);
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.restarts, 1);
     assert_resumed(&r, records, "a failure under backpressure");
     assert!(
@@ -101,7 +102,7 @@ async fn concurrent_aligned_checkpoints_are_exact_under_failures() {
         c.max_concurrent = 3;
         c.interval = Some(Duration::from_millis(2));
     }
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.restarts, 2);
     assert_resumed(&r, records, "concurrent aligned checkpoints under failures");
     assert!(r.checkpoints_completed > 0);

@@ -3,6 +3,10 @@
 //! `--output` is written whole, and only by a finished run; the `summary:` line parses.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../runtime/tests/support/bounded.rs"]
+mod bounded;
+use bounded::BoundedCommand;
+
 #[path = "support/processes.rs"]
 mod processes;
 
@@ -363,7 +367,7 @@ fn a_finished_run_replaces_the_output_file_whole() {
         .arg(tmp.path().join("checkpoints"))
         .arg("--output")
         .arg(&out)
-        .output()
+        .output_bounded()
         .unwrap();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(0), "{}\n{stderr}", run.status);
@@ -388,7 +392,7 @@ fn a_failed_run_exits_1_and_writes_no_output() {
             .arg(tmp.path().join("checkpoints"))
             .arg("--output")
             .arg(&out)
-            .output()
+            .output_bounded()
             .unwrap();
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert_eq!(run.status.code(), Some(1), "{}\n{stderr}", run.status);
@@ -410,7 +414,7 @@ fn summary_line_of_a_normal_run_parses() {
         .args(["--checkpoint-interval", "20ms", "--fail-after", "150000"])
         .arg("--checkpoint-dir")
         .arg(tmp.path())
-        .output()
+        .output_bounded()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -492,7 +496,7 @@ fn repeated_sigkill_and_restore(extra: &[&str]) {
         .arg(previous.unwrap())
         .arg("--output")
         .arg(&out)
-        .output()
+        .output_within(Duration::from_secs(1200))
         .unwrap();
     assert!(
         last.status.success(),

@@ -4,6 +4,7 @@
 #[path = "support/processes.rs"]
 mod processes;
 mod support;
+use support::{Bounded, BoundedCommand};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,7 +47,10 @@ async fn word_count_round_trip_2_4_1_in_process_gives_exact_totals() {
         };
         let (env, totals, _) = build(&opts);
         let r = if last {
-            env.execute().await.unwrap_or_else(|e| panic!("{ctx}: {e}"))
+            env.execute()
+                .bounded()
+                .await
+                .unwrap_or_else(|e| panic!("{ctx}: {e}"))
         } else {
             let (r, savepoint) =
                 support::run_and_stop(env, STOP_AFTER, &tmp.path().join("savepoints"), &ctx).await;
@@ -94,7 +98,7 @@ fn word_count(dir: &Path, args: &[&str]) -> Run {
         .current_dir(dir)
         .env_remove("RUST_LOG")
         .args(args)
-        .output()
+        .output_bounded()
         .unwrap();
     Run {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -291,7 +295,10 @@ async fn file_sink_round_trip_2_4_1_commits_each_line_once() {
             .write_to_files(&out)
             .uid("files");
         let r = if last {
-            env.execute().await.unwrap_or_else(|e| panic!("{ctx}: {e}"))
+            env.execute()
+                .bounded()
+                .await
+                .unwrap_or_else(|e| panic!("{ctx}: {e}"))
         } else {
             let (r, savepoint) =
                 support::run_and_stop(env, records / 5, &tmp.path().join("savepoints"), &ctx).await;

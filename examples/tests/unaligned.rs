@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
+use support::Bounded;
 use support::*;
 
 use std::collections::BTreeMap;
@@ -62,7 +63,7 @@ async fn execute_watching(
 ) -> Result<(JobResult, BTreeMap<u64, u64>), JobError> {
     let client = JobClient::default();
     let c = client.clone();
-    let job = tokio::spawn(env.execute_with(client));
+    let job = tokio::spawn(env.execute_with(client).bounded());
     let mut in_flight = BTreeMap::new();
     let mut note = |stats: &[CheckpointStats]| {
         for s in stats {
@@ -183,7 +184,7 @@ async fn cancel_after_an_in_flight_checkpoint(o: &WordCountOptions) -> (PathBuf,
     let (env, _totals, _) = build(o);
     let client = JobClient::default();
     let c = client.clone();
-    let job = tokio::spawn(env.execute_with(client));
+    let job = tokio::spawn(env.execute_with(client).bounded());
     let deadline = Instant::now() + Duration::from_secs(20);
     let (id, bytes) = loop {
         let found = c
@@ -240,6 +241,7 @@ async fn restore_from_an_unaligned_checkpoint_replays_in_flight_data_exactly() {
         let (env, totals, _) = build(&restored);
         let r = env
             .execute()
+            .bounded()
             .await
             .unwrap_or_else(|e| panic!("{ctx}: the restored job failed: {e}"));
         let ctx = format!("{ctx}: {}", checkpoints_summary(&r));
@@ -281,7 +283,7 @@ async fn restore_in_flight_data_at_another_parallelism_is_an_error() {
             ..first.clone()
         };
         let (env, _, _) = build(&restored);
-        match env.execute().await {
+        match env.execute().bounded().await {
             Err(JobError::Restore { reason, .. }) => {
                 assert!(reason.contains("in-flight"), "{reason}");
                 assert!(
@@ -400,7 +402,7 @@ async fn invalid_job(configure: impl FnOnce(&StreamEnvironment)) -> String {
         .uid("source")
         .collect();
     configure(&env);
-    match env.execute().await {
+    match env.execute().bounded().await {
         Err(e @ JobError::Invalid(_)) => e.to_string(),
         Err(e) => panic!("expected JobError::Invalid, got {e:?}"),
         Ok(r) => panic!("the job ran: {}", checkpoints_summary(&r)),
@@ -488,7 +490,7 @@ async fn stop_with_savepoint_under_backpressure_restores_at_another_parallelism(
     };
     let (env, _, _) = build(&o);
     let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
     // Some unaligned checkpoints first, with data in flight.
     let root = o.checkpoint_dir.clone();
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
+use support::Bounded;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -138,7 +139,7 @@ async fn union_offsets_survive_a_2_4_1_round_trip_with_exact_totals() {
     let (second, savepoint) = support::run_and_stop(env, STOP_EVERY, tmp.path(), "4").await;
     assert!(second.restored_from.is_some());
     let (env, totals) = job(1, Some(&savepoint));
-    let last = env.execute().await.unwrap();
+    let last = env.execute().bounded().await.unwrap();
     assert_eq!(last.status, JobStatus::Finished);
     assert!(last.restored_from.is_some());
     let emitted = first.source_records + second.source_records + last.source_records;

@@ -5,6 +5,10 @@
 //! saying so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../runtime/tests/support/bounded.rs"]
+mod bounded;
+use bounded::BoundedCommand;
+
 #[path = "support/processes.rs"]
 mod processes;
 #[path = "../../checkpoint/tests/support/s3_server.rs"]
@@ -46,7 +50,7 @@ fn word_count(args: &[&str], env: &[(&str, String)]) -> Run {
         cmd.env_remove(var);
     }
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
-    let out = cmd.output().unwrap();
+    let out = cmd.output_bounded().unwrap();
     Run {
         success: out.status.success(),
         code: out.status.code(),

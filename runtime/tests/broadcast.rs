@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
+use support::{Bounded, BoundedCommand};
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -647,7 +648,11 @@ async fn keyed_broadcast_applies_the_final_rules_in_every_subtask() {
         o.main_parallelism = main_parallelism;
         o.rule_parallelism = rule_parallelism;
         let (env, collected) = keyed_job(&o);
-        let r = env.execute().await.unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        let r = env
+            .execute()
+            .bounded()
+            .await
+            .unwrap_or_else(|e| panic!("{ctx}: {e}"));
         assert_eq!(r.status, JobStatus::Finished, "{ctx}");
         assert_eq!(r.source_records, READINGS + RULES, "{ctx}");
         check_totals(&collected.by_subtask(), parallelism, &ctx);
@@ -731,7 +736,7 @@ async fn plain_broadcast_reaches_every_subtask_and_main_records_once() {
     env.set_parallelism(P);
     let collected = Collected::new();
     sink(seen, &collected);
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.status, JobStatus::Finished);
 
     let by_subtask = collected.by_subtask();
@@ -794,7 +799,11 @@ async fn keyed_broadcast_is_exactly_once_under_failures() {
         o.checkpoint_interval = Some(interval);
         o.failures = Some(failures.clone());
         let (env, collected) = keyed_job(&o);
-        let r = env.execute().await.unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        let r = env
+            .execute()
+            .bounded()
+            .await
+            .unwrap_or_else(|e| panic!("{ctx}: {e}"));
         let ctx = format!("{ctx} checkpoints={}", r.checkpoints_completed);
         assert_eq!(r.status, JobStatus::Finished, "{ctx}");
         assert_eq!(failures.injected(), 3, "{ctx}");
@@ -829,7 +838,7 @@ async fn keyed_broadcast_survives_a_savepoint_restore_at_another_parallelism() {
     o.savepoint_dir = Some(&sp_root);
     let (env, first) = keyed_job(&o);
     let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
     wait_for_sources(&client, &job, pause_readings + pause_rules).await;
     let savepoint = loop {
         match client.stop_with_savepoint(None, false).await {
@@ -857,7 +866,11 @@ async fn keyed_broadcast_survives_a_savepoint_restore_at_another_parallelism() {
         o.rules_from = pause_rules;
         o.restart = RestartStrategy::NoRestart;
         let (env, collected) = keyed_job(&o);
-        let r = env.execute().await.unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        let r = env
+            .execute()
+            .bounded()
+            .await
+            .unwrap_or_else(|e| panic!("{ctx}: {e}"));
         assert_eq!(r.status, JobStatus::Finished, "{ctx}");
         assert_eq!(r.restarts, 0, "{ctx}");
         assert_eq!(
@@ -896,7 +909,7 @@ async fn a_checkpoint_holds_the_broadcast_state_and_a_restore_does_not_replay_ru
     o.pace_rules = false;
     let (env, _) = keyed_job(&o);
     let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
     wait_for_sources(&client, &job, pause_readings + RULES).await;
     let checkpoint = local(
         &client
@@ -913,7 +926,7 @@ async fn a_checkpoint_holds_the_broadcast_state_and_a_restore_does_not_replay_ru
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(["checkpoints", "inspect", "--json"])
         .arg(&checkpoint)
-        .output()
+        .output_bounded()
         .expect("cannot run the weir binary");
     assert_eq!(
         o.status.code(),
@@ -979,6 +992,7 @@ async fn a_checkpoint_holds_the_broadcast_state_and_a_restore_does_not_replay_ru
     let (env, collected) = keyed_job(&o);
     let r = env
         .execute()
+        .bounded()
         .await
         .unwrap_or_else(|e| panic!("restored: {e}"));
     assert_eq!(r.status, JobStatus::Finished);

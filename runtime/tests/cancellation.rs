@@ -3,6 +3,10 @@
 //! timeout (the watchdog), so the job still ends CANCELED.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/bounded.rs"]
+mod bounded;
+use bounded::Bounded;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -63,7 +67,7 @@ async fn a_task_stuck_in_an_operator_is_abandoned_and_the_job_ends_cancelled() {
         .sum()
         .latest_per_key();
     let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
     wait_until("a task stuck in its map", || stuck.load(Ordering::SeqCst)).await;
     let (result, took) = cancel(&client, job).await;
     let still_stuck = !returned.load(Ordering::SeqCst);
@@ -101,7 +105,7 @@ async fn a_slow_map_stops_between_records() {
         .sum()
         .latest_per_key();
     let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
     // Both subtasks are inside a batch.
     wait_until("the slow map running", || calls.load(Ordering::SeqCst) >= 4).await;
     let at_cancel = calls.load(Ordering::SeqCst);

@@ -5,6 +5,10 @@
 //! data (channel-state files); a version-1 `_metadata` is made by re-sealing a real one.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/bounded.rs"]
+mod bounded;
+use bounded::{Bounded, BoundedCommand};
+
 #[path = "support/checkpointed.rs"]
 mod checkpointed;
 
@@ -192,7 +196,10 @@ async fn run_unaligned_job(root: &Path) {
         })
         .uid("slow")
         .latest_per_key();
-    env.execute().await.expect("the unaligned job failed");
+    env.execute()
+        .bounded()
+        .await
+        .expect("the unaligned job failed");
     // Exactly once despite the overtaken data.
     let totals = totals.get();
     assert_eq!(totals.len() as u64, UNALIGNED_KEYS);
@@ -285,7 +292,7 @@ fn latest(root: &Path) -> (u64, PathBuf) {
 fn weir(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(args)
-        .output()
+        .output_bounded()
         .expect("cannot run the weir binary")
 }
 

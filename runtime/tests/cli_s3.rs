@@ -6,6 +6,10 @@
 //! sets it); without it the server test fails, saying so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/bounded.rs"]
+mod bounded;
+use bounded::BoundedCommand;
+
 #[path = "support/checkpointed.rs"]
 mod checkpointed;
 #[path = "../../checkpoint/tests/support/s3_server.rs"]
@@ -92,7 +96,7 @@ fn weir(args: &[&str], env: &[(&str, String)]) -> Output {
         cmd.env_remove(var);
     }
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
-    cmd.output().expect("cannot run the weir binary")
+    cmd.output_bounded().expect("cannot run the weir binary")
 }
 
 fn stdout(o: &Output) -> String {

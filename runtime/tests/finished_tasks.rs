@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
+use support::Bounded;
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -502,7 +503,7 @@ async fn run_watched(
     mut on_tick: impl FnMut(&Seen),
 ) -> (JobResult, Seen, u64) {
     let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
     let mut seen = Seen::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -1326,7 +1327,7 @@ async fn a_savepoint_after_the_rules_finished_resumes_exactly_once() {
     let (env, first) = broadcast_job(&o);
     env.set_savepoint_dir(tmp.path().join("savepoints"));
     let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
     // Once a checkpoint completed that every rules subtask took after finishing: stop.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -1393,6 +1394,7 @@ async fn a_savepoint_after_the_rules_finished_resumes_exactly_once() {
         .set_restart_strategy(RestartStrategy::NoRestart);
     let r = env
         .execute()
+        .bounded()
         .await
         .unwrap_or_else(|e| panic!("resumed: {e}"));
     assert_eq!(r.status, JobStatus::Finished);
@@ -1503,7 +1505,7 @@ async fn a_stopped_job_commits_no_transaction_id_that_the_resumed_job_reuses() {
     let ledger = Ledger::new();
     let env = slow_end_job(&tmp.path().join("first"), &savepoints, &ledger);
     let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
     let deadline = Instant::now() + Duration::from_secs(30);
     while completed(
         &client
@@ -1553,6 +1555,7 @@ async fn a_stopped_job_commits_no_transaction_id_that_the_resumed_job_reuses() {
     env.restore_from(&savepoint);
     let r = env
         .execute()
+        .bounded()
         .await
         .unwrap_or_else(|e| panic!("resumed: {e}"));
     assert_eq!(r.status, JobStatus::Finished);

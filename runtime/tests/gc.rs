@@ -4,6 +4,10 @@
 //! checkpoint still verifies afterwards.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/bounded.rs"]
+mod bounded;
+use bounded::BoundedCommand;
+
 #[path = "support/checkpointed.rs"]
 mod checkpointed;
 
@@ -20,7 +24,7 @@ fn weir(args: &[&str], path: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(args)
         .arg(path)
-        .output()
+        .output_bounded()
         .expect("cannot run the weir binary")
 }
 

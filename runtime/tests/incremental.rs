@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
+use support::Bounded;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -139,7 +140,7 @@ async fn deltas_are_retained_exactly_and_restore_after_subsumed_ones_are_deleted
     let root = tmp.path();
     let records = 300_000;
     let (env, totals) = job(root, 2, records, &Failures::paced(Vec::new(), 1_000), 4);
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     let ctx = summary(&r);
     assert_eq!(r.status, JobStatus::Finished, "{ctx}");
     assert_eq!(totals.get(), expected(records), "{ctx}");
@@ -168,7 +169,7 @@ async fn deltas_are_retained_exactly_and_restore_after_subsumed_ones_are_deleted
     let tmp2 = tempfile::tempdir().unwrap();
     let (env, totals) = job(tmp2.path(), 3, records, &Failures::at(Vec::new()), 1);
     env.restore_from(latest.trim_start_matches("file://"));
-    let again = env.execute().await.unwrap();
+    let again = env.execute().bounded().await.unwrap();
     assert_eq!(again.status, JobStatus::Finished, "{}", summary(&again));
     assert!(again.restored_from.is_some(), "{}", summary(&again));
     assert_eq!(totals.get(), expected(records), "{}", summary(&again));
@@ -209,7 +210,7 @@ async fn deltas_are_retained_exactly_and_restore_after_subsumed_ones_are_deleted
     let tmp3 = tempfile::tempdir().unwrap();
     let (env, totals) = job(tmp3.path(), 2, records, &Failures::at(Vec::new()), 1);
     env.restore_from(root.join(r.job_id.to_string()));
-    let fallback = env.execute().await.unwrap();
+    let fallback = env.execute().bounded().await.unwrap();
     let restored = fallback.restored_from.clone().unwrap_or_default();
     let previous = format!("chk-{}", kept[kept.len() - 2].checkpoint_id.0);
     assert!(
@@ -235,7 +236,7 @@ async fn incremental_chains_with_failures_are_exact() {
     let root = tmp.path();
     let failures = Failures::paced(thresholds.clone(), 1_000);
     let (env, totals) = job(root, 2, records, &failures, 2);
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     let ctx = format!("seed={seed} failures at {thresholds:?}: {}", summary(&r));
     eprintln!("{ctx}");
     assert_eq!(r.status, JobStatus::Finished, "{ctx}");

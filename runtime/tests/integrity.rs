@@ -5,6 +5,10 @@
 //! settings is refused, naming them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/bounded.rs"]
+mod bounded;
+use bounded::BoundedCommand;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -169,7 +173,7 @@ fn verify(chk: &Path) -> (Option<i32>, String) {
     let o = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(["checkpoints", "verify"])
         .arg(chk)
-        .output()
+        .output_bounded()
         .unwrap();
     let text = format!(
         "{}{}",

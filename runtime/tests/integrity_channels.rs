@@ -4,6 +4,10 @@
 //! back past them to the previous complete checkpoint with exact totals: both verifiers agree.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/bounded.rs"]
+mod bounded;
+use bounded::BoundedCommand;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -162,7 +166,7 @@ fn assert_both_detect(root: &Path, newest: &Path, file: &str, why: &[&str]) {
     let o = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(["checkpoints", "verify"])
         .arg(newest)
-        .output()
+        .output_bounded()
         .unwrap();
     let out = format!(
         "{}{}",

@@ -9,6 +9,10 @@
 // thread reads them.
 #![allow(unsafe_code)]
 
+#[path = "support/bounded.rs"]
+mod bounded;
+use bounded::{Bounded, BoundedCommand};
+
 #[path = "../../checkpoint/tests/support/s3_server.rs"]
 mod s3_server;
 
@@ -154,7 +158,7 @@ async fn substitution_and_two_writers_on_s3() {
         wanted: 4,
         watch: on_disk.clone(),
     };
-    let (_, totals) = first.clone().execute().await.unwrap();
+    let (_, totals) = first.clone().execute().bounded().await.unwrap();
     assert_eq!(totals, expected(60_000, 7), "the fixture run must be exact");
     let chks = complete(&on_disk);
     assert!(chks.len() >= 2, "{chks:?}");
@@ -170,7 +174,7 @@ async fn substitution_and_two_writers_on_s3() {
     let out = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(["checkpoints", "verify", &format!("s3://{BUCKET}/{rel}")])
         .envs(server.env())
-        .output()
+        .output_bounded()
         .unwrap();
     let text = format!(
         "{}{}",
@@ -194,7 +198,7 @@ async fn substitution_and_two_writers_on_s3() {
         wanted: 0,
         ..first
     };
-    let (result, totals) = again.execute().await.unwrap();
+    let (result, totals) = again.execute().bounded().await.unwrap();
     let restored = result.restored_from.expect("the run must restore");
     let prev_name = previous.file_name().unwrap().to_string_lossy().to_string();
     assert!(
@@ -238,9 +242,9 @@ async fn substitution_and_two_writers_on_s3() {
             run(seed_b, 3_000 + next() % 25_000),
         );
         let delay = Duration::from_millis(next() % 40);
-        let (ra, rb) = tokio::join!(a.execute(), async {
+        let (ra, rb) = tokio::join!(a.execute().bounded(), async {
             tokio::time::sleep(delay).await;
-            b.execute().await
+            b.execute().bounded().await
         });
         let ((res_a, tot_a), (res_b, tot_b)) = (ra.unwrap(), rb.unwrap());
         let what = format!("trial {trial}: seeds {seed_a}/{seed_b}, delay {delay:?}");

@@ -4,6 +4,10 @@
 //! same job across its runs, refusing a root that holds several jobs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/bounded.rs"]
+mod bounded;
+use bounded::Bounded;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -134,9 +138,9 @@ async fn two_runs_at_once_on_one_root_never_change_each_others_results() {
         a.fail_after = Some(5_000 + next(&mut rng) % 30_000);
         b.fail_after = Some(5_000 + next(&mut rng) % 30_000);
         let delay = Duration::from_millis(next(&mut rng) % 40);
-        let (ra, rb) = tokio::join!(a.clone().execute(), async {
+        let (ra, rb) = tokio::join!(a.clone().execute().bounded(), async {
             tokio::time::sleep(delay).await;
-            b.clone().execute().await
+            b.clone().execute().bounded().await
         });
         let ((res_a, tot_a), (res_b, tot_b)) = (ra.unwrap(), rb.unwrap());
         let seeds = format!("trial {trial}: seeds {seed_a}/{seed_b}, delay {delay:?}");
@@ -166,7 +170,7 @@ async fn two_runs_at_once_on_one_root_never_change_each_others_results() {
             // and gives the same totals.
             let mut again = Run::new(root.path(), seed);
             again.from = Some(PathBuf::from(latest.trim_start_matches("file://")));
-            let (r, t) = again.execute().await.unwrap();
+            let (r, t) = again.execute().bounded().await.unwrap();
             assert_eq!(
                 t,
                 expected(a.records, seed),
@@ -180,7 +184,7 @@ async fn two_runs_at_once_on_one_root_never_change_each_others_results() {
         // The root now holds two different jobs (other seeds): a restore from it is refused.
         let mut from_root = Run::new(root.path(), seed_a);
         from_root.from = Some(root.path().to_path_buf());
-        let err = from_root.execute().await.unwrap_err().to_string();
+        let err = from_root.execute().bounded().await.unwrap_err().to_string();
         assert!(err.contains("2 different jobs"), "{seeds}: {err}");
     }
 }
@@ -206,9 +210,15 @@ async fn a_second_run_with_the_same_job_id_is_refused_while_the_first_holds_it()
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        second.clone().execute().await.unwrap_err().to_string()
+        second
+            .clone()
+            .execute()
+            .bounded()
+            .await
+            .unwrap_err()
+            .to_string()
     };
-    let (first_run, err) = tokio::join!(first.execute(), refused);
+    let (first_run, err) = tokio::join!(first.execute().bounded(), refused);
     assert!(err.contains("is held by another run"), "{err}");
     assert!(
         err.contains(&format!("process {}", std::process::id())),
@@ -219,7 +229,7 @@ async fn a_second_run_with_the_same_job_id_is_refused_while_the_first_holds_it()
     assert_eq!(result.job_id, id);
     // Given up at the end: now the same id may run.
     assert!(!lock.exists());
-    let (_, totals) = second.execute().await.unwrap();
+    let (_, totals) = second.execute().bounded().await.unwrap();
     assert_eq!(totals, expected(40_000, 1));
 }
 
@@ -239,7 +249,7 @@ async fn a_fixed_job_id_takes_over_the_directory_of_a_killed_run() {
     let mut run = Run::new(root.path(), 3);
     run.job_id = Some(id);
     let started = std::time::Instant::now();
-    let (result, totals) = run.execute().await.unwrap();
+    let (result, totals) = run.execute().bounded().await.unwrap();
     assert!(
         started.elapsed() >= Duration::from_millis(240),
         "it watched the lease first"
@@ -265,7 +275,11 @@ async fn a_root_resumes_the_latest_checkpoint_of_the_same_job_across_its_runs() 
     let mut first = Run::new(root.path(), 3);
     first.fail_after = Some(20_000);
     first.no_restart = true;
-    first.execute().await.expect_err("the first run fails");
+    first
+        .execute()
+        .bounded()
+        .await
+        .expect_err("the first run fails");
     let first_dir = job_dirs(root.path());
     assert_eq!(first_dir.len(), 1);
     let first_id = first_dir[0]
@@ -275,7 +289,7 @@ async fn a_root_resumes_the_latest_checkpoint_of_the_same_job_across_its_runs() 
         .to_string();
     let mut second = Run::new(root.path(), 3);
     second.from = Some(root.path().to_path_buf());
-    let (second, totals) = second.execute().await.unwrap();
+    let (second, totals) = second.execute().bounded().await.unwrap();
     assert_eq!(totals, expected(40_000, 3));
     let restored = second.restored_from.unwrap();
     assert!(
@@ -291,7 +305,7 @@ async fn a_root_resumes_the_latest_checkpoint_of_the_same_job_across_its_runs() 
     // A third run picks the second's (newer ids continue past the restored checkpoint).
     let mut third = Run::new(root.path(), 3);
     third.from = Some(root.path().to_path_buf());
-    let (third, totals) = third.execute().await.unwrap();
+    let (third, totals) = third.execute().bounded().await.unwrap();
     assert_eq!(totals, expected(40_000, 3));
     let restored = third.restored_from.unwrap();
     assert!(

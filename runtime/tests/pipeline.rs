@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
+use support::Bounded;
 
 use support::{assert_restored, assert_resumed};
 
@@ -178,7 +179,7 @@ async fn source_map_flat_map_chain_and_key_by_breaks_the_chain() {
     );
     assert!(job.chained_edges.contains(&(map.node_id(), flat.node_id())));
 
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.status, JobStatus::Finished);
     let mut expected = BTreeMap::new();
     for i in 0..10_000u64 {
@@ -228,7 +229,7 @@ async fn filter_keeps_exactly_what_the_predicate_accepts() {
         .filter(|x: &u64| x.is_multiple_of(3))
         .map(|x: u64| (x, x * x))
         .latest_per_key();
-    env.execute().await.unwrap();
+    env.execute().bounded().await.unwrap();
     let expected: BTreeMap<u64, u64> = input
         .into_iter()
         .filter(|x| x.is_multiple_of(3))
@@ -253,7 +254,7 @@ async fn from_collection_emits_every_element_once_at_any_parallelism() {
             .key_by(|t: &(String, i64)| &t.0)
             .sum()
             .latest_per_key();
-        env.execute().await.unwrap();
+        env.execute().bounded().await.unwrap();
         assert_eq!(totals.get(), expected, "parallelism {parallelism}");
     }
 }
@@ -288,7 +289,7 @@ async fn rebalance_deals_records_round_robin_to_every_subtask() {
         .latest_per_key();
     let job = env.job_graph().unwrap();
     assert_eq!(job.edges[0].partitioner, Partitioner::Rebalance);
-    env.execute().await.unwrap();
+    env.execute().bounded().await.unwrap();
     let counts = per_subtask.get();
     assert_eq!(
         counts.keys().copied().collect::<Vec<_>>(),
@@ -323,7 +324,7 @@ async fn a_stream_consumed_twice_feeds_both_sinks() {
         .filter(|e| e.source == doubled.node_id())
         .count();
     assert_eq!(outputs, 2);
-    env.execute().await.unwrap();
+    env.execute().bounded().await.unwrap();
     let mut expected = BTreeMap::new();
     for i in 0..20_000u64 {
         *expected.entry((i * 2) % 11).or_insert(0i64) += 1;
@@ -427,10 +428,10 @@ async fn run_uid_job(
     first_run: bool,
 ) -> Result<JobResult, JobError> {
     if !first_run {
-        return env.execute().await;
+        return env.execute().bounded().await;
     }
     let client = JobCanceller::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while !has_complete_checkpoint(root) {
         assert!(
@@ -556,7 +557,11 @@ async fn parallelism_above_max_parallelism_is_an_error() {
         })) => assert_eq!((parallelism, max_parallelism), (200, 128)),
         other => panic!("expected InvalidParallelism, got {other:?}"),
     }
-    let err = env.execute().await.expect_err("ran with parallelism > max");
+    let err = env
+        .execute()
+        .bounded()
+        .await
+        .expect_err("ran with parallelism > max");
     assert!(err.to_string().contains("max parallelism 128"), "{err}");
     // The default max parallelism grows with the parallelism, so 200 alone is fine.
     assert!(build(200, None).job_graph().is_ok());
@@ -567,7 +572,7 @@ async fn parallelism_above_max_parallelism_is_an_error() {
         .set_parallelism(5)
         .latest_per_key();
     assert!(env.job_graph().is_err());
-    assert!(env.execute().await.is_err());
+    assert!(env.execute().bounded().await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -582,7 +587,7 @@ async fn checkpointing_is_off_by_default() {
         .key_by(|t: &(u64, i64)| &t.0)
         .sum()
         .latest_per_key();
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.checkpoints_completed, 0);
     assert_eq!(r.checkpoints_failed, 0);
     assert!(r.latest_checkpoint.is_none());
@@ -600,7 +605,7 @@ async fn checkpointing_is_off_by_default() {
             (i, i)
         })
         .latest_per_key();
-    match env.execute().await {
+    match env.execute().bounded().await {
         Err(JobError::Failed { restarts: 0, .. }) => {}
         other => panic!("expected the job to fail without restarting, got {other:?}"),
     }
@@ -615,7 +620,7 @@ async fn source_records_counts_every_record() {
             .key_by(|t: &(u64, i64)| &t.0)
             .sum()
             .latest_per_key();
-        let r = env.execute().await.unwrap();
+        let r = env.execute().bounded().await.unwrap();
         assert_eq!(
             r.source_records, records,
             "records={records} parallelism={parallelism}"
@@ -694,7 +699,7 @@ async fn memory_storage_with_checkpoints_and_a_failure_is_exact() {
         .sum()
         .uid("sum")
         .latest_per_key();
-        let r = env.execute().await.unwrap();
+        let r = env.execute().bounded().await.unwrap();
         assert_eq!(r.restarts, 1);
         assert_resumed(&r, records, "one failure half way");
         assert_eq!(totals.get(), counts_mod(records, 17));
@@ -764,7 +769,7 @@ async fn count_and_max_run(
     .process("CountAndMax", CountAndMax::default)
     .uid("count-and-max")
     .latest_per_key();
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.restarts as usize, thresholds.len());
     assert_resumed(&r, records, "failures at the thresholds");
     assert_eq!(r.status, JobStatus::Finished);
@@ -830,7 +835,7 @@ async fn a_failed_job_reports_the_root_cause() {
             Box::new(Chained::new(SlowDrop, next))
         })
         .set_parallelism(1);
-    match env.execute().await {
+    match env.execute().bounded().await {
         Err(JobError::Failed { cause, .. }) => {
             assert!(cause.contains("injected failure"), "cause: {cause}");
         }
@@ -1036,6 +1041,7 @@ async fn storage_failing_mid_run_fails_checkpoints_not_the_job() {
         .latest_per_key();
     let r = env
         .execute()
+        .bounded()
         .await
         .unwrap_or_else(|e| panic!("the job failed: {e}"));
     assert_eq!(r.status, JobStatus::Finished);
@@ -1083,7 +1089,7 @@ async fn a_checkpoint_aborted_while_finalizing_leaves_no_metadata() {
             .key_by(|t: &(u64, i64)| &t.0)
             .sum()
             .latest_per_key();
-        let r = env.execute().await.unwrap();
+        let r = env.execute().bounded().await.unwrap();
         // Let the writes and discards the job left running land.
         tokio::time::sleep(Duration::from_millis(400)).await;
         let latest = r
@@ -1132,7 +1138,7 @@ async fn reinterpreting_an_unpartitioned_stream_as_keyed_is_a_clear_error() {
     env.from_generator(Some(10_000), |i| (i, 1i64))
         .reinterpret_as_keyed(|t: &(u64, i64)| &t.0)
         .latest_per_key();
-    match env.execute().await {
+    match env.execute().bounded().await {
         Err(JobError::Failed { cause, .. }) => {
             assert!(cause.contains("not partitioned by that key"), "{cause}")
         }
@@ -1184,7 +1190,10 @@ async fn split_enumerator_state_is_checkpointed_and_splits_are_reassigned_on_res
         (env, totals)
     };
     let (env, _) = job(2, None, Some(records / 3));
-    assert!(matches!(env.execute().await, Err(JobError::Failed { .. })));
+    assert!(matches!(
+        env.execute().bounded().await,
+        Err(JobError::Failed { .. })
+    ));
 
     // Every complete checkpoint records the enumerator's state for the source.
     let storage = OpendalCheckpointStorage::fs(&root).unwrap();
@@ -1227,7 +1236,7 @@ async fn split_enumerator_state_is_checkpointed_and_splits_are_reassigned_on_res
     let expected = counts_mod(records, 7);
     for p in [3, 1] {
         let (env, totals) = job(p, Some(&root), None);
-        let r = env.execute().await.unwrap();
+        let r = env.execute().bounded().await.unwrap();
         assert_eq!(totals.get(), expected, "restored at parallelism {p}");
         assert_restored(&r, records, &format!("restored at parallelism {p}"));
     }

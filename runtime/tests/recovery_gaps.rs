@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
+use support::Bounded;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -112,7 +113,7 @@ async fn a_failure_before_the_first_checkpoint_of_a_restored_job_restores_the_sa
         }
     });
     let client = JobClient::default();
-    let job = tokio::spawn(first.execute_with(client.clone()));
+    let job = tokio::spawn(first.execute_with(client.clone()).bounded());
     tokio::time::sleep(Duration::from_millis(200)).await;
     let savepoint = loop {
         match client.stop_with_savepoint(None, false).await {

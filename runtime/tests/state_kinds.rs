@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
+use support::Bounded;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -315,7 +316,7 @@ async fn all_five_kinds_are_exactly_once_under_failures() {
         let env = environment(tmp.path(), 2, fixed_delay());
         let failures = Failures::paced(vec![records / 4, records / 2, records * 3 / 4], PACE_EVERY);
         let out = job(&env, records, &failures);
-        let r = env.execute().await.unwrap();
+        let r = env.execute().bounded().await.unwrap();
         let ctx = format!("records={records}");
         assert_eq!(failures.injected(), 3, "{ctx}");
         assert_eq!(r.restarts, 3, "{ctx}");
@@ -352,7 +353,7 @@ async fn all_five_kinds_restore_exactly_at_another_parallelism() {
         let env = environment(&first, 2, RestartStrategy::NoRestart);
         let failures = Failures::paced(vec![records / 2], PACE_EVERY);
         let before = job(&env, records, &failures);
-        match env.execute().await {
+        match env.execute().bounded().await {
             Err(JobError::Failed { restarts, .. }) => assert_eq!(restarts, 0, "{ctx}"),
             other => panic!("{ctx}: expected the job to fail, got {other:?}"),
         }
@@ -368,6 +369,7 @@ async fn all_five_kinds_restore_exactly_at_another_parallelism() {
         let after = job(&env, records, &failures);
         let r = env
             .execute()
+            .bounded()
             .await
             .unwrap_or_else(|e| panic!("{ctx}: the restored job failed: {e}"));
         assert!(

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
+use support::Bounded;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -115,6 +116,7 @@ async fn run_with_write_faults(rate: f64, seed: u64) -> JobResult {
     let start = Instant::now();
     let r = env
         .execute()
+        .bounded()
         .await
         .unwrap_or_else(|e| panic!("rate {rate}, seed {seed}: the job failed: {e}"));
     let took = start.elapsed();
@@ -181,6 +183,7 @@ async fn intolerable_checkpoint_failures_restart_the_job_which_stays_exact() {
     let start = Instant::now();
     let r = env
         .execute()
+        .bounded()
         .await
         .unwrap_or_else(|e| panic!("the job failed: {e}"));
     eprintln!("{}", summary(&r, &storage, start.elapsed()));
@@ -207,7 +210,7 @@ async fn intolerable_checkpoint_failures_exhaust_the_restart_strategy() {
         },
     );
     let totals = word_count(&env, RECORDS, |_| {});
-    match env.execute().await {
+    match env.execute().bounded().await {
         Err(JobError::Failed {
             restarts, cause, ..
         }) => {
@@ -227,7 +230,7 @@ async fn intolerable_checkpoint_failure_without_restarts_fails_the_job() {
     let storage = faulty_fs(tmp.path(), 7, 0.5);
     let env = intolerant(&storage, RestartStrategy::NoRestart);
     word_count(&env, RECORDS, |_| {});
-    match env.execute().await {
+    match env.execute().bounded().await {
         Err(JobError::Failed {
             restarts, cause, ..
         }) => {
@@ -288,6 +291,7 @@ async fn a_read_fault_during_restore_falls_back_to_the_previous_checkpoint() {
     let start = Instant::now();
     let r = env
         .execute()
+        .bounded()
         .await
         .unwrap_or_else(|e| panic!("the job failed: {e}"));
     eprintln!("{}", summary(&r, &storage, start.elapsed()));
@@ -298,7 +302,9 @@ async fn a_read_fault_during_restore_falls_back_to_the_previous_checkpoint() {
     let failed = checkpoint_in(&injected[0].path)
         .unwrap_or_else(|| panic!("the fault was not on a checkpoint's file: {injected:?}"));
     let restored = r.restored_from.as_deref().map(checkpoint_in);
-    let restored = restored.flatten().unwrap_or_else(|| panic!("no restore: {r:?}"));
+    let restored = restored
+        .flatten()
+        .unwrap_or_else(|| panic!("no restore: {r:?}"));
     assert!(
         restored < failed,
         "the read of chk-{failed} failed, yet the run restored from chk-{restored}"
@@ -336,7 +342,7 @@ async fn read_faults_on_every_retained_checkpoint_fail_the_job_clearly() {
             s.set_fault_rate(OpKind::Read, 1.0).unwrap();
         }),
     );
-    let result = env.execute().await;
+    let result = env.execute().bounded().await;
     eprintln!("{result:?}; storage {:?}", storage.stats());
     match result {
         Err(e) => assert!(e.to_string().contains("injected fault"), "{e}"),
@@ -364,7 +370,7 @@ async fn a_failed_listing_at_start_does_not_reuse_checkpoint_ids() {
     let first = faulty_fs(tmp.path(), 10, 0.0);
     let env = environment(&first);
     let totals = word_count(&env, RECORDS / 2, |_| {});
-    let r1 = env.execute().await.unwrap();
+    let r1 = env.execute().bounded().await.unwrap();
     assert_eq!(totals.get(), expected(RECORDS / 2));
     let first_dir = tmp.path().join(r1.job_id.to_string());
     let before = complete_checkpoints_in(&first_dir);
@@ -376,7 +382,7 @@ async fn a_failed_listing_at_start_does_not_reuse_checkpoint_ids() {
     second.set_fault_rate(OpKind::Read, 1.0).unwrap();
     let env = environment(&second);
     let totals = word_count(&env, RECORDS / 8, |_| {});
-    let r2 = env.execute().await.unwrap();
+    let r2 = env.execute().bounded().await.unwrap();
     assert_eq!(totals.get(), expected(RECORDS / 8));
     assert_eq!(second.stats().read_faults, 1);
     assert_ne!(r2.job_id, r1.job_id, "every run has its own job id");

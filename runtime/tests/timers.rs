@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
+use support::Bounded;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -467,7 +468,7 @@ async fn event_time_timers_fire_once_in_order_after_the_watermark() {
     let tmp = tempfile::tempdir().unwrap();
     let (env, fired, probes) = timer_job(&JobOptions::new(RECORDS, 3, tmp.path()));
     let handle = fired.collect();
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.status, JobStatus::Finished);
     let expected = expected_firings(RECORDS);
     assert!(expected.len() > 5_000, "{} timers", expected.len());
@@ -502,7 +503,7 @@ async fn event_time_timers_are_exactly_once_under_failures() {
 
     let (env, fired, _) = timer_job(&JobOptions::new(RECORDS, 2, &tmp.path().join("clean")));
     let clean = fired.collect();
-    env.execute().await.unwrap();
+    env.execute().bounded().await.unwrap();
     let clean_all: Vec<Fired> = clean.records();
     check_firings(&clean_all, &expected, "failure-free run");
 
@@ -526,7 +527,11 @@ async fn event_time_timers_are_exactly_once_under_failures() {
         o.failures = Some(failures.clone());
         let (env, fired, probes) = timer_job(&o);
         let faulty = fired.collect();
-        let r = env.execute().await.unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        let r = env
+            .execute()
+            .bounded()
+            .await
+            .unwrap_or_else(|e| panic!("{ctx}: {e}"));
         let ctx = format!("{ctx} checkpoints={}", r.checkpoints_completed);
         assert_eq!(r.status, JobStatus::Finished, "{ctx}");
         assert_eq!(r.restarts, 3, "{ctx}");
@@ -649,7 +654,7 @@ async fn deleted_timers_do_not_fire_and_a_timer_registered_twice_fires_once() {
         .key_by(|e: &Event| &e.0)
         .process("DeleteAndDup", DeleteAndDup::default)
         .collect();
-    let r = env.execute().await.unwrap();
+    let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.status, JobStatus::Finished);
 
     let mut expected: Vec<(u64, i64, u64)> = Vec::new();
@@ -762,7 +767,7 @@ async fn processing_time_timers_fire_when_the_wall_clock_reaches_them() {
     })
     .collect();
     let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
     let fired_per_key = |log: &[PtEvent]| {
         let mut m: BTreeMap<u64, Vec<(i64, i64, TimeDomain)>> = BTreeMap::new();
         for e in log {
@@ -853,7 +858,7 @@ async fn event_time_timers_survive_a_savepoint_restore_at_another_parallelism() 
     let (env, fired, probes) = timer_job(&o);
     log_sink(fired, &first_log);
     let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
     let deadline = Instant::now() + Duration::from_secs(60);
     while client.source_records() < pause {
         assert!(
@@ -916,7 +921,11 @@ async fn event_time_timers_survive_a_savepoint_restore_at_another_parallelism() 
         o.restore_from = Some(&savepoint);
         let (env, fired, probes) = timer_job(&o);
         log_sink(fired, &log);
-        let r = env.execute().await.unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        let r = env
+            .execute()
+            .bounded()
+            .await
+            .unwrap_or_else(|e| panic!("{ctx}: {e}"));
         assert_eq!(r.status, JobStatus::Finished, "{ctx}");
         assert_eq!(r.restarts, 0, "{ctx}");
         assert_eq!(r.source_records, RECORDS - pause, "{ctx}");

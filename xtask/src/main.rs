@@ -5,7 +5,8 @@
 //! - `test [args]`: the tests only (nextest when installed, else `cargo test`), args passed on.
 //!
 //! `ci`, `test` and `chaos` first make sure the S3 server the storage tests use is installed
-//! ([`s3::ensure_s3s_fs`]) and pass its path to the tests as `WEIR_S3FS_BIN`.
+//! ([`s3::ensure_s3s_fs`]) and pass its path to the tests as `WEIR_S3FS_BIN`; `ci` and `test`
+//! also make sure of iproute2, for the network partition test ([`netns::ensure_iproute2`]).
 //! - `bench [name]`: release-build the examples and run a named benchmark (default `wordcount`).
 //! - `chaos`: the heavy `#[ignore]`d scenarios, in release mode.
 //! - `mutants`: the exactly-once and restore tests under each deliberate bug (`weir_mutant`),
@@ -17,6 +18,7 @@
 
 mod bench;
 mod mutants;
+mod netns;
 mod s3;
 mod testcount;
 mod tidy;
@@ -39,7 +41,8 @@ commands:
 
 ci, test and chaos install s3s-fs (the S3 server of the storage tests) once, into
 $WEIR_TOOLS_DIR or ~/.cache/weir/tools, and pass it to the tests as WEIR_S3FS_BIN (set it to
-use your own)
+use your own); ci and test install iproute2 with apt-get when it is missing and they run as root
+(the network partition test's hosts are network namespaces)
   bench [name]  release benchmarks; names: {benches}
   chaos         cargo test --workspace --release -- --ignored
   mutants       the exactly-once and restore tests under each deliberate bug (a restore that
@@ -191,6 +194,7 @@ fn test_commands(root: &Path, extra: &[String], s3s_fs: &Path) -> Vec<(&'static 
 
 fn tests(root: &Path, extra: &[String]) -> Result<()> {
     let s3s_fs = s3::ensure_s3s_fs()?;
+    netns::ensure_iproute2()?;
     let mut counts = testcount::Counts::default();
     let result = test_commands(root, extra, &s3s_fs)
         .into_iter()
@@ -250,6 +254,7 @@ fn ci(root: &Path) -> Result<()> {
     steps.push(("clippy", Box::new(move || run_cmd(clippy))));
     // Before the steps, so that a missing tool fails CI at once, not after clippy.
     let s3s_fs = s3::ensure_s3s_fs()?;
+    netns::ensure_iproute2()?;
     let counts = Rc::new(Cell::new(testcount::Counts::default()));
     for (name, cmd) in test_commands(root, &[], &s3s_fs) {
         let counts = Rc::clone(&counts);

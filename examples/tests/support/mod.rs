@@ -208,7 +208,7 @@ pub async fn run_and_stop(
     ctx: &str,
 ) -> (JobResult, PathBuf) {
     let client = JobClient::default();
-    let job = tokio::spawn(env.execute_with(client.clone()));
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
     let deadline = Instant::now() + Duration::from_secs(120);
     while client.source_records() < stop_after {
         assert!(
@@ -246,6 +246,10 @@ pub async fn run_and_stop(
     (r, dir)
 }
 
+#[path = "../../../runtime/tests/support/bounded.rs"]
+mod bounded;
+#[allow(unused_imports)]
+pub use bounded::{Bounded, BoundedCommand, JOB_LIMIT};
 #[path = "../../../runtime/tests/support/restored.rs"]
 mod restored;
 // Each test binary uses one or both.

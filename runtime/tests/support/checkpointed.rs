@@ -78,7 +78,10 @@ impl KeyedJob {
             .sum()
             .uid("sum")
             .latest_per_key();
-        env.execute().await.expect("the job failed");
+        tokio::time::timeout(Duration::from_secs(120), env.execute())
+            .await
+            .expect("the job hung")
+            .expect("the job failed");
         let totals = totals.get();
         assert_eq!(totals.len() as u64, keys);
         assert_eq!(totals.values().sum::<i64>() as u64, self.records);

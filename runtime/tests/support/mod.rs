@@ -17,6 +17,10 @@ use weir_runtime::source::splitmix64;
 // Proving a restore (shared with the examples' tests).
 // ---------------------------------------------------------------------------------------------
 
+#[path = "bounded.rs"]
+mod bounded;
+#[allow(unused_imports)]
+pub use bounded::{Bounded, BoundedCommand, JOB_LIMIT};
 #[path = "restored.rs"]
 mod restored;
 // Each test binary uses one or both.
