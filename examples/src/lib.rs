@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use weir_runtime::operator::{Cancellation, Chained, OneInputOperator, OpResult, Output};
 use weir_runtime::source::RandomIntGenerator;
+use weir_runtime::testing::Gate;
 use weir_runtime::{CheckpointingMode, LatestHandle, RestartStrategy, StreamEnvironment};
 
 /// The job's options (the binary's flags).
@@ -59,6 +60,8 @@ pub struct WordCountOptions {
     pub buffers_per_channel: usize,
     /// A pause per record before the sink, to create backpressure.
     pub sink_delay: Option<Duration>,
+    /// A gate before the sink, for backpressure that a test controls.
+    pub sink_gate: Option<Arc<Gate>>,
     /// Unaligned checkpoints.
     pub unaligned: bool,
     /// With `unaligned`: align first, switch to unaligned after this long (0: start unaligned).
@@ -92,6 +95,7 @@ impl Default for WordCountOptions {
             mode: CheckpointingMode::ExactlyOnce,
             buffers_per_channel: 4,
             sink_delay: None,
+            sink_gate: None,
             unaligned: false,
             aligned_checkpoint_timeout: Duration::ZERO,
             snapshot_compression: weir_runtime::Compression::None,
@@ -254,6 +258,10 @@ pub fn build(
             })
             .uid("sink-delay"),
         _ => counts,
+    };
+    let counts = match &opts.sink_gate {
+        Some(gate) => counts.through_gate(gate).uid("sink-gate"),
+        None => counts,
     };
     if opts.print {
         counts.clone().print().uid("print");

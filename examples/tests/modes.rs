@@ -1,15 +1,14 @@
 //! Checkpointing modes: at-least-once (the barrier tracker, never blocking) loses nothing under
 //! failures, and exactly-once (the aligner) stays exact under real backpressure (one buffer per
-//! channel, a slow sink).
+//! channel, a gate before the sink that holds each checkpoint's barrier behind queued records).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
-use support::Bounded;
-
-use support::assert_resumed;
+use support::{Bounded, Gated, assert_resumed, execute_gated};
 
 use std::time::Duration;
 use weir_examples::{WordCountOptions, build, expected_totals};
+use weir_runtime::testing::Gate;
 use weir_runtime::{CheckpointingMode, RestartStrategy};
 
 fn opts(dir: &std::path::Path, records: u64, mode: CheckpointingMode) -> WordCountOptions {
@@ -72,16 +71,22 @@ async fn exactly_once_under_backpressure_and_a_failure_is_exact() {
         fail_after: vec![30_000],
         buffers_per_channel: 1,
         batch_size: 64,
-        sink_delay: Some(Duration::from_micros(20)),
+        sink_gate: Some(Gate::closed()),
         ..opts(tmp.path(), records, CheckpointingMode::ExactlyOnce)
     };
     let (env, totals, _) = build(&o);
-    let r = env.execute().bounded().await.unwrap();
+    // Each checkpoint's barrier is held at the closed gate, queued behind the records there.
+    let gated = Gated {
+        gate: o.sink_gate.clone().unwrap(),
+        subtasks: o.parallelism as usize,
+        per_round: 2_000,
+    };
+    let (r, completed, held) = execute_gated(env, gated).await.unwrap();
     assert_eq!(r.restarts, 1);
     assert_resumed(&r, records, "a failure under backpressure");
     assert!(
-        r.checkpoints_completed > 0,
-        "no checkpoint completed under backpressure"
+        held.iter().any(|id| completed.contains_key(id)),
+        "no checkpoint held at the gate completed: held {held:?}, completed {completed:?}"
     );
     assert_eq!(totals.get(), expected_totals(records, o.seed));
 }

@@ -11,23 +11,16 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weir_core::element::SnapshotKind;
 use weir_examples::{WordCountOptions, build, expected_totals};
+use weir_runtime::testing::{Gate, GateDriver};
 use weir_runtime::{
-    CheckpointStats, CheckpointStatus, CheckpointingMode, CollectHandle, JobClient, JobError,
-    JobResult, JobStatus, RestartStrategy, StreamEnvironment,
+    CheckpointStatus, CheckpointingMode, CollectHandle, JobClient, JobError, JobResult, JobStatus,
+    RestartStrategy, StreamEnvironment,
 };
 
-/// Busy-waits `d`: a sleep this short would take the scheduler's granularity instead.
-fn spin(d: Duration) {
-    let until = Instant::now() + d;
-    while Instant::now() < until {
-        std::hint::spin_loop();
-    }
-}
-
-/// The word count under real backpressure: one buffer per channel, small batches, a busy-wait
-/// before the sink, checkpoints every 10 ms, unaligned from the start.
+/// The word count under real backpressure: one buffer per channel, small batches, a closed gate
+/// before the sink (drive it with [`gate_driver`]), checkpoints every 10 ms, unaligned from the
+/// start.
 fn backpressured(dir: &Path, records: u64) -> WordCountOptions {
     WordCountOptions {
         records: Some(records),
@@ -36,7 +29,7 @@ fn backpressured(dir: &Path, records: u64) -> WordCountOptions {
         checkpoint_dir: dir.join("checkpoints"),
         buffers_per_channel: 1,
         batch_size: 64,
-        sink_delay: Some(Duration::from_micros(3)),
+        sink_gate: Some(Gate::closed()),
         unaligned: true,
         aligned_checkpoint_timeout: Duration::ZERO,
         restart: Some(RestartStrategy::FixedDelay {
@@ -47,6 +40,24 @@ fn backpressured(dir: &Path, records: u64) -> WordCountOptions {
     }
 }
 
+/// Records the gate lets through per round.
+const PER_ROUND: u64 = 2_000;
+
+/// The gate of a [`backpressured`] word count, which blocks its sum-and-sink subtasks.
+fn gated(o: &WordCountOptions) -> Gated {
+    Gated {
+        gate: o.sink_gate.clone().expect("a backpressured job has a gate"),
+        subtasks: o.parallelism as usize,
+        per_round: PER_ROUND,
+    }
+}
+
+/// Drives the gate of a [`backpressured`] word count.
+fn gate_driver(client: &JobClient, o: &WordCountOptions) -> GateDriver {
+    let g = gated(o);
+    GateDriver::start(client.clone(), g.gate, g.subtasks, g.per_round)
+}
+
 /// A one-line summary of a run's checkpoints, for failure messages.
 fn checkpoints_summary(r: &JobResult) -> String {
     format!(
@@ -55,30 +66,26 @@ fn checkpoints_summary(r: &JobResult) -> String {
     )
 }
 
-/// Runs `env` to its end while watching the live checkpoint statistics (the job result keeps
-/// only the last few). Returns the result and the persisted in-flight bytes of every completed
-/// checkpoint seen, by id (ids are not reused across restarts).
-async fn execute_watching(
-    env: StreamEnvironment,
-) -> Result<(JobResult, BTreeMap<u64, u64>), JobError> {
-    let client = JobClient::default();
-    let c = client.clone();
-    let job = tokio::spawn(env.execute_with(client).bounded());
-    let mut in_flight = BTreeMap::new();
-    let mut note = |stats: &[CheckpointStats]| {
-        for s in stats {
-            if s.status == CheckpointStatus::Completed && s.kind == SnapshotKind::Checkpoint {
-                in_flight.insert(s.id.0, s.in_flight_size);
-            }
-        }
-    };
-    while !job.is_finished() {
-        note(&c.checkpoint_stats());
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let r = job.await.unwrap()?;
-    note(&r.checkpoint_history);
-    Ok((r, in_flight))
+/// Of the checkpoints whose barriers the gate held, those that completed must have persisted
+/// in-flight data (the records queued at the gate that the barrier overtook), and there must
+/// be one.
+fn assert_held_checkpoints_persisted_in_flight(
+    held: &[u64],
+    in_flight: &BTreeMap<u64, u64>,
+    ctx: &str,
+) {
+    let completed: Vec<(u64, u64)> = held
+        .iter()
+        .filter_map(|id| in_flight.get(id).map(|b| (*id, *b)))
+        .collect();
+    assert!(
+        !completed.is_empty(),
+        "{ctx}: none of the checkpoints held at the gate ({held:?}) completed"
+    );
+    assert!(
+        completed.iter().any(|(_, b)| *b > 0),
+        "{ctx}: no checkpoint held at the gate persisted in-flight data: {completed:?}"
+    );
 }
 
 /// How many of the completed checkpoints seen persisted in-flight data, for messages.
@@ -126,13 +133,15 @@ async fn exact_under_backpressure_and_failures(aligned_checkpoint_timeout: Durat
     );
     let (env, totals, injector) = build(&o);
     let started = Instant::now();
-    let (r, in_flight) = execute_watching(env)
+    let gated = gated(&o);
+    let (r, in_flight, held) = execute_gated(env, gated)
         .await
         .unwrap_or_else(|e| panic!("{ctx}: the job failed: {e}"));
     let ctx = format!(
-        "{ctx}: {}, {} in {:?}",
+        "{ctx}: {}, {}, {} held at the gate, in {:?}",
         checkpoints_summary(&r),
         in_flight_summary(&in_flight),
+        held.len(),
         started.elapsed()
     );
     eprintln!("{ctx}");
@@ -146,10 +155,7 @@ async fn exact_under_backpressure_and_failures(aligned_checkpoint_timeout: Durat
     assert_eq!(got, expected_totals(records, o.seed), "{ctx}");
     assert_eq!(got.values().sum::<i64>(), records as i64, "{ctx}");
     assert!(r.checkpoints_completed > 0, "{ctx}");
-    assert!(
-        in_flight.values().any(|b| *b > 0),
-        "{ctx}: no completed checkpoint persisted in-flight data"
-    );
+    assert_held_checkpoints_persisted_in_flight(&held, &in_flight, &ctx);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,6 +191,7 @@ async fn cancel_after_an_in_flight_checkpoint(o: &WordCountOptions) -> (PathBuf,
     let client = JobClient::default();
     let c = client.clone();
     let job = tokio::spawn(env.execute_with(client).bounded());
+    let driver = gate_driver(&c, o);
     let deadline = Instant::now() + Duration::from_secs(20);
     let (id, bytes) = loop {
         let found = c
@@ -207,6 +214,7 @@ async fn cancel_after_an_in_flight_checkpoint(o: &WordCountOptions) -> (PathBuf,
         tokio::time::sleep(Duration::from_millis(1)).await;
     };
     c.cancel();
+    driver.stop().await;
     let r = job.await.unwrap().unwrap();
     assert_eq!(r.status, JobStatus::Canceled, "{}", checkpoints_summary(&r));
     (checkpoint_dir(&o.checkpoint_dir, id), bytes)
@@ -304,13 +312,17 @@ async fn restore_in_flight_data_at_another_parallelism_is_an_error() {
 // Flink's VerifyingSink check through the exactly-once collect sink.
 // ---------------------------------------------------------------------------------------------
 
-/// generator → inject → (key, 1) → key_by → sum → busy-wait → collect, at parallelism 3 with one
-/// buffer per channel and unaligned checkpoints every 10 ms.
-fn unaligned_keyed_sum_job(
-    dir: &Path,
-    records: u64,
-    thresholds: Vec<u64>,
-) -> (StreamEnvironment, CollectHandle<(u64, i64)>, Arc<Failures>) {
+/// The keyed-sum job, its committed output, its failures and its gate (closed).
+type KeyedSumJob = (
+    StreamEnvironment,
+    CollectHandle<(u64, i64)>,
+    Arc<Failures>,
+    Arc<Gate>,
+);
+
+/// generator → inject → (key, 1) → key_by → sum → gate → collect, at parallelism 3 with one
+/// buffer per channel and unaligned checkpoints every 10 ms. The gate starts closed.
+fn unaligned_keyed_sum_job(dir: &Path, records: u64, thresholds: Vec<u64>) -> KeyedSumJob {
     let env = StreamEnvironment::new();
     env.set_job_name("unaligned-verifying-sink")
         .set_parallelism(3)
@@ -327,7 +339,8 @@ fn unaligned_keyed_sum_job(
         config.batch_size = 64;
     }
     let failures = Failures::at(thresholds);
-    let handle = inject(
+    let gate = Gate::closed();
+    let sums = inject(
         env.from_generator(Some(records), |i| i).uid("source"),
         &failures,
     )
@@ -335,14 +348,9 @@ fn unaligned_keyed_sum_job(
     .uid("pairs")
     .key_by(|t: &(u64, i64)| &t.0)
     .sum()
-    .uid("sum")
-    .map(|t: (u64, i64)| {
-        spin(Duration::from_micros(5));
-        t
-    })
-    .uid("slow")
-    .collect();
-    (env, handle, failures)
+    .uid("sum");
+    let handle = sums.through_gate(&gate).uid("gate").collect();
+    (env, handle, failures, gate)
 }
 
 /// Under unaligned checkpoints, backpressure and failures (two of them close together), the
@@ -361,15 +369,21 @@ async fn unaligned_collect_sink_has_no_loss_duplicate_or_reordering_under_failur
     ];
     let dir = tempfile::tempdir().unwrap();
     let ctx = format!("seed={seed} records={records} thresholds={thresholds:?}");
-    let (env, handle, failures) = unaligned_keyed_sum_job(dir.path(), records, thresholds);
+    let (env, handle, failures, gate) = unaligned_keyed_sum_job(dir.path(), records, thresholds);
     let started = Instant::now();
-    let (r, in_flight) = execute_watching(env)
+    let gated = Gated {
+        gate,
+        subtasks: 3,
+        per_round: 2_000,
+    };
+    let (r, in_flight, held) = execute_gated(env, gated)
         .await
         .unwrap_or_else(|e| panic!("{ctx}: the job failed: {e}"));
     let ctx = format!(
-        "{ctx}: {}, {} in {:?}",
+        "{ctx}: {}, {}, {} held at the gate, in {:?}",
         checkpoints_summary(&r),
         in_flight_summary(&in_flight),
+        held.len(),
         started.elapsed()
     );
     eprintln!("{ctx}");
@@ -379,10 +393,7 @@ async fn unaligned_collect_sink_has_no_loss_duplicate_or_reordering_under_failur
     let last = verify_running_sums(&handle.records_by_subtask(), &ctx);
     assert_eq!(last, counts_per_key(records), "{ctx}: final running sums");
     assert_eq!(handle.records().len() as u64, records, "{ctx}");
-    assert!(
-        in_flight.values().any(|b| *b > 0),
-        "{ctx}: no completed checkpoint persisted in-flight data"
-    );
+    assert_held_checkpoints_persisted_in_flight(&held, &in_flight, &ctx);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -457,7 +468,8 @@ async fn job_result_reports_the_in_flight_bytes_of_completed_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let o = backpressured(dir.path(), 60_000);
     let (env, totals, _) = build(&o);
-    let (r, seen) = execute_watching(env).await.unwrap();
+    let gated = gated(&o);
+    let (r, seen, _) = execute_gated(env, gated).await.unwrap();
     assert_eq!(totals.get(), expected_totals(60_000, o.seed));
     let ctx = format!("{}, {}", checkpoints_summary(&r), in_flight_summary(&seen));
     assert!(seen.values().any(|b| *b > 0), "{ctx}");
@@ -491,14 +503,21 @@ async fn stop_with_savepoint_under_backpressure_restores_at_another_parallelism(
     let (env, _, _) = build(&o);
     let client = JobClient::default();
     let job = tokio::spawn(env.execute_with(client.clone()).bounded());
-    // Some unaligned checkpoints first, with data in flight.
-    let root = o.checkpoint_dir.clone();
+    let driver = gate_driver(&client, &o);
+    // Unaligned checkpoints first, one of them with data in flight.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !root.is_dir() || std::fs::read_dir(&root).unwrap().count() == 0 {
-        assert!(Instant::now() < deadline, "no checkpoint directory");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    while !client
+        .checkpoint_stats()
+        .iter()
+        .any(|s| s.status == CheckpointStatus::Completed && s.in_flight_size > 0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint with in-flight data: {:?}",
+            client.checkpoint_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let savepoint = loop {
         match client.stop_with_savepoint(None, false).await {
             Ok(p) => break p,
@@ -513,6 +532,7 @@ async fn stop_with_savepoint_under_backpressure_restores_at_another_parallelism(
         .expect("the stop did not end the job")
         .unwrap()
         .unwrap();
+    driver.stop().await;
     assert!(stopped.source_records < records, "the job stopped early");
     let path = PathBuf::from(savepoint.trim_start_matches("file://"));
     let meta = weir_runtime::checkpoint::CheckpointMetadata::from_bytes(
@@ -532,10 +552,15 @@ async fn stop_with_savepoint_under_backpressure_restores_at_another_parallelism(
         ..backpressured(tmp.path(), records)
     };
     let (env, totals, _) = build(&resumed);
-    let r = tokio::time::timeout(Duration::from_secs(120), env.execute())
-        .await
-        .expect("bounded")
-        .unwrap();
+    let client = JobClient::default();
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
+    let driver = gate_driver(&client, &resumed);
+    let r = job.await.unwrap().unwrap();
+    let held = driver.stop().await;
+    assert!(
+        !held.is_empty(),
+        "no checkpoint of the resumed run was held at the gate"
+    );
     assert_eq!(totals.get(), expected_totals(records, o.seed));
     assert_restored(&r, records, "resumed at parallelism 3 from the savepoint");
 }

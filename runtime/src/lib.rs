@@ -14,6 +14,8 @@
 //! - [`cli`]: the `weir` command-line tool (`weir checkpoints list | inspect | verify`).
 //! - [`cluster`]: cluster mode's control plane: task managers register with the job manager over
 //!   RPC, and heartbeats detect a lost process on either side.
+//! - [`testing`]: for tests of one's own job: a gate that holds records (backpressure a test
+//!   controls) and a driver that holds each checkpoint's barrier at it.
 //!
 //! Architecture invariant: this is the only crate that knows all seams and the only one that
 //! owns tokio tasks. It talks to storage only through `CheckpointStorage`, to channels only
@@ -40,6 +42,7 @@ pub(crate) mod restore;
 pub mod sink;
 pub mod source;
 pub(crate) mod task;
+pub mod testing;
 pub(crate) mod upload;
 pub(crate) mod verify;
 pub mod writer;
@@ -58,6 +61,9 @@ pub use weir_checkpoint::coordinator::{
 };
 pub use weir_checkpoint::storage::S3Config;
 pub use weir_core::config::{CheckpointConfig, CheckpointingMode, ExternalizedRetention};
+/// What a stream's records must be (`Clone + Send + 'static` and serializable across the
+/// network), so that a user's generic function over `DataStream<T>` needs no other crate.
+pub use weir_network::Data;
 /// The state crate, for the types user functions take (operator state backends, state handles
 /// and descriptors), so a job depends on `weir-runtime` alone.
 pub use weir_state as state;

@@ -16,14 +16,14 @@ use checkpointed::{KeyedJob, complete_ids};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use weir_checkpoint::metadata::{METADATA_MAGIC, METADATA_VERSION};
 use weir_checkpoint::{CheckpointMetadata, OpendalCheckpointStorage, OperatorState};
 use weir_core::element::SnapshotKind;
 use weir_core::ids::{CheckpointId, JobId};
-use weir_runtime::{StorageConfig, StreamEnvironment};
+use weir_runtime::testing::{Gate, GateDriver};
+use weir_runtime::{JobClient, StorageConfig, StreamEnvironment};
 
 /// Distinct keys: enough that each subtask's keyed state is far above the 20 KiB inline threshold.
 const KEYS: u64 = 50_000;
@@ -141,11 +141,11 @@ fn channel_files(chk: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Runs generator → map → key_by → sum → slow map → latest_per_key with parallelism 2, one
-/// buffer per channel and unaligned checkpoints every 10 ms into `root`. The slow map (a busy
-/// wait per record, chained to the sum) backs the keyed exchange up, so barriers overtake
-/// queued buffers and the checkpoints persist them; it stops slowing down once a complete
-/// checkpoint holds a channel-state file (or after a bound, so a stall fails the assertions).
+/// Runs generator → map → key_by → sum → gate → latest_per_key with parallelism 2, one buffer
+/// per channel and unaligned checkpoints every 10 ms into `root`. The gate (closed, chained to
+/// the sum, and driven by a `GateDriver`) backs the keyed exchange up, so barriers overtake
+/// queued buffers and the checkpoints persist them; it opens for good once a checkpoint holds a
+/// channel-state file.
 /// The storage inlines nothing, so that the few hundred bytes in flight get a file.
 async fn run_unaligned_job(root: &Path) {
     let storage = OpendalCheckpointStorage::fs(root)
@@ -165,10 +165,7 @@ async fn run_unaligned_job(root: &Path) {
         config.batch_size = 64;
     }
 
-    let done = AtomicBool::new(false);
-    let seen = AtomicU64::new(0);
-    let started = OnceLock::<Instant>::new();
-    let dir = root.to_path_buf();
+    let gate = Gate::closed();
     let totals = env
         .from_generator(Some(UNALIGNED_RECORDS), |i| i)
         .uid("source")
@@ -177,28 +174,20 @@ async fn run_unaligned_job(root: &Path) {
         .key_by(|t: &(u64, i64)| &t.0)
         .sum()
         .uid("sum")
-        .map(move |t: (u64, i64)| {
-            if !done.load(Ordering::Relaxed) {
-                let since = *started.get_or_init(Instant::now);
-                let n = seen.fetch_add(1, Ordering::Relaxed);
-                if n.is_multiple_of(256)
-                    && (!with_channel_state(&dir).is_empty()
-                        || since.elapsed() > Duration::from_secs(10))
-                {
-                    done.store(true, Ordering::Relaxed);
-                }
-                let t0 = Instant::now();
-                while t0.elapsed() < Duration::from_micros(5) {
-                    std::hint::spin_loop();
-                }
-            }
-            t
-        })
+        .through_gate(&gate)
         .uid("slow")
         .latest_per_key();
-    env.execute()
-        .bounded()
-        .await
+    let client = JobClient::default();
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
+    let driver = GateDriver::start(client, gate, 2, 2_000);
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while with_channel_state(root).is_empty() && !job.is_finished() {
+        assert!(Instant::now() < give_up, "no channel-state file in 60 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    driver.stop().await;
+    job.await
+        .expect("the job panicked")
         .expect("the unaligned job failed");
     // Exactly once despite the overtaken data.
     let totals = totals.get();

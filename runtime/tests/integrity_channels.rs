@@ -6,16 +6,16 @@
 
 #[path = "support/bounded.rs"]
 mod bounded;
-use bounded::BoundedCommand;
+use bounded::{Bounded, BoundedCommand};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use weir_checkpoint::{CheckpointMetadata, OpendalCheckpointStorage};
-use weir_runtime::{JobError, JobResult, StorageConfig, StreamEnvironment};
+use weir_runtime::testing::{Gate, GateDriver};
+use weir_runtime::{JobClient, JobError, JobResult, StorageConfig, StreamEnvironment};
 
 const KEYS: u64 = 500;
 const RECORDS: u64 = 200_000;
@@ -66,9 +66,10 @@ fn channel_files(chk: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// generator → pairs → key_by → sum → slow map → latest_per_key, parallelism 2, one buffer per
+/// generator → pairs → key_by → sum → gate → latest_per_key, parallelism 2, one buffer per
 /// channel, unaligned checkpoints every 10 ms into `root`, every one retained, nothing inlined.
-/// The slow map backs the exchange up until three complete checkpoints hold in-flight data.
+/// The gate (closed, and driven) backs the exchange up until three checkpoints wrote in-flight
+/// data.
 async fn run(
     root: &Path,
     from: Option<&Path>,
@@ -91,10 +92,10 @@ async fn run(
     if let Some(from) = from {
         env.restore_from(from);
     }
-    let done = AtomicBool::new(from.is_some());
-    let seen = AtomicU64::new(0);
-    let started = Instant::now();
-    let dir = root.to_path_buf();
+    let gate = Gate::closed();
+    if from.is_some() {
+        gate.open();
+    }
     let totals = env
         .from_generator(Some(RECORDS), |i| i)
         .uid("source")
@@ -103,27 +104,26 @@ async fn run(
         .key_by(|t: &(u64, i64)| &t.0)
         .sum()
         .uid("sum")
-        .map(move |t: (u64, i64)| {
-            if !done.load(Ordering::Relaxed) {
-                let n = seen.fetch_add(1, Ordering::Relaxed);
-                if n.is_multiple_of(256)
-                    && (with_channels(&dir).len() >= 3
-                        || started.elapsed() > Duration::from_secs(20))
-                {
-                    done.store(true, Ordering::Relaxed);
-                }
-                let t0 = Instant::now();
-                while t0.elapsed() < Duration::from_micros(5) {
-                    std::hint::spin_loop();
-                }
-            }
-            t
-        })
+        .through_gate(&gate)
         .uid("slow")
         .latest_per_key();
-    let result = tokio::time::timeout(Duration::from_secs(120), env.execute())
-        .await
-        .expect("the job did not end within 120 s")?;
+    let client = JobClient::default();
+    let job = tokio::spawn(env.execute_with(client.clone()).bounded());
+    if from.is_none() {
+        // Each checkpoint's barrier overtakes the records queued at the closed gate, until
+        // three checkpoints wrote channel state.
+        let driver = GateDriver::start(client, gate, 2, 2_000);
+        let give_up = Instant::now() + Duration::from_secs(60);
+        while with_channels(root).len() < 3 && !job.is_finished() {
+            assert!(
+                Instant::now() < give_up,
+                "no three channel-state files in 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        driver.stop().await;
+    }
+    let result = job.await.expect("the job panicked")?;
     Ok((result, totals.get().into_iter().collect()))
 }
 

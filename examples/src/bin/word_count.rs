@@ -461,6 +461,7 @@ fn job_options(args: &Args) -> WordCountOptions {
         },
         buffers_per_channel: args.buffers_per_channel,
         sink_delay: args.sink_delay,
+        sink_gate: None,
         unaligned: args.unaligned || args.aligned_checkpoint_timeout.is_some(),
         aligned_checkpoint_timeout: args.aligned_checkpoint_timeout.unwrap_or_default(),
         snapshot_compression: args.snapshot_compression,

@@ -10,10 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use std::time::{SystemTime, UNIX_EPOCH};
+use weir_core::element::SnapshotKind;
 use weir_runtime::DataStream;
 use weir_runtime::operator::{Chained, OneInputOperator, OpResult, Output};
 use weir_runtime::source::splitmix64;
-use weir_runtime::{JobClient, JobResult, JobStatus, StreamEnvironment};
+use weir_runtime::testing::{Gate, GateDriver};
+use weir_runtime::{
+    CheckpointStats, CheckpointStatus, JobClient, JobError, JobResult, JobStatus, StreamEnvironment,
+};
 
 /// SplitMix64 as a generator: the seeded source of failure points and intervals.
 pub struct SplitMix(pub u64);
@@ -244,6 +248,43 @@ pub async fn run_and_stop(
     let dir = PathBuf::from(path.strip_prefix("file://").unwrap_or(&path));
     assert!(dir.join("_metadata").is_file(), "{dir:?}");
     (r, dir)
+}
+
+/// A gate in the job, with the subtasks it blocks and the records it lets through per round.
+pub struct Gated {
+    pub gate: Arc<Gate>,
+    pub subtasks: usize,
+    pub per_round: u64,
+}
+
+/// Runs `env` to its end with a [`GateDriver`] driving its gate, while watching the live
+/// checkpoint statistics (the job result keeps only the last few). Returns the result, the
+/// persisted in-flight bytes of every completed checkpoint seen, by id (ids are not reused
+/// across restarts), and the checkpoints whose barriers the gate held.
+pub async fn execute_gated(
+    env: StreamEnvironment,
+    gated: Gated,
+) -> Result<(JobResult, BTreeMap<u64, u64>, Vec<u64>), JobError> {
+    let client = JobClient::default();
+    let c = client.clone();
+    let job = tokio::spawn(env.execute_with(client).bounded());
+    let driver = GateDriver::start(c.clone(), gated.gate, gated.subtasks, gated.per_round);
+    let mut in_flight = BTreeMap::new();
+    let mut note = |stats: &[CheckpointStats]| {
+        for s in stats {
+            if s.status == CheckpointStatus::Completed && s.kind == SnapshotKind::Checkpoint {
+                in_flight.insert(s.id.0, s.in_flight_size);
+            }
+        }
+    };
+    while !job.is_finished() {
+        note(&c.checkpoint_stats());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let held = driver.stop().await;
+    let r = job.await.unwrap()?;
+    note(&r.checkpoint_history);
+    Ok((r, in_flight, held))
 }
 
 #[path = "../../../runtime/tests/support/bounded.rs"]

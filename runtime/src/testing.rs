@@ -1,0 +1,210 @@
+//! Testing exactly-once in one's own job: a [`Gate`] that holds records (backpressure a test
+//! controls, not a race between a busy sink and its sources) and a [`GateDriver`] that holds
+//! each checkpoint's barrier at it. Weir's own tests use these; so can a user's.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), weir_runtime::JobError> {
+//! use weir_runtime::testing::{Gate, GateDriver};
+//! use weir_runtime::{JobClient, StreamEnvironment};
+//! let env = StreamEnvironment::new();
+//! env.set_parallelism(2).enable_checkpointing(std::time::Duration::from_millis(10));
+//! let gate = Gate::closed();
+//! let sums = env
+//!     .from_generator(Some(100_000), |i| (i % 7, 1i64))
+//!     .key_by(|t: &(u64, i64)| &t.0)
+//!     .sum();
+//! let committed = sums.through_gate(&gate).collect();
+//! let client = JobClient::default();
+//! // The sum-and-sink subtasks (2) wait at the gate; let 1,000 records through per checkpoint.
+//! let driver = GateDriver::start(client.clone(), gate, 2, 1_000);
+//! let result = env.execute_with(client).await?;
+//! let held = driver.stop().await; // the checkpoints whose barriers waited at the gate
+//! # Ok(()) }
+//! ```
+
+use crate::CheckpointStatus;
+use crate::env::DataStream;
+use crate::error::TaskError;
+use crate::job::JobClient;
+use crate::operator::{Cancellation, Chained, OneInputOperator, OpResult, Output};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use weir_network::Data;
+
+/// Backpressure that a test controls rather than a pause per record: while the gate is
+/// closed, records wait at it (placed before a sink, say) and everything upstream fills its buffers and
+/// blocks; the test lets records through when what it wanted to happen under backpressure has
+/// happened (for example, an unaligned barrier has overtaken the records queued at the gate).
+#[derive(Debug, Default)]
+pub struct Gate {
+    /// Records that may still pass: 0 while closed, `u64::MAX` when open for good.
+    permits: Mutex<u64>,
+    changed: Condvar,
+    /// Records that passed.
+    passed: AtomicU64,
+}
+
+impl Gate {
+    /// A gate that starts closed.
+    pub fn closed() -> Arc<Self> {
+        Arc::new(Gate::default())
+    }
+
+    /// Lets every waiting and later record through.
+    pub fn open(&self) {
+        self.set(u64::MAX);
+    }
+
+    /// Lets the next `records` records through, then closes by itself.
+    pub fn open_for(&self, records: u64) {
+        self.set(records);
+    }
+
+    /// Holds the records that come next.
+    pub fn close(&self) {
+        self.set(0);
+    }
+
+    /// Whether the next record would pass.
+    pub fn is_open(&self) -> bool {
+        *self.permits.lock().unwrap_or_else(PoisonError::into_inner) > 0
+    }
+
+    /// Records that passed so far.
+    pub fn passed(&self) -> u64 {
+        self.passed.load(Ordering::SeqCst)
+    }
+
+    fn set(&self, permits: u64) {
+        *self.permits.lock().unwrap_or_else(PoisonError::into_inner) = permits;
+        self.changed.notify_all();
+    }
+
+    /// Waits until a record may pass, or the task is cancelled (checked every 10 ms).
+    ///
+    /// Subtasks share the task runtime's worker threads (one per core), so a subtask that
+    /// blocks holds a worker: with as many closed gates as cores, no other subtask would run,
+    /// and the sources could not even take a checkpoint. A closed gate therefore waits in
+    /// `block_in_place`, which hands the worker's other subtasks to another thread first (as a
+    /// sink that blocks on an external system should).
+    fn pass(&self, cancellation: &Cancellation) -> OpResult {
+        let mut permits = self.permits.lock().unwrap_or_else(PoisonError::into_inner);
+        if *permits == 0 {
+            drop(permits);
+            permits = in_place(|| -> Result<_, TaskError> {
+                let mut permits = self.permits.lock().unwrap_or_else(PoisonError::into_inner);
+                while *permits == 0 {
+                    cancellation.check()?;
+                    permits = self
+                        .changed
+                        .wait_timeout(permits, Duration::from_millis(10))
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+                Ok(permits)
+            })?;
+        }
+        if *permits != u64::MAX {
+            *permits -= 1;
+        }
+        self.passed.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Runs `wait`, which blocks, without holding up the other tasks of a multi-threaded tokio
+/// runtime (`block_in_place`); elsewhere it just runs it.
+fn in_place<R>(wait: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(wait)
+        }
+        _ => wait(),
+    }
+}
+
+/// The operator of a [`Gate`].
+struct GateOperator {
+    gate: Arc<Gate>,
+    cancellation: Cancellation,
+}
+
+impl<T: Send + 'static> OneInputOperator<T> for GateOperator {
+    type Out = T;
+
+    fn process(&mut self, record: T, out: &mut dyn Output<T>) -> OpResult {
+        self.gate.pass(&self.cancellation)?;
+        out.push(record)
+    }
+}
+
+impl<T: Data> DataStream<T> {
+    /// This stream through `gate` (chained: one [`Gate`] for all its subtasks), which holds
+    /// records while it is closed.
+    pub fn through_gate(self, gate: &Arc<Gate>) -> DataStream<T> {
+        let gate = gate.clone();
+        self.transform::<T>("Gate", move |ctx, next| {
+            let gate = GateOperator {
+                gate: gate.clone(),
+                cancellation: ctx.info.cancellation.clone(),
+            };
+            Box::new(Chained::new(gate, next))
+        })
+    }
+}
+
+/// Drives a closed [`Gate`] while a job runs, in rounds: it waits for an in-progress
+/// checkpoint that every task but the `gated` subtasks (those the gate blocks) has acknowledged.
+/// That barrier now waits in the gated subtasks' inputs with the records queued there behind it
+/// (aligned) or overtaken by it (unaligned). It then lets `per_round` records through, after
+/// which the gate closes by itself.
+///
+/// When no such checkpoint comes within a second (the input ended, or a restart is under way)
+/// it lets a round through anyway, so that the job cannot stall; that decides no outcome.
+pub struct GateDriver {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<u64>>,
+}
+
+impl GateDriver {
+    /// Starts driving `gate`, which blocks `gated` subtasks of the job `client` watches, on the
+    /// current tokio runtime.
+    pub fn start(client: JobClient, gate: Arc<Gate>, gated: usize, per_round: u64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            let mut closed_since = Instant::now();
+            while !stopped.load(Ordering::SeqCst) {
+                if gate.is_open() {
+                    closed_since = Instant::now();
+                } else {
+                    let last = held.last().copied().unwrap_or(0);
+                    let at_gate = client.checkpoint_stats().into_iter().find(|s| {
+                        s.status == CheckpointStatus::InProgress
+                            && s.id.0 > last
+                            && s.num_acknowledged + gated == s.num_subtasks
+                    });
+                    if let Some(s) = at_gate {
+                        held.push(s.id.0);
+                        gate.open_for(per_round);
+                    } else if closed_since.elapsed() > Duration::from_secs(1) {
+                        gate.open_for(per_round);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            gate.open();
+            held
+        });
+        GateDriver { stop, task }
+    }
+
+    /// Stops driving (the gate is left open for good) and returns the ids of the checkpoints
+    /// whose barriers it held at the gate, in order.
+    pub async fn stop(self) -> Vec<u64> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.unwrap_or_default()
+    }
+}
