@@ -141,12 +141,6 @@ fn remove(dir: &Path) {
     }
 }
 
-/// Lets the tasks an in-process job left running (discards of subsumed or aborted checkpoints,
-/// an aborted checkpoint's last writes) finish before the test looks at the directory.
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(200)).await;
-}
-
 /// Keeps only checkpoint `keep` under `root`; returns its directory.
 fn keep_only(root: &Path, keep: u64) -> PathBuf {
     let mut kept = None;
@@ -546,7 +540,6 @@ async fn word_count_with_retained_checkpoints(tmp: &Path) -> WordCountOptions {
         env.checkpoint_config().num_retained = 3;
         let result = env.execute().bounded().await.unwrap();
         assert_eq!(totals.get(), expected_totals(records, opts.seed));
-        settle().await;
         if let Some(latest) = &result.latest_checkpoint {
             prune_after(&opts.checkpoint_dir, chk_id(latest));
         }
@@ -647,7 +640,6 @@ async fn many_keys_with_checkpoints(tmp: &Path, retained: u32) -> (u64, PathBuf,
         let (env, totals) = many_keys_job(records, &root, retained, None);
         let result = env.execute().bounded().await.unwrap();
         assert_eq!(totals.get(), many_keys_expected(records));
-        settle().await;
         if let Some(latest) = &result.latest_checkpoint {
             let latest = chk_id(latest);
             prune_after(&root, latest);

@@ -10,6 +10,7 @@ use bounded::Bounded;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use weir_runtime::operator::{Chained, OneInputOperator, OpResult, Output};
 use weir_runtime::{JobClient, JobResult, JobStatus, StreamEnvironment};
 
 /// How long a cancel may take on a loaded two-core machine; the runtime aims at well under a
@@ -94,12 +95,16 @@ async fn a_slow_map_stops_between_records() {
     env.set_job_name("slow-map").set_parallelism(2);
     env.config_mut().task_cancellation_timeout = Duration::from_secs(60);
     let calls = Arc::new(AtomicU64::new(0));
-    let c = calls.clone();
+    let closed = Arc::new(AtomicU64::new(0));
+    let (c, d) = (calls.clone(), closed.clone());
     env.from_generator(None, |i| i)
         .map(move |i: u64| {
             c.fetch_add(1, Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(20));
             (i % 5, 1i64)
+        })
+        .transform::<(u64, i64)>("Drop Probe", move |_, next| {
+            Box::new(Chained::new(DropProbe(d.clone()), next))
         })
         .key_by(|t: &(u64, i64)| &t.0)
         .sum()
@@ -121,7 +126,30 @@ async fn a_slow_map_stops_between_records() {
         "{} calls after the cancel",
         at_end - at_cancel
     );
-    // The tasks stopped (they were not abandoned): no call after the job ended.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The tasks stopped (they were not abandoned): both subtasks' maps are gone, so no call can
+    // come after the job ended.
+    assert_eq!(
+        closed.load(Ordering::SeqCst),
+        2,
+        "a subtask outlived the job"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), at_end);
+}
+
+/// Passes records on; counts its drops, one per subtask that ended (its chain is dropped
+/// with it, the map before it included).
+struct DropProbe(Arc<AtomicU64>);
+
+impl OneInputOperator<(u64, i64)> for DropProbe {
+    type Out = (u64, i64);
+
+    fn process(&mut self, t: (u64, i64), out: &mut dyn Output<(u64, i64)>) -> OpResult {
+        out.push(t)
+    }
+}
+
+impl Drop for DropProbe {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }

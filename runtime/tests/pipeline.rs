@@ -856,6 +856,24 @@ struct TestStorage {
     metadata_delay: Duration,
     metadata_written: AtomicU64,
     failed_writes: AtomicU64,
+    /// Writes and discards started and not yet ended.
+    in_flight: Arc<AtomicU64>,
+}
+
+/// Counts one storage operation in flight while it lives.
+struct InFlight(Arc<AtomicU64>);
+
+impl InFlight {
+    fn start(count: &Arc<AtomicU64>) -> InFlight {
+        count.fetch_add(1, Ordering::SeqCst);
+        InFlight(count.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl TestStorage {
@@ -868,6 +886,7 @@ impl TestStorage {
             metadata_delay,
             metadata_written: AtomicU64::new(0),
             failed_writes: AtomicU64::new(0),
+            in_flight: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -900,6 +919,7 @@ impl CheckpointStorage for TestStorage {
         job: JobId,
         id: CheckpointId,
     ) -> Result<CheckpointLocation, CheckpointError> {
+        let _op = InFlight::start(&self.in_flight);
         self.check("init_location")?;
         self.inner.init_location(job, id).await
     }
@@ -910,6 +930,7 @@ impl CheckpointStorage for TestStorage {
         name: &str,
         bytes: Bytes,
     ) -> Result<StreamStateHandle, CheckpointError> {
+        let _op = InFlight::start(&self.in_flight);
         self.check("write_state")?;
         self.inner.write_state(location, name, bytes).await
     }
@@ -929,6 +950,7 @@ impl CheckpointStorage for TestStorage {
         name: &str,
         bytes: Bytes,
     ) -> Result<StreamStateHandle, CheckpointError> {
+        let _op = InFlight::start(&self.in_flight);
         self.check("write_state")?;
         self.inner.write_shared_state(location, name, bytes).await
     }
@@ -938,6 +960,7 @@ impl CheckpointStorage for TestStorage {
         location: &CheckpointLocation,
         handle: &StreamStateHandle,
     ) -> Result<(), CheckpointError> {
+        let _op = InFlight::start(&self.in_flight);
         self.inner.discard_state(location, handle).await
     }
 
@@ -946,6 +969,7 @@ impl CheckpointStorage for TestStorage {
         location: &CheckpointLocation,
         metadata: &CheckpointMetadata,
     ) -> Result<(), CheckpointError> {
+        let _op = InFlight::start(&self.in_flight);
         self.check("write_metadata")?;
         tokio::time::sleep(self.metadata_delay).await;
         self.inner.write_metadata(location, metadata).await?;
@@ -961,6 +985,7 @@ impl CheckpointStorage for TestStorage {
     }
 
     async fn discard(&self, location: &CheckpointLocation) -> Result<(), CheckpointError> {
+        let _op = InFlight::start(&self.in_flight);
         self.inner.discard(location).await
     }
 
@@ -1084,14 +1109,18 @@ async fn a_checkpoint_aborted_while_finalizing_leaves_no_metadata() {
         let env = StreamEnvironment::new();
         env.set_parallelism(2)
             .enable_checkpointing(Duration::from_millis(5))
-            .set_checkpoint_storage(StorageConfig::Custom(storage));
+            .set_checkpoint_storage(StorageConfig::Custom(storage.clone()));
         env.from_generator(Some(200_000), |i| (i % 1000, 1i64))
             .key_by(|t: &(u64, i64)| &t.0)
             .sum()
             .latest_per_key();
         let r = env.execute().bounded().await.unwrap();
-        // Let the writes and discards the job left running land.
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // The job's writes and discards ended with it: nothing can land after this look.
+        assert_eq!(
+            storage.in_flight.load(Ordering::SeqCst),
+            0,
+            "run {run}: storage operations outlived the job"
+        );
         let latest = r
             .latest_checkpoint
             .as_deref()

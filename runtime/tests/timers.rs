@@ -687,10 +687,14 @@ enum PtEvent {
     Deleted(u64, i64),
     /// `(key, timer, wall clock in on_timer, domain)`.
     Fired(u64, i64, i64, TimeDomain),
+    /// `(key, timer)`: the timer registered after the chain's last, which fires after every
+    /// timer of the key registered before it (a deleted one, or one fired twice, included).
+    Sentinel(u64, i64),
 }
 
 /// On a key's first record: a processing-time timer 20 ms ahead, and one 30 ms ahead that is
-/// deleted at once. Each firing registers the next, 20 ms ahead, until `PT_CHAIN` fired.
+/// deleted at once. Each firing registers the next, 20 ms ahead, until `PT_CHAIN` fired; the
+/// last registers a sentinel, 20 ms ahead.
 struct PtChain {
     log: Arc<Mutex<Vec<PtEvent>>>,
     fired: Option<ValueState<u32>>,
@@ -732,14 +736,16 @@ impl KeyedProcessFunction<u64, Event, Fired> for PtChain {
     ) -> Result<(), TaskError> {
         let now = ctx.current_processing_time();
         let key = *ctx.current_key();
-        self.log
-            .lock()
-            .unwrap()
-            .push(PtEvent::Fired(key, timestamp, now, domain));
         let fired = self.fired.unwrap();
         let n = ctx.value(fired).copied().unwrap_or(0) + 1;
         ctx.update(fired, n);
-        if n < PT_CHAIN {
+        let event = if n > PT_CHAIN {
+            PtEvent::Sentinel(key, timestamp)
+        } else {
+            PtEvent::Fired(key, timestamp, now, domain)
+        };
+        self.log.lock().unwrap().push(event);
+        if n <= PT_CHAIN {
             ctx.register_processing_time_timer(now + 20);
         }
         Ok(())
@@ -781,8 +787,11 @@ async fn processing_time_timers_fire_when_the_wall_clock_reaches_them() {
     loop {
         let done = {
             let log = log.lock().unwrap();
-            let m = fired_per_key(&log);
-            m.len() as u64 == PT_KEYS && m.values().all(|v| v.len() >= PT_CHAIN as usize)
+            let sentinels = log
+                .iter()
+                .filter(|e| matches!(e, PtEvent::Sentinel(..)))
+                .count();
+            sentinels as u64 >= PT_KEYS
         };
         if done {
             break;
@@ -799,8 +808,8 @@ async fn processing_time_timers_fire_when_the_wall_clock_reaches_them() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Time for a deleted timer (or an extra one) to fire, if it were going to.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Every key's sentinel fired: a deleted timer (or one fired twice), being earlier, would
+    // have fired before it.
     client.cancel();
     let r = job.await.unwrap().unwrap();
     assert_eq!(r.status, JobStatus::Canceled);
@@ -810,12 +819,24 @@ async fn processing_time_timers_fire_when_the_wall_clock_reaches_them() {
         .iter()
         .filter_map(|e| match *e {
             PtEvent::Deleted(k, ts) => Some((k, ts)),
-            PtEvent::Fired(..) => None,
+            PtEvent::Fired(..) | PtEvent::Sentinel(..) => None,
+        })
+        .collect();
+    let sentinels: BTreeMap<u64, i64> = log
+        .iter()
+        .filter_map(|e| match *e {
+            PtEvent::Sentinel(k, ts) => Some((k, ts)),
+            _ => None,
         })
         .collect();
     let m = fired_per_key(&log);
     assert_eq!(m.len() as u64, PT_KEYS, "{log:?}");
     for (key, firings) in &m {
+        let sentinel = sentinels[key];
+        assert!(
+            firings.iter().all(|(ts, _, _)| *ts < sentinel),
+            "key {key}: a timer fired after the sentinel {sentinel}: {firings:?}"
+        );
         assert_eq!(
             firings.len(),
             PT_CHAIN as usize,
