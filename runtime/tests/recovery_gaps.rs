@@ -116,7 +116,10 @@ async fn a_failure_before_the_first_checkpoint_of_a_restored_job_restores_the_sa
     let job = tokio::spawn(first.execute_with(client.clone()).bounded());
     // Part way: the sources have emitted some records.
     while client.source_records() < 10_000 {
-        assert!(!job.is_finished(), "the first run ended before it was stopped");
+        assert!(
+            !job.is_finished(),
+            "the first run ended before it was stopped"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let savepoint = loop {
