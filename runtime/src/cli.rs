@@ -608,14 +608,9 @@ impl Opened {
     }
 }
 
-/// The id of a directory named `chk-<n>`, in canonical decimal.
+/// The id of a directory named `chk-<n>`, in canonical decimal (the storage's one parser).
 fn parse_chk(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("chk-")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    (format!("chk-{n}") == name).then_some(n)
+    weir_checkpoint::storage::parse_checkpoint_dir(name).map(|id| id.0)
 }
 
 /// Opens `path`: an `s3://bucket/prefix` URL (configured from the AWS variables) or a local

@@ -22,20 +22,34 @@ pub enum StorageConfig {
     S3(S3Config),
     /// opendal's memory service: gone with the process, for tests.
     Memory,
-    /// Any other implementation of the storage seam.
+    /// Any other implementation of the storage seam, as an object: this process only (a
+    /// restore finds it when `restore_from` names a location under its root).
     Custom(Arc<dyn CheckpointStorage>),
+    /// A storage of a scheme registered with [`crate::register_storage_scheme`], by URL: every
+    /// process that registered the scheme reaches it (task managers included).
+    Registered(String),
 }
 
 impl StorageConfig {
     /// The storage a user's `--checkpoint-dir` names: `s3://bucket/prefix` is S3, configured
-    /// from the AWS environment variables ([`S3Config::from_url_and_env`]); anything else is a
-    /// local directory. A bad `s3://` URL or missing credentials is a
-    /// [`CheckpointError::Config`] naming the problem.
+    /// from the AWS environment variables ([`S3Config::from_url_and_env`]); `file:///dir` and
+    /// any path without a scheme is a local directory; a URL of a scheme registered with
+    /// [`crate::register_storage_scheme`] is that storage. A bad `s3://` URL, missing
+    /// credentials or an unregistered scheme is a [`CheckpointError::Config`] naming the
+    /// problem.
     pub fn from_location(location: &str) -> Result<StorageConfig, CheckpointError> {
         if is_s3_url(location) {
-            Ok(StorageConfig::S3(S3Config::from_url_and_env(location)?))
-        } else {
-            Ok(StorageConfig::Filesystem(PathBuf::from(location)))
+            return Ok(StorageConfig::S3(S3Config::from_url_and_env(location)?));
+        }
+        if let Some(path) = location.strip_prefix("file://") {
+            return Ok(StorageConfig::Filesystem(PathBuf::from(path)));
+        }
+        match crate::schemes::scheme_of(location) {
+            Some(_) if crate::schemes::is_registered(location) => {
+                Ok(StorageConfig::Registered(location.to_string()))
+            }
+            Some(scheme) => Err(crate::schemes::unregistered(&scheme)),
+            None => Ok(StorageConfig::Filesystem(PathBuf::from(location))),
         }
     }
 }
@@ -47,6 +61,7 @@ impl std::fmt::Debug for StorageConfig {
             StorageConfig::S3(c) => write!(f, "S3({})", c.describe()),
             StorageConfig::Memory => write!(f, "Memory"),
             StorageConfig::Custom(s) => write!(f, "Custom({})", s.describe()),
+            StorageConfig::Registered(url) => write!(f, "Registered({url})"),
         }
     }
 }
@@ -215,15 +230,17 @@ impl Default for JobConfig {
 }
 
 impl StorageConfig {
-    /// Where another process finds this storage: an absolute directory path or an `s3://` URL
-    /// (its credentials come from that process's environment); `None` for storage only this
-    /// process reaches.
+    /// Where another process finds this storage: an absolute directory path, an `s3://` URL
+    /// (its credentials come from that process's environment) or a registered scheme's URL
+    /// (that process must register the scheme too); `None` for storage only this process
+    /// reaches.
     pub fn location(&self) -> Option<String> {
         match self {
             StorageConfig::Filesystem(p) => std::path::absolute(p)
                 .ok()
                 .and_then(|p| p.to_str().map(str::to_string)),
             StorageConfig::S3(c) => Some(c.url()),
+            StorageConfig::Registered(url) => Some(url.clone()),
             StorageConfig::Memory | StorageConfig::Custom(_) => None,
         }
     }

@@ -391,6 +391,7 @@ pub(crate) fn build_storage(
         StorageConfig::S3(c) => Arc::new(OpendalCheckpointStorage::s3(c.clone())?),
         StorageConfig::Memory => Arc::new(OpendalCheckpointStorage::memory()?),
         StorageConfig::Custom(s) => s.clone(),
+        StorageConfig::Registered(url) => crate::schemes::open(url)?,
     })
 }
 
@@ -495,10 +496,15 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             keeper = Some(k);
         }
         let mut claim: Option<Claim> = None;
+        // A custom storage object is reached by locations under its root.
+        let custom = match &config.storage {
+            StorageConfig::Custom(s) => Some(s),
+            _ => None,
+        };
         let mut restore: Option<(Arc<dyn CheckpointStorage>, Vec<CheckpointLocation>)> =
             match &config.restore_from {
                 Some(path) => {
-                    let (s, listings) = candidates_at(path).await?;
+                    let (s, listings) = candidates_at(path, custom).await?;
                     let locations = one_jobs_candidates(&*s, path, listings).await?;
                     if config.claim_mode == ClaimMode::Claim
                         && let Some(k) = &keeper
@@ -510,7 +516,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                         claim = Some(c);
                         // Watching the leases took a while: a running job's retention may have
                         // deleted what was listed, and new checkpoints may exist. List again.
-                        let (s, listings) = candidates_at(path).await?;
+                        let (s, listings) = candidates_at(path, custom).await?;
                         let locations = one_jobs_candidates(&*s, path, listings).await?;
                         Some((s, locations))
                     } else {

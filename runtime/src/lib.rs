@@ -14,6 +14,7 @@
 //! - [`cli`]: the `weir` command-line tool (`weir checkpoints list | inspect | verify`).
 //! - [`cluster`]: cluster mode's control plane: task managers register with the job manager over
 //!   RPC, and heartbeats detect a lost process on either side.
+//! - [`schemes`]: checkpoint storage by URL scheme, for custom storage reached by location.
 //! - [`testing`]: for tests of one's own job: a gate that holds records (backpressure a test
 //!   controls) and a driver that holds each checkpoint's barrier at it.
 //!
@@ -39,6 +40,7 @@ pub mod operator;
 pub mod ops;
 pub mod restart;
 pub(crate) mod restore;
+pub mod schemes;
 pub mod sink;
 pub mod source;
 pub(crate) mod task;
@@ -53,6 +55,7 @@ pub use env::{DataStream, KeyedStream, StreamEnvironment};
 pub use error::{JobError, TaskError};
 pub use job::{JobCanceller, JobClient, JobResult, JobStatus};
 pub use restart::RestartStrategy;
+pub use schemes::register_storage_scheme;
 pub use sink::{CollectHandle, LatestHandle};
 /// The checkpoint crate (`_metadata` and its handles), for tools that read checkpoints.
 pub use weir_checkpoint as checkpoint;

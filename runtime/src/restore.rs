@@ -39,69 +39,36 @@ impl RestorePoint {
     }
 }
 
-/// The complete checkpoints under a user-given path (a local directory or `s3://bucket/prefix`),
-/// newest first: the path itself if it is a checkpoint, else its `chk-<n>` children, else those
-/// of its job directories.
+/// The complete checkpoints under a user-given path, newest first: the path itself if it is a
+/// checkpoint, else its `chk-<n>` children, else those of its job directories. The path is a
+/// local directory (or `file://…`), `s3://bucket/prefix`, a URL of a registered scheme, or a
+/// location under the root of `configured` (a custom storage object the job writes to).
 pub(crate) async fn candidates_at(
     path: &Path,
+    configured: Option<&Arc<dyn CheckpointStorage>>,
 ) -> Result<(Arc<dyn CheckpointStorage>, Vec<CheckpointListing>), JobError> {
     let shown = path.display().to_string();
-    // A `chk-<n>` directory (or prefix) is opened from its parent, the job directory, so that
-    // the files its chains share with other checkpoints (`../shared/`) are inside the root; and
-    // a job directory (a `<job-id>` name) from its parent, the checkpoint root, so that every
-    // location names its job (the `_metadata` check, the job's lock for claim mode).
-    let is_chk = |name: &str| {
-        name.strip_prefix("chk-")
-            .is_some_and(|id| id.parse::<u64>().is_ok())
-    };
-    let is_job = |name: &str| JobId::parse(name).is_some();
-    let (storage, rel): (Arc<dyn CheckpointStorage>, String) = match path
-        .to_str()
-        .filter(|p| is_s3_url(p))
-    {
-        // `s3://bucket/prefix`: the prefix is the path, configured from the AWS variables.
-        Some(url) => {
-            let trimmed = url.trim_end_matches('/');
-            let (root, rel) = match trimmed.rsplit_once('/') {
-                Some((parent, name)) if is_chk(name) && parent.len() > "s3://".len() => {
-                    match parent.rsplit_once('/') {
-                        Some((root, job)) if is_job(job) && root.len() > "s3://".len() => {
-                            (root, format!("{job}/{name}/"))
-                        }
-                        _ => (parent, format!("{name}/")),
-                    }
-                }
-                Some((parent, name)) if is_job(name) && parent.len() > "s3://".len() => {
-                    (parent, format!("{name}/"))
-                }
-                _ => (trimmed, String::new()),
-            };
-            let config = S3Config::from_url_and_env(root)?;
-            (Arc::new(OpendalCheckpointStorage::s3(config)?), rel)
+    let text = path.to_str();
+    let (storage, rel) = match (text, configured) {
+        (Some(t), Some(custom)) if under_root(custom, t).is_some() => {
+            let rel = under_root(custom, t).unwrap_or_default();
+            (custom.clone(), rel)
         }
-        None => {
-            if !path.is_dir() {
-                return Err(JobError::Restore {
-                    path: shown,
-                    reason: "no such directory".into(),
-                });
-            }
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            let parent = path.parent().filter(|p| p.is_dir());
-            let grandparent = parent.and_then(Path::parent).filter(|p| p.is_dir());
-            let parent_name = parent
-                .and_then(|p| p.file_name())
-                .and_then(|n| n.to_str())
-                .unwrap_or("");
-            let (root, rel) = match (parent, grandparent) {
-                (Some(_), Some(root)) if is_chk(name) && is_job(parent_name) => {
-                    (root, format!("{parent_name}/{name}/"))
-                }
-                (Some(parent), _) if is_chk(name) || is_job(name) => (parent, format!("{name}/")),
-                _ => (path, String::new()),
-            };
-            (Arc::new(OpendalCheckpointStorage::fs(root)?), rel)
+        (Some(t), _) if t.starts_with("file://") => {
+            local_root(Path::new(t.trim_start_matches("file://")), &shown)?
         }
+        (Some(t), _) if is_s3_url(t) || crate::schemes::scheme_of(t).is_some() => {
+            let (root, rel) = split_url(t);
+            let storage: Arc<dyn CheckpointStorage> = if is_s3_url(t) {
+                Arc::new(OpendalCheckpointStorage::s3(S3Config::from_url_and_env(
+                    root,
+                )?)?)
+            } else {
+                crate::schemes::open(root)?
+            };
+            (storage, rel)
+        }
+        _ => local_root(path, &shown)?,
     };
     let mut found = storage.find_checkpoints(&rel).await?;
     found.retain(|l| l.complete);
@@ -113,6 +80,77 @@ pub(crate) async fn candidates_at(
     }
     found.reverse();
     Ok((storage, found))
+}
+
+/// A `chk-<n>` name.
+fn is_chk(name: &str) -> bool {
+    parse_checkpoint_dir(name).is_some()
+}
+
+/// A `<job-id>` name.
+fn is_job(name: &str) -> bool {
+    JobId::parse(name).is_some()
+}
+
+/// `url` (`scheme://root/…`) split into the storage root to open and the path under it: a
+/// `chk-<n>` is opened from its parent, the job directory, so that the files its chains share
+/// with other checkpoints (`../shared/`) are inside the root; and a job directory (a
+/// `<job-id>` name) from its parent, the checkpoint root, so that every location names its job
+/// (the `_metadata` check, the job's lock for claim mode).
+fn split_url(url: &str) -> (&str, String) {
+    let trimmed = url.trim_end_matches('/');
+    let min = trimmed.find("://").map_or(0, |i| i + 3);
+    match trimmed.rsplit_once('/') {
+        Some((parent, name)) if is_chk(name) && parent.len() > min => {
+            match parent.rsplit_once('/') {
+                Some((root, job)) if is_job(job) && root.len() > min => {
+                    (root, format!("{job}/{name}/"))
+                }
+                _ => (parent, format!("{name}/")),
+            }
+        }
+        Some((parent, name)) if is_job(name) && parent.len() > min => (parent, format!("{name}/")),
+        _ => (trimmed, String::new()),
+    }
+}
+
+/// The path of `location` under the root of `storage` (as `location_path` shows locations), if
+/// it is there: `""` for the root itself, else `dir/…/`.
+fn under_root(storage: &Arc<dyn CheckpointStorage>, location: &str) -> Option<String> {
+    let root = storage.location_path(&CheckpointLocation { dir: String::new() });
+    let root = root.trim_end_matches('/');
+    let rest = location.trim_end_matches('/').strip_prefix(root)?;
+    match rest.strip_prefix('/') {
+        None if rest.is_empty() => Some(String::new()),
+        Some(rel) if !root.is_empty() => Some(format!("{rel}/")),
+        _ => None,
+    }
+}
+
+/// A local directory opened as in [`split_url`]: a `chk-<n>` from its job directory's parent,
+/// a job directory from its parent.
+fn local_root(path: &Path, shown: &str) -> Result<(Arc<dyn CheckpointStorage>, String), JobError> {
+    if !path.is_dir() {
+        return Err(JobError::Restore {
+            path: shown.to_string(),
+            reason: "no such directory".into(),
+        });
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let parent = path.parent().filter(|p| p.is_dir());
+    let grandparent = parent.and_then(Path::parent).filter(|p| p.is_dir());
+    let parent_name = parent
+        .and_then(|p| p.file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    let (root, rel) = match (parent, grandparent) {
+        (Some(_), Some(root)) if is_chk(name) && is_job(parent_name) => {
+            (root, format!("{parent_name}/{name}/"))
+        }
+        (Some(parent), _) if is_chk(name) || is_job(name) => (parent, format!("{name}/")),
+        _ => (path, String::new()),
+    };
+    Ok((Arc::new(OpendalCheckpointStorage::fs(root)?), rel))
 }
 
 /// Narrows the complete checkpoints under a user-given path (newest first) to one job's. A

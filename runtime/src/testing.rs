@@ -1,6 +1,34 @@
-//! Testing exactly-once in one's own job: a [`Gate`] that holds records (backpressure a test
+//! Testing exactly-once in one's own job: [`Failures`] injected at chosen records
+//! ([`DataStream::inject_failures`]), a [`Gate`] that holds records (backpressure a test
 //! controls, not a race between a busy sink and its sources) and a [`GateDriver`] that holds
-//! each checkpoint's barrier at it. Weir's own tests use these; so can a user's.
+//! each checkpoint's barrier at it. Weir's own tests use these; so can a user's: judge the
+//! output of a job with failures against one computed without the engine.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), weir_runtime::JobError> {
+//! use weir_runtime::testing::Failures;
+//! use weir_runtime::{RestartStrategy, StreamEnvironment};
+//! let env = StreamEnvironment::new();
+//! env.set_parallelism(2)
+//!     .enable_checkpointing(std::time::Duration::from_millis(20))
+//!     .set_restart_strategy(RestartStrategy::FixedDelay {
+//!         attempts: 3,
+//!         delay: std::time::Duration::ZERO,
+//!     });
+//! // Fail once after 300,000 and once after 700,000 records, over all subtasks.
+//! let failures = Failures::at(vec![300_000, 700_000]);
+//! let totals = env
+//!     .from_generator(Some(1_000_000), |i| (i % 7, 1i64))
+//!     .inject_failures(&failures)
+//!     .key_by(|t: &(u64, i64)| &t.0)
+//!     .sum()
+//!     .latest_per_key();
+//! let result = env.execute().await?;
+//! assert_eq!(failures.injected(), 2);
+//! assert_eq!(result.restarts, 2);
+//! // Exactly once: each key counted 1,000,000 / 7 times (or one more), as without failures.
+//! # Ok(()) }
+//! ```
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), weir_runtime::JobError> {
@@ -27,6 +55,7 @@ use crate::env::DataStream;
 use crate::error::TaskError;
 use crate::job::JobClient;
 use crate::operator::{Cancellation, Chained, OneInputOperator, OpResult, Output};
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -206,5 +235,118 @@ impl GateDriver {
     pub async fn stop(self) -> Vec<u64> {
         self.stop.store(true, Ordering::SeqCst);
         self.task.await.unwrap_or_default()
+    }
+}
+
+/// What [`DataStream::inject_failures`] calls per record, with the subtask's attempt (0 for the
+/// first run, one more after each restart); it panics to fail the task.
+pub trait Injector: Send + Sync + 'static {
+    /// One record passes, in a subtask of `attempt`.
+    fn record(&self, attempt: u32);
+}
+
+/// Fails (panics) once at each threshold of records seen over all subtasks and attempts, and at
+/// most once per attempt, so that each injected failure is exactly one restart. A threshold
+/// passed in an attempt that already failed fires in the next one.
+#[derive(Debug, Default)]
+pub struct Failures {
+    seen: AtomicU64,
+    thresholds: Vec<u64>,
+    /// Sleep 1 ms every this many records (0: never), to slow the job down.
+    pace_every: u64,
+    /// The next threshold's index (high 32 bits) and the attempt that failed last, plus one
+    /// (low 32 bits; 0: none), in one word so that both change together.
+    state: AtomicU64,
+}
+
+impl Failures {
+    /// Failures at each of `thresholds` (records seen, over all subtasks and attempts).
+    pub fn at(thresholds: Vec<u64>) -> Arc<Self> {
+        Self::paced(thresholds, 0)
+    }
+
+    /// As [`Failures::at`], also sleeping 1 ms every `pace_every` records (0: never), so that
+    /// a short job lasts long enough for checkpoints to complete between the failures.
+    pub fn paced(mut thresholds: Vec<u64>, pace_every: u64) -> Arc<Self> {
+        thresholds.sort_unstable();
+        Arc::new(Failures {
+            thresholds,
+            pace_every,
+            ..Failures::default()
+        })
+    }
+
+    /// Failures injected so far.
+    pub fn injected(&self) -> usize {
+        (self.state.load(Ordering::SeqCst) >> 32) as usize
+    }
+
+    /// Records seen so far, over all subtasks and attempts.
+    pub fn seen(&self) -> u64 {
+        self.seen.load(Ordering::Relaxed)
+    }
+}
+
+impl Injector for Failures {
+    fn record(&self, attempt: u32) {
+        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.pace_every != 0 && n.is_multiple_of(self.pace_every) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let state = self.state.load(Ordering::SeqCst);
+        let (next, failed) = (state >> 32, state & 0xffff_ffff);
+        let this = u64::from(attempt) + 1;
+        if let Some(&t) = self.thresholds.get(next as usize)
+            && n >= t
+            && failed < this
+            && self
+                .state
+                .compare_exchange(
+                    state,
+                    ((next + 1) << 32) | this,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                )
+                .is_ok()
+        {
+            panic!(
+                "injected failure {} in attempt {attempt} after {n} records",
+                next + 1
+            );
+        }
+    }
+}
+
+/// The identity that calls an [`Injector`] per record; an operator, to know its attempt.
+struct Inject<T, I> {
+    injector: Arc<I>,
+    attempt: u32,
+    _t: PhantomData<fn(T)>,
+}
+
+impl<T: Send + 'static, I: Injector> OneInputOperator<T> for Inject<T, I> {
+    type Out = T;
+
+    fn process(&mut self, record: T, out: &mut dyn Output<T>) -> OpResult {
+        self.injector.record(self.attempt);
+        out.push(record)
+    }
+}
+
+impl<T: Data> DataStream<T> {
+    /// This stream through an operator (chained) that calls `injector` per record, for
+    /// example [`Failures`], to make the job fail where a test wants it to.
+    pub fn inject_failures<I: Injector>(self, injector: &Arc<I>) -> DataStream<T> {
+        let injector = injector.clone();
+        self.transform::<T>("Inject Failures", move |ctx, next| {
+            Box::new(Chained::new(
+                Inject {
+                    injector: injector.clone(),
+                    attempt: ctx.info.attempt,
+                    _t: PhantomData,
+                },
+                next,
+            ))
+        })
     }
 }

@@ -7,12 +7,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use std::time::{SystemTime, UNIX_EPOCH};
 use weir_core::element::SnapshotKind;
 use weir_runtime::DataStream;
-use weir_runtime::operator::{Chained, OneInputOperator, OpResult, Output};
 use weir_runtime::source::splitmix64;
 use weir_runtime::testing::{Gate, GateDriver};
 use weir_runtime::{
@@ -56,87 +54,12 @@ impl SplitMix {
     }
 }
 
-/// Fails (panics) once at each threshold of records seen over all subtasks and attempts, and at
-/// most once per attempt, so that each injected failure is exactly one restart. A threshold
-/// passed in an attempt that already failed fires at the start of the next one.
-#[derive(Default)]
-pub struct Failures {
-    seen: AtomicU64,
-    thresholds: Vec<u64>,
-    /// The next threshold's index (high 32 bits) and the attempt that failed last, plus one
-    /// (low 32 bits; 0: none), in one word so that both change together.
-    state: AtomicU64,
-}
+#[allow(unused_imports)]
+pub use weir_runtime::testing::{Failures, Injector};
 
-impl Failures {
-    pub fn at(mut thresholds: Vec<u64>) -> Arc<Self> {
-        thresholds.sort_unstable();
-        Arc::new(Failures {
-            thresholds,
-            ..Failures::default()
-        })
-    }
-
-    pub fn record(&self, attempt: u32) {
-        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        let state = self.state.load(Ordering::SeqCst);
-        let (next, failed) = (state >> 32, state & 0xffff_ffff);
-        let this = u64::from(attempt) + 1;
-        if let Some(&t) = self.thresholds.get(next as usize)
-            && n >= t
-            && failed < this
-            && self
-                .state
-                .compare_exchange(
-                    state,
-                    ((next + 1) << 32) | this,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                )
-                .is_ok()
-        {
-            panic!(
-                "injected failure {} in attempt {attempt} after {n} records",
-                next + 1
-            );
-        }
-    }
-
-    pub fn injected(&self) -> usize {
-        (self.state.load(Ordering::SeqCst) >> 32) as usize
-    }
-}
-
-/// The identity on `u64` records that injects `failures`; it knows its attempt, which a `map`
-/// closure does not.
-pub struct Inject {
-    failures: Arc<Failures>,
-    attempt: u32,
-}
-
-impl OneInputOperator<u64> for Inject {
-    type Out = u64;
-
-    fn process(&mut self, record: u64, out: &mut dyn Output<u64>) -> OpResult {
-        self.failures.record(self.attempt);
-        out.push(record)
-    }
-}
-
-/// Adds [`Inject`] behind `stream`.
+/// `failures` injected behind `stream` (`DataStream::inject_failures`), with the uid `inject`.
 pub fn inject(stream: DataStream<u64>, failures: &Arc<Failures>) -> DataStream<u64> {
-    let failures = failures.clone();
-    stream
-        .transform::<u64>("Inject", move |ctx, next| {
-            Box::new(Chained::new(
-                Inject {
-                    failures: failures.clone(),
-                    attempt: ctx.info.attempt,
-                },
-                next,
-            ))
-        })
-        .uid("inject")
+    stream.inject_failures(failures).uid("inject")
 }
 
 /// The test's seed: `WEIR_TEST_SEED` to reproduce a failure, else a fresh one per run.
