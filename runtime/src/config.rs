@@ -12,6 +12,7 @@ use std::time::Duration;
 use weir_checkpoint::storage::{S3Config, is_s3_url};
 use weir_checkpoint::{CheckpointError, CheckpointStorage};
 use weir_core::config::CheckpointConfig;
+use weir_network::Transport;
 
 /// Where checkpoints go.
 #[derive(Clone)]
@@ -63,6 +64,31 @@ impl std::fmt::Debug for StorageConfig {
             StorageConfig::Custom(s) => write!(f, "Custom({})", s.describe()),
             StorageConfig::Registered(url) => write!(f, "Registered({url})"),
         }
+    }
+}
+
+/// Wraps or replaces the transport a job's subtasks exchange records through: given the
+/// engine's own (in one process, `weir_network::LocalTransport`; on a task manager, the TCP
+/// transport), it returns the one to use. Returning the argument wrapped adds a layer (a
+/// counter, a fault injector); returning another replaces it in one process. Set with
+/// [`crate::StreamEnvironment::set_transport`]; on a cluster, every process that builds the
+/// job sets it, and each task manager applies it to its own TCP transport.
+#[derive(Clone)]
+pub struct TransportLayer(pub TransportLayerFn);
+
+/// The function of a [`TransportLayer`].
+pub type TransportLayerFn = Arc<dyn Fn(Arc<dyn Transport>) -> Arc<dyn Transport> + Send + Sync>;
+
+impl TransportLayer {
+    /// The transport to use instead of `own`.
+    pub fn apply(&self, own: Arc<dyn Transport>) -> Arc<dyn Transport> {
+        (self.0)(own)
+    }
+}
+
+impl std::fmt::Debug for TransportLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TransportLayer")
     }
 }
 
@@ -130,6 +156,8 @@ pub struct JobConfig {
     /// `weir checkpoints gc`) takes it as abandoned after seeing the lock unchanged this long.
     /// Default [`DEFAULT_JOB_LOCK_LEASE`], range [`limits::JOB_LOCK_LEASE`].
     pub job_lock_lease: Duration,
+    /// Wraps or replaces the subtasks' data transport; `None`: the engine's own.
+    pub transport: Option<TransportLayer>,
 }
 
 /// Who owns the checkpoint a run restores from (Flink's `execution.state-recovery.claim-mode`).
@@ -225,6 +253,7 @@ impl Default for JobConfig {
             cluster: None,
             claim_mode: ClaimMode::NoClaim,
             job_lock_lease: DEFAULT_JOB_LOCK_LEASE,
+            transport: None,
         }
     }
 }

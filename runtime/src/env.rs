@@ -145,6 +145,20 @@ impl StreamEnvironment {
         self
     }
 
+    /// Wraps or replaces the transport the job's subtasks exchange records through (see
+    /// [`TransportLayer`](crate::config::TransportLayer)): `layer` gets the engine's own and
+    /// returns the one to use.
+    pub fn set_transport(
+        &self,
+        layer: impl Fn(Arc<dyn weir_network::Transport>) -> Arc<dyn weir_network::Transport>
+        + Send
+        + Sync
+        + 'static,
+    ) -> &Self {
+        self.config_mut().transport = Some(crate::config::TransportLayer(Arc::new(layer)));
+        self
+    }
+
     /// Checkpoints into a local directory (opendal's fs service). For S3, use
     /// [`set_checkpoint_storage`](Self::set_checkpoint_storage) with [`StorageConfig::S3`] (or
     /// [`StorageConfig::from_location`]).

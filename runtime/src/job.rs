@@ -525,9 +525,13 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
                 }
                 None => None,
             };
-        let transport = Arc::new(LocalTransport::new(ChannelConfig {
+        let own: Arc<dyn Transport> = Arc::new(LocalTransport::new(ChannelConfig {
             buffers_per_channel: config.buffers_per_channel,
         }));
+        let transport = match &config.transport {
+            Some(layer) => layer.apply(own),
+            None => own,
+        };
         let metrics = Arc::new(JobMetrics {
             source_records: canceller.inner.source_records.clone(),
             ..JobMetrics::default()

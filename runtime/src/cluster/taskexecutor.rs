@@ -63,7 +63,11 @@ struct Executor {
     runtime: TaskRuntime,
     spec: JobSpec,
     fingerprint: u128,
-    transport: ClusterTransport,
+    /// The TCP transport (placement and byte counts).
+    transport: Arc<ClusterTransport>,
+    /// What the subtasks open channels on: the TCP transport, through the job's
+    /// [`TransportLayer`](crate::config::TransportLayer) if it has one.
+    data: Arc<dyn Transport>,
     started: Instant,
     metrics: Arc<JobMetrics>,
     targets: Arc<Targets>,
@@ -108,12 +112,18 @@ pub(crate) async fn run_task_manager(
     .map_err(|e| JobError::Invalid(format!("the task manager's data transport: {e}")))?;
     drop(entered);
     let data_addr = transport.local_addr();
+    let transport = Arc::new(transport);
+    let data: Arc<dyn Transport> = match &spec.config.transport {
+        Some(layer) => layer.apply(transport.clone()),
+        None => transport.clone(),
+    };
     let span = info_span!("taskmanager", data = %data_addr);
     let mut executor = Executor {
         runtime,
         fingerprint: graph_fingerprint(&spec.job),
         spec,
         transport,
+        data,
         started: Instant::now(),
         metrics: Arc::new(JobMetrics::default()),
         targets: Arc::new(Targets::default()),
@@ -184,8 +194,12 @@ pub(crate) async fn run_task_manager(
     .await;
     // The transport goes first; the runtime's threads end on their own.
     let Executor {
-        runtime, transport, ..
+        runtime,
+        transport,
+        data,
+        ..
     } = executor;
+    drop(data);
     drop(transport);
     drop(runtime);
     result
@@ -250,7 +264,7 @@ impl Executor {
     /// its generations and snapshots from 1 and its chain epochs from 0, so no channel, target
     /// or epoch of the last session may linger under the same numbers.
     fn end_session(&mut self) {
-        self.transport.release_before(u64::MAX);
+        self.data.release_before(u64::MAX);
         if let Ok(mut t) = self.targets.lock() {
             t.clear();
         }
@@ -373,7 +387,7 @@ impl Executor {
                 r.stop(false, TEARDOWN_WAIT).await;
             }
         }
-        self.transport.release_before(generation);
+        self.data.release_before(generation);
         let keys: Vec<_> = deploy.tasks.iter().map(|t| t.task).collect();
         let failures = self.reports.clone();
         let fail_all = |reason: String| {
@@ -412,7 +426,7 @@ impl Executor {
         let tasks = ProcessTasks {
             spec: &self.spec,
             settings: &deploy.settings,
-            transport: &self.transport,
+            transport: self.data.as_ref(),
             job_id: deploy.job_id,
             storage,
             started: self.started,
