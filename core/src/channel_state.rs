@@ -12,51 +12,13 @@
 //! byte layout.
 
 use crate::CoreError;
-use crate::handle::StreamStateHandle;
-use crate::ids::{OperatorId, SubtaskIndex};
+pub use crate::handle::{ChannelDirection, ChannelInfo, ChannelSectionSummary, ChannelStateHandle};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 /// Magic bytes of a channel-state file.
 pub const CHANNEL_STATE_MAGIC: [u8; 4] = *b"WCHS";
 /// The format version this build writes.
 pub const CHANNEL_STATE_VERSION: u16 = 1;
-
-/// Names a channel by what survives a redeployment: the operators at its two ends (the edge's
-/// producing and consuming operators) and the two subtask indices.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct ChannelInfo {
-    /// The operator that writes into the channel.
-    pub from: OperatorId,
-    /// The operator that reads from it.
-    pub to: OperatorId,
-    /// The producing subtask.
-    pub producer: SubtaskIndex,
-    /// The consuming subtask.
-    pub consumer: SubtaskIndex,
-}
-
-impl std::fmt::Display for ChannelInfo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (from, to) = (self.from.to_string(), self.to.to_string());
-        write!(
-            f,
-            "{}[{}] -> {}[{}]",
-            &from[..8.min(from.len())],
-            self.producer,
-            &to[..8.min(to.len())],
-            self.consumer
-        )
-    }
-}
-
-/// Which end of the channel persisted a section.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum ChannelDirection {
-    /// The consumer: data read after its snapshot that precedes the channel's barrier.
-    Input,
-    /// The producer: queued buffers its barrier overtook.
-    Output,
-}
 
 /// One channel's in-flight data.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,35 +137,6 @@ impl ChannelSection {
     }
 }
 
-/// What `_metadata` records of one section, so `weir checkpoints inspect` can show it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChannelSectionSummary {
-    /// Which end persisted it.
-    pub direction: ChannelDirection,
-    /// The channel.
-    pub channel: ChannelInfo,
-    /// Number of records.
-    pub records: u64,
-    /// Bytes of batch data.
-    pub bytes: u64,
-}
-
-/// The in-flight data of one subtask in one checkpoint.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChannelStateHandle {
-    /// The channel-state file.
-    pub stream: StreamStateHandle,
-    /// Its sections.
-    pub sections: Vec<ChannelSectionSummary>,
-}
-
-impl ChannelStateHandle {
-    /// Bytes referenced.
-    pub fn size(&self) -> u64 {
-        self.stream.size()
-    }
-}
-
 /// Encodes a channel-state file.
 pub fn encode_file(sections: &[ChannelSection]) -> Result<Vec<u8>, CoreError> {
     let payload = crate::codec::encode("channel state", sections)?;
@@ -224,6 +157,7 @@ pub fn decode_file(what: &str, bytes: &[u8]) -> Result<Vec<ChannelSection>, Core
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::OperatorId;
 
     fn info() -> ChannelInfo {
         ChannelInfo {

@@ -3,7 +3,7 @@
 //! neither knows the other.
 
 use crate::identity::Digest;
-use crate::ids::OperatorId;
+use crate::ids::{OperatorId, SubtaskIndex};
 use crate::keygroup::{KeyGroup, KeyGroupRange};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -180,7 +180,7 @@ pub struct TaskStateSnapshot {
     /// Per operator of the chain.
     pub operators: BTreeMap<OperatorId, OperatorSubtaskState>,
     /// The in-flight data an unaligned checkpoint persisted for the subtask.
-    pub in_flight: Option<crate::channel_state::ChannelStateHandle>,
+    pub in_flight: Option<ChannelStateHandle>,
     /// The paths of the shared files (incremental state) this acknowledgement wrote for its
     /// checkpoint. Every other shared file it references belongs to an earlier checkpoint, and
     /// the job manager checks that it still holds it.
@@ -198,6 +198,76 @@ impl TaskStateSnapshot {
     /// Bytes of persisted in-flight data.
     pub fn in_flight_size(&self) -> u64 {
         self.in_flight.as_ref().map_or(0, |h| h.size())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Channel state: the handles of in-flight data (the file format is in `channel_state`).
+// ---------------------------------------------------------------------------------------------
+
+/// Names a channel by what survives a redeployment: the operators at its two ends (the edge's
+/// producing and consuming operators) and the two subtask indices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ChannelInfo {
+    /// The operator that writes into the channel.
+    pub from: OperatorId,
+    /// The operator that reads from it.
+    pub to: OperatorId,
+    /// The producing subtask.
+    pub producer: SubtaskIndex,
+    /// The consuming subtask.
+    pub consumer: SubtaskIndex,
+}
+
+impl std::fmt::Display for ChannelInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (from, to) = (self.from.to_string(), self.to.to_string());
+        write!(
+            f,
+            "{}[{}] -> {}[{}]",
+            &from[..8.min(from.len())],
+            self.producer,
+            &to[..8.min(to.len())],
+            self.consumer
+        )
+    }
+}
+
+/// Which end of the channel persisted a section.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ChannelDirection {
+    /// The consumer: data read after its snapshot that precedes the channel's barrier.
+    Input,
+    /// The producer: queued buffers its barrier overtook.
+    Output,
+}
+
+/// What `_metadata` records of one section, so `weir checkpoints inspect` can show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelSectionSummary {
+    /// Which end persisted it.
+    pub direction: ChannelDirection,
+    /// The channel.
+    pub channel: ChannelInfo,
+    /// Number of records.
+    pub records: u64,
+    /// Bytes of batch data.
+    pub bytes: u64,
+}
+
+/// The in-flight data of one subtask in one checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelStateHandle {
+    /// The channel-state file.
+    pub stream: StreamStateHandle,
+    /// Its sections.
+    pub sections: Vec<ChannelSectionSummary>,
+}
+
+impl ChannelStateHandle {
+    /// Bytes referenced.
+    pub fn size(&self) -> u64 {
+        self.stream.size()
     }
 }
 

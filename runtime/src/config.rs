@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use weir_checkpoint::storage::{S3Config, is_s3_url};
-use weir_checkpoint::{CheckpointError, CheckpointStorage};
+use weir_checkpoint::{CheckpointError, CheckpointStorage, OpendalCheckpointStorage};
 use weir_core::config::CheckpointConfig;
 use weir_network::Transport;
 
@@ -147,7 +147,7 @@ pub struct JobConfig {
     pub incremental_max_chain: u32,
     /// Cluster mode: this process is the job manager or a task manager. `None`: the whole job
     /// runs in this process.
-    pub cluster: Option<crate::cluster::ClusterRole>,
+    pub cluster: Option<crate::roles::ClusterRole>,
     /// Who owns the checkpoint a run restores from (Flink's
     /// `execution.state-recovery.claim-mode`); default [`ClaimMode::NoClaim`].
     pub claim_mode: ClaimMode,
@@ -321,6 +321,19 @@ impl JobConfig {
             None => RestartStrategy::NoRestart,
         }
     }
+}
+
+/// The storage a [`StorageConfig`] names, opened.
+pub(crate) fn build_storage(
+    config: &StorageConfig,
+) -> Result<Arc<dyn CheckpointStorage>, JobError> {
+    Ok(match config {
+        StorageConfig::Filesystem(p) => Arc::new(OpendalCheckpointStorage::fs(p)?),
+        StorageConfig::S3(c) => Arc::new(OpendalCheckpointStorage::s3(c.clone())?),
+        StorageConfig::Memory => Arc::new(OpendalCheckpointStorage::memory()?),
+        StorageConfig::Custom(s) => s.clone(),
+        StorageConfig::Registered(url) => crate::schemes::open(url)?,
+    })
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use crate::deploy::{
     EnumeratorFactory, NodeFactory, OperatorContext, OperatorFactory, SourceFactory, TypedNode,
 };
 use crate::error::JobError;
-use crate::job::{JobClient, JobResult, JobSpec, run_job};
+use crate::job::{JobClient, run_job};
 use crate::keyed::{
     KeyFn, KeyedBase, KeyedProcessFunction, ProcessOperator, ReduceOperator, SumOperator,
 };
@@ -25,6 +25,7 @@ use crate::sink::{
     TwoPhaseCommitSink,
 };
 use crate::source::{IndexSplitEnumerator, IndexedSource, SourceFunction, SplitEnumerator};
+use crate::spec::{JobResult, JobSpec};
 use crate::writer::KeyHashFn;
 use std::any::Any;
 use std::cell::RefCell;

@@ -7,18 +7,16 @@ use crate::cluster::ClusterRole;
 use crate::cluster::jobmaster::{DeployCommon, RemoteGateway};
 use crate::cluster::taskexecutor::graph_fingerprint;
 use crate::config::ClaimMode;
-use crate::config::{JobConfig, StorageConfig};
-use crate::deploy::{EnumeratorFactory, NodeFactory};
+use crate::config::{JobConfig, StorageConfig, build_storage};
 use crate::error::JobError;
-use crate::gateway::{
-    Gateway, ProcessTasks, TEARDOWN_WAIT, TaskDeployment, TaskRuntime, TaskSettings,
-};
+use crate::gateway::{ProcessTasks, TEARDOWN_WAIT, TaskDeployment, TaskRuntime, TaskSettings};
+use crate::host::Gateway;
 use crate::lease::{LeaseKeeper, LockContent};
 use crate::restart::RestartTracker;
 use crate::restore::{RestoreChecks, candidates_at, load_first_good, one_jobs_candidates};
 use crate::source::{SplitAssignment, SplitEnumerator};
+use crate::spec::{JobResult, JobSpec, JobStatus};
 use crate::task::{JobMetrics, Targets, TaskEvent, TaskMessage, TaskReport};
-use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -43,63 +41,8 @@ use weir_core::element::{CheckpointBarrier, SnapshotKind};
 use weir_core::fingerprint::JobFingerprint;
 use weir_core::graph::{ExecutionGraph, ExecutionState, JobGraph};
 use weir_core::handle::{StreamStateHandle, TaskStateSnapshot};
-use weir_core::ids::{CheckpointId, JobId, NodeId, OperatorId, VertexId};
+use weir_core::ids::{CheckpointId, JobId, OperatorId, VertexId};
 use weir_network::{ChannelConfig, LocalTransport, Transport};
-
-/// How a job ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JobStatus {
-    /// Every task's input ended.
-    Finished,
-    /// Cancelled by the user.
-    Canceled,
-}
-
-/// What a finished job reports.
-#[derive(Clone, Debug)]
-pub struct JobResult {
-    /// The job's id.
-    pub job_id: JobId,
-    /// How it ended.
-    pub status: JobStatus,
-    /// Wall time from start to end.
-    pub duration: Duration,
-    /// Wall time from the moment every subtask first ran (the job's first RUNNING) to the end:
-    /// without deployment, and in cluster mode without waiting for task managers.
-    pub running_duration: Option<Duration>,
-    /// Bytes this process sent to other processes over the data transport (a task manager's;
-    /// zero for a job in one process).
-    pub bytes_sent: u64,
-    /// Records the sources emitted, over all attempts (replays included).
-    pub source_records: u64,
-    /// Checkpoints completed.
-    pub checkpoints_completed: u64,
-    /// Checkpoints failed or aborted.
-    pub checkpoints_failed: u64,
-    /// Restarts after failures.
-    pub restarts: u32,
-    /// End-to-end durations of completed checkpoints, in completion order.
-    pub checkpoint_durations: Vec<Duration>,
-    /// Persisted in-flight bytes of the same checkpoints (non-zero only for unaligned ones).
-    pub checkpoint_in_flight: Vec<u64>,
-    /// Statistics of the last checkpoints.
-    pub checkpoint_history: Vec<CheckpointStats>,
-    /// For each restart: time from detecting the failure to the first record processed after the
-    /// restore.
-    pub recovery_times: Vec<Duration>,
-    /// The latest completed checkpoint, as `storage/path`.
-    pub latest_checkpoint: Option<String>,
-    /// The checkpoint the job started from, if any.
-    pub restored_from: Option<String>,
-    /// Records the sources emitted since the latest restore, at the start or after a failure
-    /// (all of them when nothing was restored). Below the job's total when that restore resumed
-    /// the sources, which is how a test tells a restore from a start over.
-    pub source_records_since_restore: u64,
-    /// The savepoint a stop-with-savepoint ended the job with.
-    pub savepoint: Option<String>,
-    /// Trigger requests refused (too many in progress, min pause, not all tasks running).
-    pub trigger_refusals: u64,
-}
 
 /// Talks to a running job: cancel it, trigger a checkpoint or a savepoint, stop it with a
 /// savepoint. Make one before `execute_with`, and use clones of it from other tasks.
@@ -277,17 +220,6 @@ struct Target {
     reply: Option<oneshot::Sender<Result<String, String>>>,
 }
 
-/// A job ready to run: its graph, configuration and typed node factories.
-pub(crate) struct JobSpec {
-    pub config: JobConfig,
-    pub job: JobGraph,
-    pub factories: Vec<Arc<dyn NodeFactory>>,
-    pub key_hashes: HashMap<(NodeId, NodeId), Arc<dyn Any + Send + Sync>>,
-    pub enumerators: HashMap<NodeId, EnumeratorFactory>,
-    /// Handles whose published values the job manager gathers in cluster mode.
-    pub results: Vec<Arc<dyn crate::sink::SharedResult>>,
-}
-
 /// How often the record-count trigger looks at the sources' progress.
 const RECORDS_POLL: Duration = Duration::from_millis(2);
 
@@ -381,18 +313,6 @@ fn wall_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-pub(crate) fn build_storage(
-    config: &StorageConfig,
-) -> Result<Arc<dyn CheckpointStorage>, JobError> {
-    Ok(match config {
-        StorageConfig::Filesystem(p) => Arc::new(OpendalCheckpointStorage::fs(p)?),
-        StorageConfig::S3(c) => Arc::new(OpendalCheckpointStorage::s3(c.clone())?),
-        StorageConfig::Memory => Arc::new(OpendalCheckpointStorage::memory()?),
-        StorageConfig::Custom(s) => s.clone(),
-        StorageConfig::Registered(url) => crate::schemes::open(url)?,
-    })
 }
 
 fn build_metadata(

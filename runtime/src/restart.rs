@@ -38,7 +38,7 @@ impl RestartStrategy {
         }
     }
 
-    /// Checks that every delay is at most [`crate::config::limits::MAX_DURATION`], naming the
+    /// Checks that every delay is at most [`weir_core::config::MAX_DURATION`], naming the
     /// first that is not.
     pub fn validate(&self) -> Result<(), String> {
         let delays: &[(&str, Duration)] = match self {
@@ -55,7 +55,7 @@ impl RestartStrategy {
                 ("restart delay reset time", *reset_after),
             ],
         };
-        let limit = crate::config::limits::MAX_DURATION;
+        let limit = weir_core::config::MAX_DURATION;
         match delays.iter().find(|(_, d)| *d > limit) {
             Some((what, d)) => Err(format!(
                 "the {what} ({d:?}) must be at most {limit:?} (a day)"

@@ -64,7 +64,6 @@
 //! The same description, with the version history, is in `docs/keyed-snapshot-format.md`.
 
 use crate::StateError;
-use crate::keyed::RestorePart;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -1528,6 +1527,21 @@ fn split_stream(
         return Err(bad());
     }
     Ok((h_start..h_end, h_end..end))
+}
+
+/// Bytes of one snapshot handed to a restore: the header, and a contiguous run of key-group
+/// sections that starts at `sections_offset` within the original stream.
+#[derive(Debug)]
+pub struct RestorePart<'a> {
+    /// The handle the bytes belong to.
+    pub handle: &'a KeyedStateHandle,
+    /// The bytes of `handle.header`.
+    pub header: &'a [u8],
+    /// Bytes of the sections, starting at `sections_offset`. Shared: a backend may keep slices
+    /// of them (the blocks of states not registered yet) without copying.
+    pub sections: bytes::Bytes,
+    /// Offset of `sections[0]` within the stream.
+    pub sections_offset: u64,
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ impl<T> StateKey for T where
 pub trait StateValue: Clone + Serialize + DeserializeOwned + Send + Sync + 'static {}
 impl<T> StateValue for T where T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static {}
 
-pub use crate::format::StateKind;
+pub use crate::format::{RestorePart, StateKind};
 
 /// When a state's entries expire (Flink's `StateTtlConfig`), on processing time: an entry not
 /// written (or, with [`TtlUpdateType::OnReadAndWrite`], read) for `ttl` is expired. For list
@@ -1104,21 +1104,6 @@ pub trait KeyedSnapshot: Send + 'static {
     }
 }
 
-/// Bytes of one snapshot handed to a restore: the header, and a contiguous run of key-group
-/// sections that starts at `sections_offset` within the original stream.
-#[derive(Debug)]
-pub struct RestorePart<'a> {
-    /// The handle the bytes belong to.
-    pub handle: &'a KeyedStateHandle,
-    /// The bytes of `handle.header`.
-    pub header: &'a [u8],
-    /// Bytes of the sections, starting at `sections_offset`. Shared: a backend may keep slices
-    /// of them (the blocks of states not registered yet) without copying.
-    pub sections: bytes::Bytes,
-    /// Offset of `sections[0]` within the stream.
-    pub sections_offset: u64,
-}
-
 /// The keyed state of one operator in one subtask.
 ///
 /// Contract:
@@ -1151,7 +1136,7 @@ pub struct RestorePart<'a> {
 ///   [`StateError::TooManyStates`].
 /// - Snapshots are written in the [`crate::format`], and equal state gives identical bytes.
 ///
-/// [`crate::conformance`] checks all of this: every implementation must pass its `run_all`.
+/// [`conformance`](super::conformance) checks all of this: every implementation must pass its `run_all`.
 pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
     /// The key groups this backend owns.
     fn key_group_range(&self) -> KeyGroupRange;

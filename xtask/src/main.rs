@@ -20,6 +20,7 @@ mod bench;
 mod mutants;
 mod netns;
 mod s3;
+mod structure;
 mod testcount;
 mod tidy;
 

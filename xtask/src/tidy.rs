@@ -1,4 +1,5 @@
-//! `cargo xtask tidy`: the workspace's dependency direction and the `//!` first line of `.rs` files.
+//! `cargo xtask tidy`: the workspace's dependency direction, the `//!` first line of `.rs` files,
+//! and each crate's shape (no import cycle between its modules; long functions and files reported).
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -61,6 +62,38 @@ pub fn run(root: &Path) -> Result<()> {
             ));
         }
     }
+    let mut notes = Vec::new();
+    for (name, src) in crate_sources(root, &metadata)? {
+        let in_crate: Vec<PathBuf> = files
+            .iter()
+            .filter(|f| f.starts_with(&src))
+            .cloned()
+            .collect();
+        let found = crate::structure::check_crate(root, &src, &in_crate)
+            .with_context(|| format!("reading the sources of {name}"))?;
+        for cycle in found.cycles {
+            problems.push(format!(
+                "{name}: an import cycle between its modules: {} (a module names another through \
+                 `crate::`; move what they share into a module both use)",
+                cycle.join(" <-> ")
+            ));
+        }
+        notes.extend(
+            found
+                .long_fns
+                .into_iter()
+                .map(|f| format!("{f} (over {} lines)", crate::structure::MAX_FN_LINES)),
+        );
+        notes.extend(
+            found
+                .long_files
+                .into_iter()
+                .map(|f| format!("{f} (over {})", crate::structure::MAX_FILE_LINES)),
+        );
+    }
+    for n in &notes {
+        println!("tidy: note: {n}");
+    }
     if !problems.is_empty() {
         for p in &problems {
             eprintln!("tidy: {p}");
@@ -73,6 +106,22 @@ pub fn run(root: &Path) -> Result<()> {
         files.len()
     );
     Ok(())
+}
+
+/// Each workspace package's name and its `src` directory, relative to `root`.
+fn crate_sources(root: &Path, metadata: &Value) -> Result<Vec<(String, PathBuf)>> {
+    let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    let mut out = Vec::new();
+    for package in metadata["packages"].as_array().into_iter().flatten() {
+        let name = package["name"].as_str().unwrap_or("?").to_string();
+        let Some(manifest) = package["manifest_path"].as_str() else {
+            continue;
+        };
+        let dir = Path::new(manifest).parent().unwrap_or(Path::new(""));
+        let rel = dir.strip_prefix(&root).unwrap_or(dir);
+        out.push((name, rel.join("src")));
+    }
+    Ok(out)
 }
 
 fn cargo_metadata(root: &Path) -> Result<Value> {
