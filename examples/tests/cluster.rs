@@ -35,6 +35,16 @@ fn word_count(job: &[String], role: &[String], env: &[(&str, String)], log: &Pat
     cmd.spawn().unwrap()
 }
 
+/// The highest id of a complete checkpoint (`…/chk-<n>/_metadata`) in the bucket, or 0.
+fn latest_checkpoint(bucket: &Path) -> u64 {
+    files_under(bucket)
+        .iter()
+        .filter_map(|f| f.strip_suffix("/_metadata"))
+        .filter_map(|d| d.rsplit('/').next()?.strip_prefix("chk-")?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
 fn completed_checkpoints(bucket: &Path) -> usize {
     files_under(bucket)
         .iter()
@@ -104,9 +114,10 @@ fn a_task_manager_killed_mid_run_is_replaced_and_the_totals_are_exact() {
     procs.0.push(task_manager("tm1"));
     procs.0.push(task_manager("tm2"));
 
-    // Once a checkpoint is complete in the bucket, the first task manager dies.
+    // Once checkpoint 8 is complete in the bucket (far enough in that the restore visibly
+    // resumes the sources), the first task manager dies.
     let give_up = Instant::now() + Duration::from_secs(120);
-    while completed_checkpoints(&server.bucket_dir()) == 0 {
+    while latest_checkpoint(&server.bucket_dir()) < 8 {
         assert!(
             Instant::now() < give_up,
             "no checkpoint completed; job manager log:\n{}",
@@ -137,6 +148,8 @@ fn a_task_manager_killed_mid_run_is_replaced_and_the_totals_are_exact() {
         summary_field(&stdout, "restarts") >= 1,
         "the kill did not land mid-run:\n{stdout}"
     );
+    // The failover restored the checkpoint: the sources resumed rather than started over.
+    processes::assert_restored(&stdout, records, &[]);
     let jm_log = std::fs::read_to_string(log("jobmanager")).unwrap();
     assert!(
         jm_log.contains("a task manager running subtasks was lost"),
@@ -306,6 +319,8 @@ fn a_job_manager_started_again_with_from_resumes_the_job_on_the_same_task_manage
     );
     let jm2_log = std::fs::read_to_string(log("jm2")).unwrap();
     assert!(jm2_log.contains("restoring"), "{}", log_tail(&log("jm2")));
+    // Exact only because the checkpoint's state was used: the sources resumed.
+    processes::assert_restored(&stdout, records, &[]);
     for tm in procs.0.drain(1..) {
         let o = wait_output(tm, Duration::from_secs(30));
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));

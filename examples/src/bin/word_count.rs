@@ -585,8 +585,9 @@ fn summary(records: Option<u64>, result: &JobResult) -> String {
     };
     let secs = result.duration.as_secs_f64();
     let mut summary = format!(
-        "summary: records={records} emitted={} seconds={secs:.3} records_per_s={:.0} checkpoints={} restarts={}",
+        "summary: records={records} emitted={} since_restore={} seconds={secs:.3} records_per_s={:.0} checkpoints={} restarts={}",
         result.source_records,
+        result.source_records_since_restore,
         records as f64 / secs.max(1e-9),
         result.checkpoints_completed,
         result.restarts

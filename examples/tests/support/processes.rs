@@ -183,8 +183,9 @@ pub fn assert_running_sums(dir: &Path, totals: &BTreeMap<String, i64>) {
 }
 
 /// What a restored run printed proves that it restored: `restored from:` names a checkpoint or
-/// savepoint (under one of `under`, when given), and its sources emitted fewer than `records` records in
-/// this run (`emitted=`), so they resumed rather than started over. With exact results, which
+/// savepoint (under one of `under`, when given), and its sources emitted fewer than `records`
+/// records since the latest restore (`since_restore=`, which after a failover counts only the
+/// attempt that restored), so they resumed rather than started over. With exact results, which
 /// the caller checks, that is only possible when the restored state was used.
 pub fn assert_restored(stdout: &str, records: u64, under: &[&Path]) -> String {
     let from = stdout
@@ -196,10 +197,10 @@ pub fn assert_restored(stdout: &str, records: u64, under: &[&Path]) -> String {
         under.is_empty() || under.iter().any(|u| from.contains(&*u.to_string_lossy())),
         "restored from {from:?}, not under {under:?}"
     );
-    let emitted = summary_field(stdout, "emitted");
+    let emitted = summary_field(stdout, "since_restore");
     assert!(
         emitted < records,
-        "the restored run emitted {emitted} of {records} records: it started over"
+        "since the restore, the sources emitted {emitted} of {records} records: they started over"
     );
     from
 }
