@@ -263,7 +263,8 @@ fn keyed_sum_job(
     interval_ms: u64,
 ) -> (StreamEnvironment, CollectHandle<(u64, i64)>, Arc<Failures>) {
     let env = environment(dir, 3, interval_ms);
-    let failures = Failures::at(thresholds);
+    // Paced (1 ms every 2,000 records), so that checkpoints complete between the failures.
+    let failures = Failures::paced(thresholds, 2_000);
     let handle = inject(
         env.from_generator(Some(records), |i| i).uid("source"),
         &failures,
@@ -308,7 +309,9 @@ async fn collect_sink_output_under_failures_equals_failure_free_run() {
     let clean = sorted(clean.records());
     assert_eq!(clean.len() as u64, records);
 
-    let thresholds = rng.thresholds(3, records);
+    // One failure in each third: the last lands well after checkpoints, so its restore must
+    // use their state.
+    let thresholds = rng.spaced_thresholds(3, records);
     let interval = rng.range(20, 51);
     let ctx = format!("seed={seed} thresholds={thresholds:?} interval={interval}ms");
     let (env, faulty, injector) =
@@ -316,6 +319,10 @@ async fn collect_sink_output_under_failures_equals_failure_free_run() {
     let r = env.execute().bounded().await.unwrap();
     let ctx = format!("{ctx} checkpoints={}", r.checkpoints_completed);
     assert_eq!(r.restarts, 3, "{ctx}");
+    assert!(
+        r.restored_from.is_some(),
+        "{ctx}: no failure came after a checkpoint"
+    );
     assert_resumed(&r, records, &ctx);
     assert_eq!(injector.injected(), 3, "{ctx}");
     let last = verify_running_sums(&faulty.records_by_subtask(), &ctx);
@@ -464,7 +471,8 @@ fn committed_parts(dir: &Path) -> BTreeMap<u32, Vec<(u64, i64)>> {
 async fn file_sink_run(root: &Path, records: u64, thresholds: Vec<u64>) -> (JobResult, PathBuf) {
     let env = environment(&root.join("checkpoints"), 2, 25);
     let out = root.join("out");
-    let failures = Failures::at(thresholds);
+    // Paced (1 ms every 2,000 records), so that checkpoints complete between the failures.
+    let failures = Failures::paced(thresholds, 2_000);
     inject(
         env.from_generator(Some(records), |i| i).uid("source"),
         &failures,
@@ -496,10 +504,14 @@ async fn file_sink_under_failures_commits_the_failure_free_lines() {
     let (r, faulty_dir) = file_sink_run(
         &dir.path().join("faulty"),
         records,
-        rng.thresholds(3, records),
+        rng.spaced_thresholds(3, records),
     )
     .await;
     assert_eq!(r.restarts, 3, "seed={seed}");
+    assert!(
+        r.restored_from.is_some(),
+        "seed={seed}: no failure came after a checkpoint"
+    );
     assert_resumed(&r, records, &format!("seed={seed}"));
     let faulty = lines(committed_parts(&faulty_dir));
     assert_eq!(faulty.len(), clean.len(), "seed={seed}: line counts differ");
