@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{Failures, Rule, apply_rule, color, inject, test_seed};
+use support::{Failures, Rule, apply_rule, assert_resumed, color, inject, test_seed};
 use weir_core::handle::OperatorStateMode;
 use weir_core::keygroup::{assign_to_key_group, compute_key_group_range_for_operator_index};
 use weir_runtime::broadcast::{
@@ -810,6 +810,8 @@ async fn keyed_broadcast_is_exactly_once_under_failures() {
         assert_eq!(r.restarts, 3, "{ctx}");
         check_totals(&collected.by_subtask(), 3, &ctx);
         if r.checkpoints_completed > 0 {
+            // Exact only because the restored state was used: the sources resumed.
+            assert_resumed(&r, READINGS + RULES, &ctx);
             eprintln!("{ctx}: ok");
             return;
         }
