@@ -297,4 +297,6 @@ fn a_savepoint_on_s3_is_printed_as_a_path_to_resume_from() {
     );
     assert!(run.success, "{}\n{}", run.stdout, run.stderr);
     assert_eq!(parse_totals(&out), expected_totals(records, 42));
+    // Exact only because the savepoint's state was used: the sources resumed.
+    processes::assert_restored(&run.stdout, records, &[]);
 }
