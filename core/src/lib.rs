@@ -29,6 +29,8 @@ pub mod handle;
 pub mod identity;
 pub mod ids;
 pub mod keygroup;
+pub mod panic;
 pub mod partition;
+pub mod splitmix;
 
 pub use error::CoreError;

@@ -12,7 +12,7 @@ impl Rng {
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        self.0 = self.0.wrapping_add(weir_core::splitmix::GOLDEN_GAMMA);
         mix(self.0)
     }
 
@@ -42,10 +42,8 @@ impl Rng {
 }
 
 /// SplitMix64's finalizer: a bijective mix of 64 bits.
-pub fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+pub fn mix(z: u64) -> u64 {
+    weir_core::splitmix::mix64(z)
 }
 
 /// The seed of input `index` of the target `name` in a run seeded with `base`: distinct per

@@ -27,7 +27,6 @@
 use clap::{Parser, Subcommand};
 use futures::FutureExt;
 use serde::Serialize;
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write;
@@ -748,15 +747,7 @@ async fn find(opened: &Opened) -> Result<Vec<Found>, CliError> {
 }
 
 /// The message of a caught panic.
-pub fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
-}
+pub use weir_core::panic::panic_message;
 
 fn no_checkpoint(opened: &Opened) -> CliError {
     let shown = &opened.shown;

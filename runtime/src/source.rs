@@ -279,20 +279,14 @@ impl RandomIntGenerator {
     /// The value of record `i`.
     #[inline]
     pub fn value(&self, i: u64) -> i64 {
-        let h = splitmix64(self.seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let h = splitmix64(self.seed ^ i.wrapping_mul(weir_core::splitmix::GOLDEN_GAMMA));
         let offset = if self.span == 0 { h } else { h % self.span };
         self.min.wrapping_add(offset as i64)
     }
 }
 
-/// SplitMix64's finalizer: a fast, well-mixed 64-bit hash.
-#[inline]
-pub fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+/// SplitMix64's step and finalizer: a fast, well-mixed 64-bit hash (`weir_core::splitmix`).
+pub use weir_core::splitmix::splitmix64;
 
 /// Runs a source as the head of a chain: fills batches, pushes them down, and snapshots the
 /// source's operator state.

@@ -557,14 +557,7 @@ impl<T: Data> TaskInput for NetworkInput<T> {
     }
 }
 
-/// The text of a panic payload.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
+pub(crate) use weir_core::panic::panic_message;
 
 /// Runs a synchronous call into the chain, turning a panic in user code into a task error while
 /// the chain is still alive (so the failure is reported before its channels close).

@@ -87,7 +87,7 @@ use crate::keyed::{
     MapStateDescriptor, ReducingState, ReducingStateDescriptor, RestorePart, SnapshotScope,
     StateKey, StateValue, ValueState, ValueStateDescriptor,
 };
-use std::any::{Any, type_name};
+use std::any::type_name;
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::{Debug, Display};
@@ -1128,8 +1128,8 @@ pub fn check_random_models<K: SuiteKey, B: KeyedStateBackend<K>>(
             .map(|_| {
                 let key = rng.below(u64::from(MODEL_KEYS)) as u16;
                 match rng.below(8) {
-                    0..=2 => ModelOp::Set(key, rng.next()),
-                    3 => ModelOp::Add(key, rng.next() >> rng.below(64)),
+                    0..=2 => ModelOp::Set(key, rng.next_u64()),
+                    3 => ModelOp::Add(key, rng.next_u64() >> rng.below(64)),
                     4 | 5 => {
                         let n = rng.below(9) as usize;
                         let name = (0..n)
@@ -2513,7 +2513,7 @@ pub fn check_random_kind_models<K: SuiteKey, B: KeyedStateBackend<K>>(
                 let key = rng.below(u64::from(KIND_MODEL_KEYS)) as u16;
                 let user_key = rng.below(u64::from(KIND_MODEL_USER_KEYS)) as u16;
                 match rng.below(20) {
-                    0 => KindOp::Update(key, rng.next()),
+                    0 => KindOp::Update(key, rng.next_u64()),
                     1 => KindOp::ClearValue(key),
                     2 | 3 => KindOp::ListAdd(key, word(&mut rng)),
                     4 => {
@@ -2528,9 +2528,9 @@ pub fn check_random_kind_models<K: SuiteKey, B: KeyedStateBackend<K>>(
                     7 | 8 => KindOp::MapPut(key, user_key, word(&mut rng)),
                     9 | 10 => KindOp::MapRemove(key, user_key),
                     11 => KindOp::ClearMap(key),
-                    12 | 13 => KindOp::Reduce(key, rng.next() >> rng.below(64)),
+                    12 | 13 => KindOp::Reduce(key, rng.next_u64() >> rng.below(64)),
                     14 => KindOp::ClearReducing(key),
-                    15 | 16 => KindOp::Aggregate(key, rng.next() as u32),
+                    15 | 16 => KindOp::Aggregate(key, rng.next_u64() as u32),
                     17 => KindOp::ClearAggregating(key),
                     18 if rng.below(2) == 0 => KindOp::Snapshot,
                     _ => KindOp::MapPut(key, user_key, word(&mut rng)),
@@ -2737,15 +2737,7 @@ impl Cx {
     }
 }
 
-fn panic_message(p: &(dyn Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a non-string panic".to_string()
-    }
-}
+use weir_core::panic::panic_message;
 
 fn expect_incompatible(cx: &Cx, op: &str, e: &StateError, name: &str, types: &[&str]) {
     match e {
@@ -2762,23 +2754,8 @@ fn expect_incompatible(cx: &Cx, op: &str, e: &StateError, name: &str, types: &[&
     }
 }
 
-/// A small deterministic generator (SplitMix64), so the suite needs no dependency.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n` (`n > 0`).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+/// The suite's deterministic generator.
+use weir_core::splitmix::SplitMix as SplitMix64;
 
 /// How many random cases [`run_incremental_checks`] runs per key type.
 pub const INCREMENTAL_CASES: u32 = 9;

@@ -116,15 +116,7 @@ impl FaultStats {
     }
 }
 
-/// The increment of SplitMix64 (2^64 divided by the golden ratio).
-const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
-
-/// SplitMix64's output function (Steele, Lea and Flood; the finalizer of MurmurHash3's variant 13).
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use weir_core::splitmix::{GOLDEN_GAMMA, mix64};
 
 /// The `index`-th output (from 0) of the SplitMix64 generator seeded with `seed`. SplitMix64's
 /// state only advances by a constant, so any output can be computed directly.
