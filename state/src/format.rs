@@ -1,7 +1,8 @@
 //! The keyed snapshot format: a checksummed header with every state's metadata, then one
 //! checksummed section per key group, so that a restore reads only the key groups it owns.
 //!
-//! # Layout (format versions 1 and 2)
+//! # Layout (format versions 1 and 2; version 3, for deltas, is described in
+//! `docs/keyed-snapshot-format.md`)
 //!
 //! A snapshot of a backend owning key groups `range` is one byte stream:
 //!
@@ -61,7 +62,10 @@
 //!   out of a [`RestorePart`] with those offsets ([`part_sections`]), and checks its key group
 //!   and checksum, and decompresses it ([`parse_section`]): only the key groups it owns.
 //!
-//! The same description, with the version history, is in `docs/keyed-snapshot-format.md`.
+//! The same description, with the version history and version 3 (overlay blocks: tombstones
+//! and several blocks of one state per section, written by incremental checkpoints), is in
+//! `docs/keyed-snapshot-format.md`. This build writes versions 1 to 3 and reads all of them
+//! ([`READABLE_VERSIONS`]).
 
 use crate::StateError;
 use serde::de::DeserializeOwned;

@@ -3,8 +3,10 @@
 //! job master.
 
 use super::HeartbeatConfig;
-use super::membership::{Membership, MembershipEvent, TaskManagerId, TaskManagerInfo};
-use super::rpc::{FETCH_WAIT, JobManagerService, MAX_FRAME, Registration};
+use super::membership::{
+    Membership, MembershipEvent, TaskManagerId, TaskManagerInfo, UnknownTaskManager,
+};
+use super::rpc::{FETCH_WAIT, JobManagerService, MAX_FRAME, Registration, RpcError};
 use futures::prelude::*;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -101,16 +103,13 @@ impl Outboxes {
         id: TaskManagerId,
         acked: u64,
         deadline: Instant,
-    ) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    ) -> Result<Vec<(u64, Vec<u8>)>, RpcError> {
         loop {
             let ready = {
-                let mut b = self
-                    .boxes
-                    .lock()
-                    .map_err(|_| "the job manager's outbox lock is poisoned".to_string())?;
-                let outbox = b
-                    .get_mut(&id)
-                    .ok_or_else(|| format!("task manager {id} is not registered"))?;
+                let mut b = self.boxes.lock().map_err(|_| {
+                    RpcError::Unavailable("the job manager's outbox lock is poisoned".into())
+                })?;
+                let outbox = b.get_mut(&id).ok_or(RpcError::NotRegistered(id))?;
                 while outbox.queue.front().is_some_and(|(n, _)| *n <= acked) {
                     outbox.queue.pop_front();
                 }
@@ -132,41 +131,45 @@ impl Outboxes {
 }
 
 impl Service {
-    fn with_membership<T>(&self, f: impl FnOnce(&mut Membership) -> T) -> Result<T, String> {
-        let mut m = self
-            .membership
-            .lock()
-            .map_err(|_| "the job manager's membership lock is poisoned".to_string())?;
+    fn with_membership<T>(&self, f: impl FnOnce(&mut Membership) -> T) -> Result<T, RpcError> {
+        let mut m = self.membership.lock().map_err(|_| {
+            RpcError::Unavailable("the job manager's membership lock is poisoned".into())
+        })?;
         Ok(f(&mut m))
     }
 }
 
 impl JobManagerService for Service {
-    async fn register(self, _: Context, info: TaskManagerInfo) -> Result<Registration, String> {
+    async fn register(self, _: Context, info: TaskManagerInfo) -> Result<Registration, RpcError> {
         if info.slots == 0 {
-            return Err(format!("task manager {} offers no slots", info.name));
+            return Err(RpcError::Refused(format!(
+                "task manager {} offers no slots",
+                info.name
+            )));
         }
         if info.protocol != super::TASK_PROTOCOL_VERSION {
-            return Err(format!(
+            return Err(RpcError::Refused(format!(
                 "task manager {} speaks task protocol version {}, this job manager {}: run the same build everywhere",
                 info.name,
                 info.protocol,
                 super::TASK_PROTOCOL_VERSION
-            ));
+            )));
         }
         if let Some(expected) = self.job
             && info.job != Some(expected)
         {
             warn!(name = %info.name, "refused a task manager that built another job graph");
-            return Err(format!(
+            return Err(RpcError::Refused(format!(
                 "task manager {} built another job graph than the job manager: start every process with the same program and the same job arguments",
                 info.name
-            ));
+            )));
         }
         let now = self.started.elapsed();
         let event = self.with_membership(|m| m.register(info, now))?;
         let MembershipEvent::Registered { id, info } = &event else {
-            return Err("registration produced no member".to_string());
+            return Err(RpcError::Unavailable(
+                "registration produced no member".to_string(),
+            ));
         };
         info!(task_manager = %id, name = %info.name, slots = info.slots, data = %info.data_addr, pid = info.pid, "task manager registered");
         let registration = Registration {
@@ -180,29 +183,34 @@ impl JobManagerService for Service {
         Ok(registration)
     }
 
-    async fn heartbeat(self, _: Context, id: TaskManagerId) -> Result<(), String> {
+    async fn heartbeat(self, _: Context, id: TaskManagerId) -> Result<(), RpcError> {
         let now = self.started.elapsed();
         self.with_membership(|m| m.heartbeat(id, now))?
-            .map_err(|e| e.to_string())
+            .map_err(|UnknownTaskManager(id)| RpcError::NotRegistered(id))
     }
 
-    async fn unregister(self, _: Context, id: TaskManagerId) -> Result<(), String> {
+    async fn unregister(self, _: Context, id: TaskManagerId) -> Result<(), RpcError> {
         let event = self
             .with_membership(|m| m.leave(id))?
-            .map_err(|e| e.to_string())?;
+            .map_err(|UnknownTaskManager(id)| RpcError::NotRegistered(id))?;
         info!(task_manager = %id, "task manager left");
         self.outboxes.close(id);
         let _ = self.events.send(event);
         Ok(())
     }
 
-    async fn report(self, _: Context, id: TaskManagerId, messages: Vec<u8>) -> Result<(), String> {
+    async fn report(
+        self,
+        _: Context,
+        id: TaskManagerId,
+        messages: Vec<u8>,
+    ) -> Result<(), RpcError> {
         if !self.with_membership(|m| m.contains(id))? {
-            return Err(format!("task manager {id} is not registered"));
+            return Err(RpcError::NotRegistered(id));
         }
         self.inbound
             .send((id, messages))
-            .map_err(|_| "the job manager is shutting down".to_string())
+            .map_err(|_| RpcError::Unavailable("the job manager is shutting down".to_string()))
     }
 
     async fn fetch(
@@ -210,7 +218,7 @@ impl JobManagerService for Service {
         _: Context,
         id: TaskManagerId,
         acked: u64,
-    ) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    ) -> Result<Vec<(u64, Vec<u8>)>, RpcError> {
         self.outboxes
             .take(id, acked, Instant::now() + FETCH_WAIT)
             .await
@@ -453,6 +461,6 @@ mod tests {
         assert!(boxes.drained(tm));
         boxes.close(tm);
         let err = boxes.take(tm, 4, soon()).await.expect_err("closed");
-        assert!(err.contains("not registered"), "{err}");
+        assert_eq!(err, RpcError::NotRegistered(tm));
     }
 }

@@ -23,22 +23,45 @@ pub struct Registration {
     pub heartbeat_timeout: Duration,
 }
 
+/// Why a call to the job manager did not do what it asked, typed so that a task manager acts
+/// on the kind, never on the text.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum RpcError {
+    /// The job manager does not know the task manager: never registered, or declared lost
+    /// after its heartbeat timeout. The task manager stops its subtasks and registers again.
+    #[error(
+        "task manager {0} is not registered (never, or declared lost after its heartbeat timeout)"
+    )]
+    NotRegistered(TaskManagerId),
+    /// A registration refused, saying why (no slots, another task protocol version, another
+    /// job graph).
+    #[error("{0}")]
+    Refused(String),
+    /// The job manager cannot serve the call (it is shutting down, or broken).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The call did not reach the job manager or its answer did not come back (the task
+    /// manager's side; heartbeats decide whether the job manager is gone).
+    #[error("{0}")]
+    Transport(String),
+}
+
 /// The job manager's service.
 #[tarpc::service]
 pub trait JobManagerService {
     /// A task manager joins the cluster.
-    async fn register(info: TaskManagerInfo) -> Result<Registration, String>;
+    async fn register(info: TaskManagerInfo) -> Result<Registration, RpcError>;
     /// A task manager is alive. `Err`: the job manager does not know it (it was declared lost):
     /// it must stop its subtasks and register again.
-    async fn heartbeat(id: TaskManagerId) -> Result<(), String>;
+    async fn heartbeat(id: TaskManagerId) -> Result<(), RpcError>;
     /// A task manager leaves on its own.
-    async fn unregister(id: TaskManagerId) -> Result<(), String>;
+    async fn unregister(id: TaskManagerId) -> Result<(), RpcError>;
     /// Messages from a task manager about its subtasks, in order (the task protocol, encoded).
     /// `Err`: the job manager does not know it.
-    async fn report(id: TaskManagerId, messages: Vec<u8>) -> Result<(), String>;
+    async fn report(id: TaskManagerId, messages: Vec<u8>) -> Result<(), RpcError>;
     /// The messages queued for a task manager after number `acked` (which it has taken:
     /// they are dropped), numbered, waiting up to [`FETCH_WAIT`] for one. A long poll: the job
     /// manager reaches task managers without connecting to them, and a lost answer is sent
     /// again. `Err`: the job manager does not know it.
-    async fn fetch(id: TaskManagerId, acked: u64) -> Result<Vec<(u64, Vec<u8>)>, String>;
+    async fn fetch(id: TaskManagerId, acked: u64) -> Result<Vec<(u64, Vec<u8>)>, RpcError>;
 }

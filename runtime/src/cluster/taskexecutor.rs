@@ -6,6 +6,7 @@
 use super::TaskManagerOptions;
 use super::membership::TaskManagerInfo;
 use super::protocol::{Deploy, FromTaskManager, ToTaskManager, decode, encode};
+use super::rpc::RpcError;
 use super::taskmanager::TaskManagerSession;
 use super::transport::{ClusterTransport, Placement};
 use crate::config::StorageConfig;
@@ -233,7 +234,7 @@ async fn fetch_loop(
     loop {
         let batches = match session.fetch(taken).await {
             Ok(b) => b,
-            Err(e) if e.contains("not registered") => return SessionEnd::Lost(e),
+            Err(e @ RpcError::NotRegistered(_)) => return SessionEnd::Lost(e.to_string()),
             Err(e) => {
                 // The heartbeats decide whether the job manager is gone.
                 debug!(error = %e, "fetch failed; retrying");
@@ -529,7 +530,7 @@ async fn forward(
         loop {
             match session.report(bytes.clone(), within).await {
                 Ok(()) => break,
-                Err(e) if e.contains("not registered") => return SessionEnd::Lost(e),
+                Err(e @ RpcError::NotRegistered(_)) => return SessionEnd::Lost(e.to_string()),
                 Err(e) => {
                     debug!(error = %e, "report failed; retrying");
                     tokio::time::sleep(Duration::from_millis(50)).await;

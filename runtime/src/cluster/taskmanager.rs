@@ -3,7 +3,7 @@
 
 use super::HeartbeatConfig;
 use super::membership::{TaskManagerId, TaskManagerInfo};
-use super::rpc::{FETCH_WAIT, JobManagerServiceClient, MAX_FRAME, Registration};
+use super::rpc::{FETCH_WAIT, JobManagerServiceClient, MAX_FRAME, Registration, RpcError};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tarpc::client;
@@ -173,25 +173,27 @@ impl TaskManagerSession {
 
     /// Sends messages about this task manager's subtasks (the task protocol, encoded), within
     /// `within`.
-    pub async fn report(&self, messages: Vec<u8>, within: Duration) -> Result<(), String> {
+    pub async fn report(&self, messages: Vec<u8>, within: Duration) -> Result<(), RpcError> {
         let mut ctx = context::current();
         ctx.deadline = deadline_after(within);
         self.client
             .report(ctx, self.registration.id, messages)
             .await
-            .map_err(|e| format!("reporting to the job manager failed: {e}"))?
+            .map_err(|e| RpcError::Transport(format!("reporting to the job manager failed: {e}")))?
     }
 
     /// The messages the job manager queued for this task manager after number `acked`, in
     /// order, waiting up to [`FETCH_WAIT`] for one. Pass the number of the last message taken:
     /// an answer lost on the way comes again.
-    pub async fn fetch(&self, acked: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    pub async fn fetch(&self, acked: u64) -> Result<Vec<(u64, Vec<u8>)>, RpcError> {
         let mut ctx = context::current();
         ctx.deadline = deadline_after(FETCH_WAIT + self.registration.heartbeat_timeout);
         self.client
             .fetch(ctx, self.registration.id, acked)
             .await
-            .map_err(|e| format!("fetching from the job manager failed: {e}"))?
+            .map_err(|e| {
+                RpcError::Transport(format!("fetching from the job manager failed: {e}"))
+            })?
     }
 
     /// Leaves the cluster cleanly.
@@ -206,6 +208,9 @@ impl TaskManagerSession {
                 addr,
                 reason: e.to_string(),
             })?
-            .map_err(|reason| JobManagerLost { addr, reason })
+            .map_err(|e| JobManagerLost {
+                addr,
+                reason: e.to_string(),
+            })
     }
 }
