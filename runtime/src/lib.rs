@@ -25,6 +25,7 @@
 
 pub mod broadcast;
 mod claim;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod cluster;
 pub mod config;

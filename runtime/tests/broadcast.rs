@@ -897,6 +897,7 @@ async fn keyed_broadcast_survives_a_savepoint_restore_at_another_parallelism() {
 // 5. A checkpoint holds the broadcast state as operator state, and a restore needs no replay.
 // ---------------------------------------------------------------------------------------------
 
+#[cfg(feature = "cli")] // It inspects the checkpoint with the `weir` binary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_holds_the_broadcast_state_and_a_restore_does_not_replay_rules() {
     let tmp = tempfile::tempdir().unwrap();

@@ -3,6 +3,7 @@
 //! and after damage (a flipped byte in a state file or in `_metadata`, a deleted `_metadata`).
 //! A second job takes unaligned checkpoints under backpressure, so that they hold in-flight
 //! data (channel-state files); a version-1 `_metadata` is made by re-sealing a real one.
+#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/bounded.rs"]

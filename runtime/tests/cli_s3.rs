@@ -4,6 +4,7 @@
 //! as `s3://bucket/prefix/…`, intact and after damage (a flipped byte in a state file and in
 //! `_metadata`); bad `s3://` input is a usage error. Needs `WEIR_S3FS_BIN` (`cargo xtask test`
 //! sets it); without it the server test fails, saying so.
+#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/bounded.rs"]

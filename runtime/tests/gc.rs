@@ -2,6 +2,7 @@
 //! exactly the incomplete directories, unreferenced shared files and dead job directories, skips
 //! a job directory whose lock is being renewed, deletes only with `--delete`, and every complete
 //! checkpoint still verifies afterwards.
+#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/bounded.rs"]

@@ -134,6 +134,7 @@ fn summary(r: &JobResult) -> String {
 /// the shared directory holds exactly what the retained checkpoints reference, and the latest
 /// one restores at another parallelism, with every file its chain needs, to exact totals.
 /// `verify` checks every link; a damaged link is named, and a restore falls back past it.
+#[cfg(feature = "cli")] // It verifies the chains with `weir checkpoints verify`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deltas_are_retained_exactly_and_restore_after_subsumed_ones_are_deleted() {
     let tmp = tempfile::tempdir().unwrap();

@@ -3,6 +3,7 @@
 //! verify` and a restore must detect it, name it, and agree; the restore then falls back to the
 //! previous complete checkpoint and the results stay exact. Also: a restore with other source
 //! settings is refused, naming them.
+#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/bounded.rs"]

@@ -2,6 +2,7 @@
 //! channel-state file swapped in from an earlier checkpoint, and a `_metadata` whose section
 //! summaries disagree with the file, are named by `weir checkpoints verify`, and a restore falls
 //! back past them to the previous complete checkpoint with exact totals: both verifiers agree.
+#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/bounded.rs"]

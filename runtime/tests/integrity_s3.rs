@@ -4,6 +4,7 @@
 //! `s3://` root, each failing once at a random offset, never change each other's results (20
 //! trials). Both read the AWS variables, as a job does; this binary sets them for its one test
 //! (nextest runs each test in a process of its own). Needs `WEIR_S3FS_BIN` (`cargo xtask test`).
+#![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 // Setting the AWS variables for the in-process restore: one test per process, set before any
 // thread reads them.

@@ -1,6 +1,7 @@
 //! Weir's task runner: `cargo xtask <ci|tidy|test|bench|chaos>`.
 //!
-//! - `ci`: the single CI entry point: fmt check, tidy, clippy, the tests, the doc tests.
+//! - `ci`: the single CI entry point: fmt check, tidy, clippy, the runtime without its CLI
+//!   feature, the tests, the doc tests.
 //! - `tidy`: the workspace's dependency direction and the `//!` first line of every `.rs` file.
 //! - `test [args]`: the tests only (nextest when installed, else `cargo test`), args passed on.
 //!
@@ -253,6 +254,10 @@ fn ci(root: &Path) -> Result<()> {
         "warnings",
     ]);
     steps.push(("clippy", Box::new(move || run_cmd(clippy))));
+    // The runtime without its `weir checkpoints` tool (the `cli` feature) still builds.
+    let mut lean = cargo(root);
+    lean.args(["check", "-p", "weir-runtime", "--no-default-features", "--lib"]);
+    steps.push(("runtime-without-cli", Box::new(move || run_cmd(lean))));
     // Before the steps, so that a missing tool fails CI at once, not after clippy.
     let s3s_fs = s3::ensure_s3s_fs()?;
     netns::ensure_iproute2()?;
