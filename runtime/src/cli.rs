@@ -615,6 +615,10 @@ fn parse_chk(name: &str) -> Option<u64> {
 /// Opens `path`: an `s3://bucket/prefix` URL (configured from the AWS variables) or a local
 /// directory.
 pub(crate) fn open(path: &Path) -> Result<Opened, CliError> {
+    // `file:///dir` is how a job prints its local locations.
+    if let Some(local) = path.to_str().and_then(|p| p.strip_prefix("file://")) {
+        return open_local(Path::new(local));
+    }
     match path.to_str().filter(|p| is_s3_url(p)) {
         Some(url) => open_s3(url, |name| std::env::var(name).ok()),
         None => open_local(path),

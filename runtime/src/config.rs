@@ -72,7 +72,10 @@ impl std::fmt::Debug for StorageConfig {
 /// transport), it returns the one to use. Returning the argument wrapped adds a layer (a
 /// counter, a fault injector); returning another replaces it in one process. Set with
 /// [`crate::StreamEnvironment::set_transport`]; on a cluster, every process that builds the
-/// job sets it, and each task manager applies it to its own TCP transport.
+/// job sets it, and each task manager applies it to its own TCP transport, which a layer there
+/// must wrap, not replace (the TCP transport also places channels on task managers). A layer
+/// must pass [`Transport::release_before`] on: the runtime releases a failed generation's
+/// channels through it.
 #[derive(Clone)]
 pub struct TransportLayer(pub TransportLayerFn);
 

@@ -115,14 +115,24 @@ fn split_url(url: &str) -> (&str, String) {
 }
 
 /// The path of `location` under the root of `storage` (as `location_path` shows locations), if
-/// it is there: `""` for the root itself, else `dir/…/`.
+/// it is the root itself (`""`), one of its job directories (`<job-id>/`) or one of their
+/// checkpoints (`<job-id>/chk-<n>/`): the forms a job prints. Anything else, deeper paths
+/// included, is not taken for the storage's (so every location names its job).
 fn under_root(storage: &Arc<dyn CheckpointStorage>, location: &str) -> Option<String> {
     let root = storage.location_path(&CheckpointLocation { dir: String::new() });
     let root = root.trim_end_matches('/');
+    if root.is_empty() || root.ends_with(':') {
+        return None;
+    }
     let rest = location.trim_end_matches('/').strip_prefix(root)?;
-    match rest.strip_prefix('/') {
-        None if rest.is_empty() => Some(String::new()),
-        Some(rel) if !root.is_empty() => Some(format!("{rel}/")),
+    if rest.is_empty() {
+        return Some(String::new());
+    }
+    let rel = rest.strip_prefix('/')?;
+    let parts: Vec<&str> = rel.split('/').collect();
+    match parts.as_slice() {
+        [job] if is_job(job) => Some(format!("{rel}/")),
+        [job, chk] if is_job(job) && is_chk(chk) => Some(format!("{rel}/")),
         _ => None,
     }
 }
@@ -130,6 +140,9 @@ fn under_root(storage: &Arc<dyn CheckpointStorage>, location: &str) -> Option<St
 /// A local directory opened as in [`split_url`]: a `chk-<n>` from its job directory's parent,
 /// a job directory from its parent.
 fn local_root(path: &Path, shown: &str) -> Result<(Arc<dyn CheckpointStorage>, String), JobError> {
+    // Absolute first, so that a relative `chk-3` or `<job>/chk-3` has the parents it names.
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let path = absolute.as_path();
     if !path.is_dir() {
         return Err(JobError::Restore {
             path: shown.to_string(),

@@ -193,7 +193,15 @@ impl<T: Data> DataStream<T> {
 /// it lets a round through anyway, so that the job cannot stall; that decides no outcome.
 pub struct GateDriver {
     stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Vec<u64>>,
+    task: Option<tokio::task::JoinHandle<Vec<u64>>>,
+}
+
+impl Drop for GateDriver {
+    /// A driver dropped without [`stop`](GateDriver::stop) stops too (its task then opens the
+    /// gate for good), so that a failing test does not leave a gate closed.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
 }
 
 impl GateDriver {
@@ -218,8 +226,10 @@ impl GateDriver {
                     if let Some(s) = at_gate {
                         held.push(s.id.0);
                         gate.open_for(per_round);
+                        closed_since = Instant::now();
                     } else if closed_since.elapsed() > Duration::from_secs(1) {
                         gate.open_for(per_round);
+                        closed_since = Instant::now();
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -227,14 +237,20 @@ impl GateDriver {
             gate.open();
             held
         });
-        GateDriver { stop, task }
+        GateDriver {
+            stop,
+            task: Some(task),
+        }
     }
 
     /// Stops driving (the gate is left open for good) and returns the ids of the checkpoints
     /// whose barriers it held at the gate, in order.
-    pub async fn stop(self) -> Vec<u64> {
+    pub async fn stop(mut self) -> Vec<u64> {
         self.stop.store(true, Ordering::SeqCst);
-        self.task.await.unwrap_or_default()
+        match self.task.take() {
+            Some(task) => task.await.unwrap_or_default(),
+            None => Vec::new(),
+        }
     }
 }
 
@@ -247,7 +263,8 @@ pub trait Injector: Send + Sync + 'static {
 
 /// Fails (panics) once at each threshold of records seen over all subtasks and attempts, and at
 /// most once per attempt, so that each injected failure is exactly one restart. A threshold
-/// passed in an attempt that already failed fires in the next one.
+/// passed in an attempt that already failed fires in the next one. It counts in one process:
+/// on a cluster, each process has its own.
 #[derive(Debug, Default)]
 pub struct Failures {
     seen: AtomicU64,

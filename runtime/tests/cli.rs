@@ -334,6 +334,17 @@ fn state_files(chk: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// A location as a job prints it (`file:///…`) is accepted as well as a plain path.
+#[test]
+fn a_file_url_lists_like_its_path() {
+    let root = fixture();
+    let plain = weir_at(&["checkpoints", "list"], root);
+    let url = format!("file://{}", root.display());
+    let o = weir(&["checkpoints", "list", &url]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(stdout(&o), stdout(&plain));
+}
+
 #[test]
 fn list_shows_every_completed_checkpoint_sorted() {
     let root = fixture();

@@ -256,7 +256,13 @@ fn ci(root: &Path) -> Result<()> {
     steps.push(("clippy", Box::new(move || run_cmd(clippy))));
     // The runtime without its `weir checkpoints` tool (the `cli` feature) still builds.
     let mut lean = cargo(root);
-    lean.args(["check", "-p", "weir-runtime", "--no-default-features", "--lib"]);
+    lean.args([
+        "check",
+        "-p",
+        "weir-runtime",
+        "--no-default-features",
+        "--lib",
+    ]);
     steps.push(("runtime-without-cli", Box::new(move || run_cmd(lean))));
     // Before the steps, so that a missing tool fails CI at once, not after clippy.
     let s3s_fs = s3::ensure_s3s_fs()?;

@@ -93,7 +93,8 @@ pub fn code_only(text: &str) -> String {
             i += 1;
         } else if c == '\'' && next == Some('\\') {
             // '\n', '\'', '\u{..}'
-            let mut j = i + 2;
+            // The escaped character is skipped, then the closing quote.
+            let mut j = i + 3;
             while j < b.len() && b[j] != '\'' {
                 j += 1;
             }
@@ -112,7 +113,10 @@ pub fn code_only(text: &str) -> String {
 
 /// Whether `b[i..]` starts a raw string (`r"` or `r#…"`), not an identifier ending in `r`.
 fn raw_string_at(b: &[char], i: usize) -> bool {
-    if i > 0 && (b[i - 1].is_alphanumeric() || b[i - 1] == '_') {
+    // `br"…"` and `cr"…"` are raw strings too.
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let prefixed = i > 0 && matches!(b[i - 1], 'b' | 'c') && (i < 2 || !ident(b[i - 2]));
+    if i > 0 && ident(b[i - 1]) && !prefixed {
         return false;
     }
     let mut j = i + 1;
@@ -376,8 +380,7 @@ mod tests {
             crate_refs(&code),
             ["w".to_string()].into_iter().collect::<BTreeSet<_>>()
         );
-        let raw =
-            "r#\"crate::in_raw\"# crate::after; fn lifetimes<'a>(x: &'a str) { crate::inner }";
+        let raw = "r#\"crate::in_raw\"# br\"C:\\\" crate::after; fn f<'a>(x: &'a str) { ['\\'', '\"']; crate::inner }";
         let refs = crate_refs(&code_only(raw));
         assert_eq!(
             refs,

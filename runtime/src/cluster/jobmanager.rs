@@ -140,36 +140,34 @@ impl Service {
 }
 
 impl JobManagerService for Service {
-    async fn register(self, _: Context, info: TaskManagerInfo) -> Result<Registration, RpcError> {
+    async fn register(self, _: Context, info: TaskManagerInfo) -> Result<Registration, String> {
         if info.slots == 0 {
-            return Err(RpcError::Refused(format!(
-                "task manager {} offers no slots",
-                info.name
-            )));
+            return Err(format!("task manager {} offers no slots", info.name));
         }
         if info.protocol != super::TASK_PROTOCOL_VERSION {
-            return Err(RpcError::Refused(format!(
+            warn!(name = %info.name, theirs = info.protocol, ours = super::TASK_PROTOCOL_VERSION, "refused a task manager of another task protocol version");
+            return Err(format!(
                 "task manager {} speaks task protocol version {}, this job manager {}: run the same build everywhere",
                 info.name,
                 info.protocol,
                 super::TASK_PROTOCOL_VERSION
-            )));
+            ));
         }
         if let Some(expected) = self.job
             && info.job != Some(expected)
         {
             warn!(name = %info.name, "refused a task manager that built another job graph");
-            return Err(RpcError::Refused(format!(
+            return Err(format!(
                 "task manager {} built another job graph than the job manager: start every process with the same program and the same job arguments",
                 info.name
-            )));
+            ));
         }
         let now = self.started.elapsed();
-        let event = self.with_membership(|m| m.register(info, now))?;
+        let event = self
+            .with_membership(|m| m.register(info, now))
+            .map_err(|e| e.to_string())?;
         let MembershipEvent::Registered { id, info } = &event else {
-            return Err(RpcError::Unavailable(
-                "registration produced no member".to_string(),
-            ));
+            return Err("registration produced no member".to_string());
         };
         info!(task_manager = %id, name = %info.name, slots = info.slots, data = %info.data_addr, pid = info.pid, "task manager registered");
         let registration = Registration {

@@ -25,6 +25,7 @@ pub struct Registration {
 
 /// Why a call to the job manager did not do what it asked, typed so that a task manager acts
 /// on the kind, never on the text.
+/// (A registration's refusal is text: see [`JobManagerService::register`].)
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum RpcError {
     /// The job manager does not know the task manager: never registered, or declared lost
@@ -33,10 +34,6 @@ pub enum RpcError {
         "task manager {0} is not registered (never, or declared lost after its heartbeat timeout)"
     )]
     NotRegistered(TaskManagerId),
-    /// A registration refused, saying why (no slots, another task protocol version, another
-    /// job graph).
-    #[error("{0}")]
-    Refused(String),
     /// The job manager cannot serve the call (it is shutting down, or broken).
     #[error("{0}")]
     Unavailable(String),
@@ -49,8 +46,10 @@ pub enum RpcError {
 /// The job manager's service.
 #[tarpc::service]
 pub trait JobManagerService {
-    /// A task manager joins the cluster.
-    async fn register(info: TaskManagerInfo) -> Result<Registration, RpcError>;
+    /// A task manager joins the cluster. Its refusal stays text, the same in every build, so
+    /// that a task manager of another build still reads why it was refused (another task
+    /// protocol version, another job graph, no slots).
+    async fn register(info: TaskManagerInfo) -> Result<Registration, String>;
     /// A task manager is alive. `Err`: the job manager does not know it (it was declared lost):
     /// it must stop its subtasks and register again.
     async fn heartbeat(id: TaskManagerId) -> Result<(), RpcError>;
