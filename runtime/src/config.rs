@@ -43,11 +43,18 @@ impl StorageConfig {
             return Ok(StorageConfig::S3(S3Config::from_url_and_env(location)?));
         }
         if let Some(path) = location.strip_prefix("file://") {
+            // `file://localhost/dir` names the same directory as `file:///dir` (RFC 8089).
+            let path = path.strip_prefix("localhost").unwrap_or(path);
             return Ok(StorageConfig::Filesystem(PathBuf::from(path)));
         }
         match crate::schemes::scheme_of(location) {
             Some(_) if crate::schemes::is_registered(location) => {
                 Ok(StorageConfig::Registered(location.to_string()))
+            }
+            Some(scheme) if matches!(scheme.as_str(), "s3" | "file") => {
+                Err(CheckpointError::Config(format!(
+                    "{location:?}: write Weir's schemes in lower case ({scheme}://)"
+                )))
             }
             Some(scheme) => Err(crate::schemes::unregistered(&scheme)),
             None => Ok(StorageConfig::Filesystem(PathBuf::from(location))),
@@ -421,6 +428,21 @@ mod tests {
         ));
         match StorageConfig::from_location("s3:///prefix") {
             Err(CheckpointError::Config(msg)) => assert!(msg.contains("no bucket"), "{msg}"),
+            other => panic!("expected a Config error, got {other:?}"),
+        }
+        // A job prints local locations as file:// URLs; localhost is the same machine.
+        for url in ["file:///tmp/x", "file://localhost/tmp/x"] {
+            match StorageConfig::from_location(url) {
+                Ok(StorageConfig::Filesystem(p)) => assert_eq!(p, std::path::Path::new("/tmp/x")),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        match StorageConfig::from_location("S3://bucket/x") {
+            Err(CheckpointError::Config(msg)) => assert!(msg.contains("lower case"), "{msg}"),
+            other => panic!("expected a Config error, got {other:?}"),
+        }
+        match StorageConfig::from_location("nowhere://bucket/x") {
+            Err(CheckpointError::Config(msg)) => assert!(msg.contains("nowhere://"), "{msg}"),
             other => panic!("expected a Config error, got {other:?}"),
         }
     }

@@ -55,7 +55,12 @@ pub(crate) async fn candidates_at(
             (custom.clone(), rel)
         }
         (Some(t), _) if t.starts_with("file://") => {
-            local_root(Path::new(t.trim_start_matches("file://")), &shown)?
+            let path = t.trim_start_matches("file://");
+            // `file://localhost/dir` names the same directory as `file:///dir` (RFC 8089).
+            local_root(
+                Path::new(path.strip_prefix("localhost").unwrap_or(path)),
+                &shown,
+            )?
         }
         (Some(t), _) if is_s3_url(t) || crate::schemes::scheme_of(t).is_some() => {
             let (root, rel) = split_url(t);
