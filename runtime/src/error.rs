@@ -44,7 +44,7 @@ pub enum TaskError {
     /// The job master went away.
     #[error("lost the job master")]
     MasterGone,
-    /// The subtask was cancelled ([`crate::operator::Cancellation`]): the job is being cancelled
+    /// The subtask was cancelled ([`Cancellation`](super::operator::Cancellation)): the job is being cancelled
     /// or an attempt torn down. Not a failure: it is never reported.
     #[error("the task was cancelled")]
     Canceled,

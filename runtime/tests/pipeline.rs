@@ -26,84 +26,16 @@ use weir_core::ids::{CheckpointId, JobId};
 use weir_core::partition::Partitioner;
 use weir_runtime::keyed::{Collector, KeyedContext, KeyedProcessFunction, KeyedStateRegistry};
 use weir_runtime::operator::{Chained, OneInputOperator, OpResult, Output};
+use weir_runtime::testing::Failures;
 use weir_runtime::{
     DataStream, JobCanceller, JobError, JobResult, JobStatus, RestartStrategy, StorageConfig,
     StreamEnvironment, TaskError,
 };
 use weir_state::{ValueState, ValueStateDescriptor};
 
-/// Fails (panics) once at each threshold of records seen over all subtasks and attempts, and at
-/// most once per attempt, so that each injected failure is exactly one restart.
-#[derive(Default)]
-struct Failures {
-    seen: AtomicU64,
-    thresholds: Vec<u64>,
-    /// The next threshold's index (high 32 bits) and the attempt that failed last, plus one
-    /// (low 32 bits; 0: none), in one word so that both change together.
-    state: AtomicU64,
-}
-
-impl Failures {
-    fn at(mut thresholds: Vec<u64>) -> Arc<Self> {
-        thresholds.sort_unstable();
-        Arc::new(Failures {
-            thresholds,
-            ..Failures::default()
-        })
-    }
-
-    fn record(&self, attempt: u32) {
-        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        let state = self.state.load(Ordering::SeqCst);
-        let (next, failed) = (state >> 32, state & 0xffff_ffff);
-        let this = u64::from(attempt) + 1;
-        if let Some(&t) = self.thresholds.get(next as usize)
-            && n >= t
-            && failed < this
-            && self
-                .state
-                .compare_exchange(
-                    state,
-                    ((next + 1) << 32) | this,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                )
-                .is_ok()
-        {
-            panic!(
-                "injected failure {} in attempt {attempt} after {n} records",
-                next + 1
-            );
-        }
-    }
-}
-
-/// The identity on `u64` records that injects `failures` (an operator, to know its attempt).
-struct Inject {
-    failures: Arc<Failures>,
-    attempt: u32,
-}
-
-impl OneInputOperator<u64> for Inject {
-    type Out = u64;
-
-    fn process(&mut self, record: u64, out: &mut dyn Output<u64>) -> OpResult {
-        self.failures.record(self.attempt);
-        out.push(record)
-    }
-}
-
+/// `failures` injected behind `stream` (`DataStream::inject_failures`).
 fn inject(stream: DataStream<u64>, failures: &Arc<Failures>) -> DataStream<u64> {
-    let failures = failures.clone();
-    stream.transform::<u64>("Inject", move |ctx, next| {
-        Box::new(Chained::new(
-            Inject {
-                failures: failures.clone(),
-                attempt: ctx.info.attempt,
-            },
-            next,
-        ))
-    })
+    stream.inject_failures(failures)
 }
 
 /// The count of each key `i % keys` over `0..n`.
