@@ -15,25 +15,20 @@
 
 use crate::StateError;
 use crate::format::{
-    self, BlockKind, Compression, EntryEncoder, MAX_STATES, SERIALIZER_VERSION, SectionWriter,
-    SnapshotHeader, StateKind, StateMeta,
+    Compression, EntryEncoder, MAX_STATES, SERIALIZER_VERSION, SectionWriter, SnapshotHeader,
+    StateKind, StateMeta,
 };
 use crate::keyed::{
     Expiry, ExpiryFn, KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart,
     SnapshotScope, StateKey, StateOptions, StateValue, ValueState,
 };
+use crate::restored::{self, Group, PendingState, Restored, incompatible};
 use hashbrown::hash_map::EntryRef;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 use std::any::{Any, type_name};
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use weir_core::CoreError;
-use weir_core::keygroup::{KeyGroup, KeyGroupRange, KeyHash, murmur_hash};
-
-/// One state's entries in one key group.
-type Group<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
+use weir_core::keygroup::{KeyGroup, KeyGroupRange};
 
 /// The keys of one state written or removed in one key group since a snapshot took the set
 /// (incremental checkpoints).
@@ -379,95 +374,6 @@ impl FrozenTable for FrozenUnchanged {
     }
 }
 
-/// A state's bytes in one key group, restored but not decoded yet.
-#[derive(Clone)]
-struct RawGroup {
-    entry_count: u32,
-    /// A slice of the restored bytes (or of a decompressed section), shared, not copied.
-    entries: bytes::Bytes,
-}
-
-/// One restored block: entries or tombstones. A key group of a restored incremental chain has
-/// several, applied in order.
-#[derive(Clone)]
-struct RawBlock {
-    kind: BlockKind,
-    raw: RawGroup,
-}
-
-/// A key group's section as a restore reads it: checked, and its blocks copied out of the
-/// restored bytes.
-#[derive(Default)]
-struct ReadSection {
-    /// How the section was stored.
-    compression: Compression,
-    /// The blocks, by state id in the snapshot's header, in order.
-    blocks: Vec<(i16, RawBlock)>,
-}
-
-/// Checks (and decompresses) the section of `kg` by `header`'s version and copies its blocks,
-/// to be kept until their states are registered.
-fn read_section(
-    header: &SnapshotHeader,
-    kg: KeyGroup,
-    bytes: &[u8],
-    stored: &bytes::Bytes,
-) -> Result<ReadSection, StateError> {
-    let section = header.parse_section(kg, bytes)?;
-    Ok(ReadSection {
-        compression: section.compression(),
-        blocks: section
-            .iter()
-            .map(|block| {
-                let raw = RawGroup {
-                    entry_count: block.entry_count,
-                    entries: section.shared_entries(&block, stored),
-                };
-                (
-                    block.state_id,
-                    RawBlock {
-                        kind: block.kind,
-                        raw,
-                    },
-                )
-            })
-            .collect(),
-    })
-}
-
-/// A restored state waiting for its registration.
-#[derive(Clone)]
-struct PendingState {
-    kind: StateKind,
-    key_type: String,
-    value_type: String,
-    serializer_version: u32,
-    /// By `kg - range.start`: the blocks restored for the key group, in order (one for a full
-    /// snapshot; more from an incremental chain).
-    groups: Vec<Vec<RawBlock>>,
-}
-
-impl PendingState {
-    /// Whether any key group has more than one block, or a tombstone: writing the state back
-    /// then needs format version 3.
-    fn has_overlays(&self) -> bool {
-        self.groups.iter().any(|blocks| {
-            blocks.len() > 1 || blocks.iter().any(|b| b.kind == BlockKind::Tombstones)
-        })
-    }
-
-    fn meta(&self, id: i16, name: &str) -> StateMeta {
-        StateMeta {
-            id,
-            name: name.to_string(),
-            kind: self.kind,
-            key_type: self.key_type.clone(),
-            value_type: self.value_type.clone(),
-            serializer_version: self.serializer_version,
-        }
-    }
-}
-
 /// A pending state as a snapshot froze it: its bytes are written back as they were read.
 struct FrozenPending(Arc<PendingState>);
 
@@ -479,13 +385,7 @@ impl FrozenTable for FrozenPending {
         _encoder: &mut EntryEncoder,
         section: &mut SectionWriter,
     ) -> Result<(), StateError> {
-        for block in self.0.groups.get(index).into_iter().flatten() {
-            let raw = &block.raw;
-            if raw.entry_count > 0 {
-                section.any_block(block.kind, state_id, raw.entry_count, &raw.entries)?;
-            }
-        }
-        Ok(())
+        self.0.write_group(index, state_id, section)
     }
 }
 
@@ -504,21 +404,14 @@ pub struct HeapKeyedStateBackend<K> {
     /// Registered states; a handle's id is the index.
     states: Vec<Registered<K>>,
     by_name: FxHashMap<String, u16>,
-    /// Restored states not registered yet, by name.
-    pending: BTreeMap<String, Arc<PendingState>>,
-    /// Which key groups have been restored, by `kg - range.start`; empty before any restore.
-    restored: Vec<bool>,
+    /// Restored states not registered yet, and the key groups restored.
+    restored: Restored,
     /// How snapshots compress their key-group sections.
     compression: Compression,
     /// Processing time (ms since the Unix epoch), for TTL's full-snapshot cleanup.
     clock: TtlClock,
     /// Incremental checkpoints, when enabled.
     incremental: Option<Incremental>,
-    /// Whether the blocks of pending states are in buffers of their own. A restore shares them
-    /// with the bytes it was handed (no copy while states are registered and decoded); the first
-    /// snapshot copies what is still pending, so that a state never registered does not keep
-    /// the whole restore buffer alive.
-    pending_owned: bool,
 }
 
 /// The bookkeeping of incremental checkpoints.
@@ -553,7 +446,7 @@ impl<K> fmt::Debug for HeapKeyedStateBackend<K> {
                 "states",
                 &self.states.iter().map(|s| &s.name).collect::<Vec<_>>(),
             )
-            .field("pending", &self.pending.keys().collect::<Vec<_>>())
+            .field("pending", &self.restored.pending.keys().collect::<Vec<_>>())
             .field("compression", &self.compression)
             .finish()
     }
@@ -574,12 +467,10 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
             range: key_group_range,
             states: Vec::new(),
             by_name: FxHashMap::default(),
-            pending: BTreeMap::new(),
-            restored: Vec::new(),
+            restored: Restored::new(),
             compression: Compression::None,
             clock: Arc::new(wall_clock_ms),
             incremental: None,
-            pending_owned: true,
         }
     }
 
@@ -655,7 +546,7 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
 
     /// Names of the states restored from a snapshot and not registered yet.
     pub fn pending_state_names(&self) -> Vec<&str> {
-        self.pending.keys().map(String::as_str).collect()
+        self.restored.pending.keys().map(String::as_str).collect()
     }
 
     fn table<V: StateValue>(&self, state: ValueState<V>) -> &ValueTable<K, V> {
@@ -708,271 +599,6 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
             misuse(format!("key group {key_group} has no table"));
         }
         (table, index)
-    }
-
-    /// Decodes a restored state's bytes into a fresh table, checking that each key belongs to
-    /// the key group it was found in and appears once.
-    ///
-    /// Key groups are decoded independently; a large state (at least [`PARALLEL_MIN_BYTES`])
-    /// spreads them over a few scoped threads. Either way the result is the same, and a failure
-    /// is that of the first failing key group in order.
-    fn decode_pending<V: StateValue>(
-        &self,
-        name: &str,
-        pending: &PendingState,
-    ) -> Result<ValueTable<K, V>, StateError> {
-        let raws = &pending.groups;
-        let start = self.range.start;
-        let key_groups = KeyGroupOf::new(self.max_parallelism);
-        let decode = |index: usize| -> Result<Group<K, V>, StateError> {
-            let kg = start + index as u32;
-            match raws.get(index).map(Vec::as_slice) {
-                None | Some([]) => Ok(Group::default()),
-                Some([only]) if only.kind == BlockKind::Entries => {
-                    decode_group(name, kg, key_groups, &only.raw)
-                }
-                Some(blocks) => apply_blocks(name, kg, key_groups, blocks),
-            }
-        };
-        let bytes = raws
-            .iter()
-            .flatten()
-            .map(|block| block.raw.entries.len())
-            .sum();
-        let busy = raws
-            .iter()
-            .filter(|blocks| blocks.iter().any(|b| b.raw.entry_count > 0))
-            .count();
-        let groups = in_order_until_error(raws.len(), threads_for(bytes, busy), decode)
-            .into_iter()
-            .map(|table| table.map(Arc::new))
-            .collect::<Result<Vec<_>, _>>()?;
-        if groups.len() != raws.len() {
-            return Err(StateError::Restore(format!(
-                "state '{name}': {} of {} key groups were decoded",
-                groups.len(),
-                raws.len()
-            )));
-        }
-        Ok(ValueTable {
-            groups,
-            ..ValueTable::empty(0)
-        })
-    }
-}
-
-/// A restore reads (checks and copies), or a registration decodes, at least this many bytes of
-/// key groups on several threads.
-const PARALLEL_MIN_BYTES: usize = 1 << 20;
-
-/// The most threads a restore or a registration uses (the calling thread included).
-const MAX_RESTORE_THREADS: usize = 4;
-
-/// How many threads to process `bytes` in `items` independent key groups with.
-fn threads_for(bytes: usize, items: usize) -> usize {
-    if bytes < PARALLEL_MIN_BYTES || items < 2 {
-        return 1;
-    }
-    std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(MAX_RESTORE_THREADS)
-        .min(items)
-}
-
-/// Runs `work` for the items `0..count` in order, up to the first that fails: the results of
-/// `0..=first failure` (all of them if none fails), in order, exactly as a serial loop that
-/// stops at the first error would give them.
-///
-/// With `threads > 1`, scoped threads (the calling thread being one) take the items in turn; a
-/// thread skips an item only when an earlier one has failed, so every item up to the first
-/// failure is run, and the result does not depend on the threads' timing.
-fn in_order_until_error<T: Send>(
-    count: usize,
-    threads: usize,
-    work: impl Fn(usize) -> Result<T, StateError> + Sync,
-) -> Vec<Result<T, StateError>> {
-    if threads <= 1 {
-        let mut results = Vec::with_capacity(count);
-        for index in 0..count {
-            let result = work(index);
-            let failed = result.is_err();
-            results.push(result);
-            if failed {
-                break;
-            }
-        }
-        return results;
-    }
-    let next = AtomicUsize::new(0);
-    let first_failed = AtomicUsize::new(usize::MAX);
-    let worker = || {
-        let mut done = Vec::new();
-        loop {
-            let index = next.fetch_add(1, Ordering::Relaxed);
-            if index >= count {
-                return done;
-            }
-            if index > first_failed.load(Ordering::Relaxed) {
-                continue;
-            }
-            let result = work(index);
-            if result.is_err() {
-                first_failed.fetch_min(index, Ordering::Relaxed);
-            }
-            done.push((index, result));
-        }
-    };
-    let mut results = std::thread::scope(|scope| {
-        // A helper the system refuses to start is done without: the others take its share.
-        let helpers: Vec<_> = (1..threads)
-            .filter_map(|_| {
-                std::thread::Builder::new()
-                    .name("weir-state-restore".to_string())
-                    .spawn_scoped(scope, worker)
-                    .ok()
-            })
-            .collect();
-        let mut results = worker();
-        for helper in helpers {
-            match helper.join() {
-                Ok(theirs) => results.extend(theirs),
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        }
-        results
-    });
-    results.sort_unstable_by_key(|(index, _)| *index);
-    let end = first_failed.into_inner().saturating_add(1).min(count);
-    // Every item below the first failure ran, so the sorted results start with `0..end`.
-    results
-        .into_iter()
-        .enumerate()
-        .take_while(|(position, (index, _))| position == index && *index < end)
-        .map(|(_, (_, result))| result)
-        .collect()
-}
-
-/// Computes key groups as [`assign_to_key_group`](weir_core::keygroup::assign_to_key_group)
-/// does, with the modulo by the max parallelism done by multiplication (Lemire's "fastmod"), as
-/// the divisor is fixed for a whole restore.
-#[derive(Clone, Copy, Debug)]
-struct KeyGroupOf {
-    max_parallelism: u32,
-    /// `ceil(2^64 / max_parallelism)`, wrapping to 0 for a max parallelism of 1.
-    multiplier: u64,
-}
-
-impl KeyGroupOf {
-    fn new(max_parallelism: u32) -> KeyGroupOf {
-        let max_parallelism = max_parallelism.max(1);
-        KeyGroupOf {
-            max_parallelism,
-            multiplier: (u64::MAX / u64::from(max_parallelism)).wrapping_add(1),
-        }
-    }
-
-    /// `murmur_hash(key.key_hash()) % max_parallelism`.
-    #[inline]
-    fn of<K: KeyHash + ?Sized>(self, key: &K) -> KeyGroup {
-        let hash = murmur_hash(key.key_hash()) as u32;
-        let low = self.multiplier.wrapping_mul(u64::from(hash));
-        ((u128::from(low) * u128::from(self.max_parallelism)) >> 64) as u32
-    }
-}
-
-/// Decodes one state's entries in key group `kg` into a table sized for them, checking that each
-/// key belongs to `kg` and appears once.
-fn decode_group<K: StateKey, V: StateValue>(
-    name: &str,
-    kg: KeyGroup,
-    key_groups: KeyGroupOf,
-    raw: &RawGroup,
-) -> Result<Group<K, V>, StateError> {
-    let (entry_count, bytes) = (raw.entry_count, &raw.entries[..]);
-    // An entry takes at least a byte (a non-empty key), so the bytes bound what a damaged count
-    // could make us allocate.
-    let capacity = (entry_count as usize).min(bytes.len());
-    let mut map = Group::<K, V>::with_capacity_and_hasher(capacity, FxBuildHasher);
-    let what = || format!("state '{name}' in key group {kg}");
-    format::decode_entries_with(what, entry_count, bytes, |k, v| {
-        let actual = key_groups.of(&k);
-        if actual != kg {
-            return Err(misplaced(what(), actual, kg));
-        }
-        if map.insert(k, v).is_some() {
-            return Err(duplicate(what()));
-        }
-        Ok(())
-    })?;
-    Ok(map)
-}
-
-/// Decodes a key group restored from an incremental chain: the first block (the full
-/// snapshot's, if it has entries there), then each later block in order, entries replacing and
-/// tombstones removing.
-fn apply_blocks<K: StateKey, V: StateValue>(
-    name: &str,
-    kg: KeyGroup,
-    key_groups: KeyGroupOf,
-    blocks: &[RawBlock],
-) -> Result<Group<K, V>, StateError> {
-    let (mut map, rest) = match blocks.split_first() {
-        Some((first, rest)) if first.kind == BlockKind::Entries => {
-            (decode_group(name, kg, key_groups, &first.raw)?, rest)
-        }
-        _ => (Group::<K, V>::default(), blocks),
-    };
-    let what = || format!("state '{name}' in key group {kg}");
-    for block in rest {
-        let raw = &block.raw;
-        match block.kind {
-            BlockKind::Entries => {
-                format::decode_entries_with(what, raw.entry_count, &raw.entries, |k: K, v: V| {
-                    let actual = key_groups.of(&k);
-                    if actual != kg {
-                        return Err(misplaced(what(), actual, kg));
-                    }
-                    map.insert(k, v);
-                    Ok(())
-                })?
-            }
-            BlockKind::Tombstones => {
-                format::decode_keys_with(what, raw.entry_count, &raw.entries, |k: K| {
-                    let actual = key_groups.of(&k);
-                    if actual != kg {
-                        return Err(misplaced(what(), actual, kg));
-                    }
-                    map.remove(&k);
-                    Ok(())
-                })?
-            }
-        }
-    }
-    Ok(map)
-}
-
-#[cold]
-#[inline(never)]
-fn misplaced(what: String, actual: KeyGroup, kg: KeyGroup) -> StateError {
-    StateError::Core(CoreError::Corrupt {
-        what,
-        reason: format!("a key of key group {actual} was found in key group {kg}"),
-    })
-}
-
-#[cold]
-#[inline(never)]
-fn duplicate(what: String) -> StateError {
-    StateError::Core(CoreError::Corrupt {
-        what,
-        reason: "a key appears twice".to_string(),
-    })
-}
-
-fn incompatible(name: &str, reason: String) -> StateError {
-    StateError::Incompatible {
-        name: name.to_string(),
-        reason,
     }
 }
 
@@ -1053,8 +679,9 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
             return Ok(ValueState::from_id(id));
         }
 
-        let pending = self.pending.get(name).cloned();
-        let count = self.states.len() + self.pending.len() + usize::from(pending.is_none());
+        let pending = self.restored.pending.get(name).cloned();
+        let count =
+            self.states.len() + self.restored.pending.len() + usize::from(pending.is_none());
         if count > MAX_STATES {
             return Err(StateError::TooManyStates {
                 name: name.to_string(),
@@ -1065,36 +692,16 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         let table = match &pending {
             None => ValueTable::<K, V>::empty(self.range.len() as usize),
             Some(p) => {
-                if p.kind != kind {
-                    return Err(incompatible(
+                restored::check_registration(name, p, kind, value_type)?;
+                ValueTable {
+                    groups: restored::decode_pending::<K, V>(
                         name,
-                        format!(
-                            "the snapshot holds it as a {} state of `{}`, and it is now \
-                             registered as a {kind} state of `{value_type}`",
-                            p.kind, p.value_type
-                        ),
-                    ));
+                        p,
+                        self.range,
+                        self.max_parallelism,
+                    )?,
+                    ..ValueTable::empty(0)
                 }
-                if p.value_type != value_type {
-                    return Err(incompatible(
-                        name,
-                        format!(
-                            "the snapshot holds values of type `{}`, and it is now registered \
-                             with values of type `{value_type}`",
-                            p.value_type
-                        ),
-                    ));
-                }
-                if p.serializer_version != SERIALIZER_VERSION {
-                    return Err(incompatible(
-                        name,
-                        format!(
-                            "the snapshot's serializer version is {}, this build reads {}",
-                            p.serializer_version, SERIALIZER_VERSION
-                        ),
-                    ));
-                }
-                self.decode_pending::<V>(name, p)?
             }
         };
         let mut table = ValueTable {
@@ -1111,7 +718,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
             count,
             max: MAX_STATES,
         })?;
-        self.pending.remove(name);
+        self.restored.pending.remove(name);
         self.states.push(Registered {
             name: name.to_string(),
             kind,
@@ -1258,7 +865,14 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
     }
 
     fn restore(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError> {
-        self.restore_parts(parts)
+        if !self.states.is_empty() {
+            return Err(StateError::Restore(format!(
+                "restore must come before any state is registered, and {:?} already are",
+                self.state_names()
+            )));
+        }
+        self.restored
+            .restore(parts, self.range, self.max_parallelism, type_name::<K>())
     }
 }
 
@@ -1272,27 +886,20 @@ enum Freeze {
 }
 
 impl<K: StateKey> HeapKeyedStateBackend<K> {
-    /// Copies the blocks of states still pending out of the restore's shared buffers (once).
-    fn own_pending_bytes(&mut self) {
-        if self.pending_owned {
-            return;
-        }
-        for pending in self.pending.values_mut() {
-            for block in Arc::make_mut(pending).groups.iter_mut().flatten() {
-                block.raw.entries = bytes::Bytes::copy_from_slice(&block.raw.entries);
-            }
-        }
-        self.pending_owned = true;
-    }
-
     /// The synchronous part of every snapshot: the header and each table's frozen view.
     fn freeze(&mut self, how: Freeze) -> Result<Box<dyn KeyedSnapshot>, StateError> {
-        self.own_pending_bytes();
+        self.restored.own_pending_bytes();
         let now_ms = (self.clock)();
-        let total = self.states.len() + self.pending.len();
+        let total = self.states.len() + self.restored.pending.len();
         if total > MAX_STATES {
             return Err(StateError::TooManyStates {
-                name: self.pending.keys().next_back().cloned().unwrap_or_default(),
+                name: self
+                    .restored
+                    .pending
+                    .keys()
+                    .next_back()
+                    .cloned()
+                    .unwrap_or_default(),
                 count: total,
                 max: MAX_STATES,
             });
@@ -1322,7 +929,7 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
             });
         }
         let mut overlays = delta;
-        for ((name, pending), id) in self.pending.iter().zip(&mut ids) {
+        for ((name, pending), id) in self.restored.pending.iter().zip(&mut ids) {
             metas.push(pending.meta(id, name));
             if delta {
                 tables.push(Box::new(FrozenUnchanged));
@@ -1353,179 +960,14 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
             scope,
         }))
     }
-
-    /// [`KeyedStateBackend::restore`].
-    fn restore_parts(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError> {
-        if !self.states.is_empty() {
-            return Err(StateError::Restore(format!(
-                "restore must come before any state is registered, and {:?} already are",
-                self.state_names()
-            )));
-        }
-        let n = self.range.len() as usize;
-        // Work on copies, so that a failed restore leaves the backend as it was.
-        let mut restored = if self.restored.is_empty() {
-            vec![false; n]
-        } else {
-            self.restored.clone()
-        };
-        let mut pending = self.pending.clone();
-        let key_type = type_name::<K>();
-
-        for part in parts {
-            let header = SnapshotHeader::decode(part.header)?;
-            if header.max_parallelism != self.max_parallelism {
-                return Err(StateError::Restore(format!(
-                    "the snapshot of key groups {} was taken with max parallelism {}, this \
-                     backend has {}; key groups cannot be mapped across max parallelisms",
-                    header.key_group_range, header.max_parallelism, self.max_parallelism
-                )));
-            }
-            if header.key_group_range != part.handle.key_group_range {
-                return Err(StateError::Restore(format!(
-                    "the snapshot header covers key groups {}, its handle says {}",
-                    header.key_group_range, part.handle.key_group_range
-                )));
-            }
-            for meta in &header.states {
-                if meta.key_type != key_type {
-                    return Err(incompatible(
-                        &meta.name,
-                        format!(
-                            "the snapshot's keys are of type `{}`, this backend's are `{key_type}`",
-                            meta.key_type
-                        ),
-                    ));
-                }
-                match pending.get(&meta.name) {
-                    Some(p) => {
-                        if p.kind != meta.kind
-                            || p.value_type != meta.value_type
-                            || p.serializer_version != meta.serializer_version
-                        {
-                            return Err(incompatible(
-                                &meta.name,
-                                format!(
-                                    "the snapshots disagree: one holds a {} state of `{}` \
-                                     (serializer {}), another a {} state of `{}` (serializer {})",
-                                    p.kind,
-                                    p.value_type,
-                                    p.serializer_version,
-                                    meta.kind,
-                                    meta.value_type,
-                                    meta.serializer_version
-                                ),
-                            ));
-                        }
-                    }
-                    None => {
-                        pending.insert(
-                            meta.name.clone(),
-                            Arc::new(PendingState {
-                                kind: meta.kind,
-                                key_type: meta.key_type.clone(),
-                                value_type: meta.value_type.clone(),
-                                serializer_version: meta.serializer_version,
-                                groups: vec![Vec::new(); n],
-                            }),
-                        );
-                    }
-                }
-            }
-            if pending.len() > MAX_STATES {
-                return Err(StateError::TooManyStates {
-                    name: pending.keys().next_back().cloned().unwrap_or_default(),
-                    count: pending.len(),
-                    max: MAX_STATES,
-                });
-            }
-            // Checking the sections and copying their blocks out of the part is most of a
-            // restore's work, independent per key group: done first, on several threads for a
-            // large part, and then taken in key-group order, so that the errors are those (and
-            // come in the order) of a serial restore.
-            let sections = format::part_sections(part, &self.range)?;
-            let bytes = sections.iter().map(|(_, b)| b.len()).sum();
-            let threads = threads_for(bytes, sections.len());
-            let mut read =
-                in_order_until_error(sections.len(), threads, |i| match sections.get(i) {
-                    Some(&(kg, bytes)) => read_section(&header, kg, bytes, &part.sections),
-                    None => Ok(ReadSection::default()),
-                })
-                .into_iter();
-            for &(kg, _) in &sections {
-                let index = (kg - self.range.start) as usize;
-                match restored.get_mut(index) {
-                    Some(seen) if *seen && !header.delta => {
-                        return Err(StateError::Restore(format!(
-                            "key group {kg} is restored twice: two snapshots (or two restores) \
-                             hand it over"
-                        )));
-                    }
-                    Some(seen) if !*seen && header.delta => {
-                        return Err(StateError::Restore(format!(
-                            "key group {kg} comes in a delta (an incremental snapshot) before \
-                             any full snapshot of it: the chain is incomplete or out of order"
-                        )));
-                    }
-                    Some(seen) => *seen = true,
-                    None => {
-                        return Err(StateError::Restore(format!(
-                            "key group {kg} is outside {}",
-                            self.range
-                        )));
-                    }
-                }
-                let section = read.next().ok_or_else(|| {
-                    StateError::Restore(format!("the section of key group {kg} was not read"))
-                })??;
-                let stored = section.compression;
-                if stored.is_enabled() && stored != header.compression {
-                    return Err(StateError::Core(CoreError::Corrupt {
-                        what: format!("keyed snapshot section of key group {kg}"),
-                        reason: format!(
-                            "it is compressed with {stored}, and the header's codec is {}",
-                            header.compression
-                        ),
-                    }));
-                }
-                for (state_id, block) in section.blocks {
-                    let meta = usize::try_from(state_id)
-                        .ok()
-                        .and_then(|i| header.states.get(i))
-                        .ok_or_else(|| {
-                            StateError::Core(CoreError::Corrupt {
-                                what: format!("keyed snapshot section of key group {kg}"),
-                                reason: format!(
-                                    "state id {state_id} is not in the header's {} states",
-                                    header.states.len()
-                                ),
-                            })
-                        })?;
-                    let slot = pending
-                        .get_mut(&meta.name)
-                        .map(Arc::make_mut)
-                        .and_then(|p| p.groups.get_mut(index))
-                        .ok_or_else(|| {
-                            StateError::Restore(format!(
-                                "state '{}' lost its place for key group {kg}",
-                                meta.name
-                            ))
-                        })?;
-                    slot.push(block);
-                }
-            }
-        }
-        self.pending = pending;
-        self.restored = restored;
-        self.pending_owned = self.pending.is_empty();
-        Ok(())
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ValueStateDescriptor;
+    use crate::format;
+    use weir_core::CoreError;
     use weir_core::handle::{KeyedStateHandle, StreamStateHandle};
     use weir_core::keygroup::assign_to_key_group;
 
@@ -1700,51 +1142,6 @@ mod tests {
         restore_whole(&mut r, &(handle, bytes)).unwrap();
         register_count(&mut r).unwrap();
         assert_eq!(r.num_entries(), 300_000);
-    }
-
-    #[test]
-    fn in_order_until_error_stops_at_the_first_failure_whatever_the_threads() {
-        let work = |i: usize| {
-            if i == 7 || i == 12 {
-                Err(StateError::Restore(i.to_string()))
-            } else {
-                Ok(i)
-            }
-        };
-        for threads in 1..=4 {
-            let results = in_order_until_error(20, threads, work);
-            assert_eq!(results.len(), 8, "{threads} threads");
-            for (i, result) in results.iter().enumerate().take(7) {
-                assert_eq!(result.as_ref().ok(), Some(&i), "{threads} threads");
-            }
-            assert!(
-                matches!(&results[7], Err(StateError::Restore(m)) if m == "7"),
-                "{threads} threads"
-            );
-            let all = in_order_until_error(20, threads, Ok::<usize, StateError>);
-            let all: Vec<usize> = all.into_iter().map(Result::unwrap).collect();
-            assert_eq!(all, (0..20).collect::<Vec<_>>(), "{threads} threads");
-            assert!(in_order_until_error(0, threads, work).is_empty());
-        }
-    }
-
-    #[test]
-    fn key_group_of_is_assign_to_key_group() {
-        for max_p in [
-            1, 2, 3, 5, 7, 8, 100, 127, 128, 129, 1000, 4096, 32767, 32768,
-        ] {
-            let of = KeyGroupOf::new(max_p);
-            for i in 0..5000u64 {
-                for k in [i, i.wrapping_mul(0x9e37_79b9_7f4a_7c15), u64::MAX - i] {
-                    assert_eq!(of.of(&k), assign_to_key_group(&k, max_p), "{k} of {max_p}");
-                }
-                let s = format!("key-{i}");
-                assert_eq!(of.of(&s), assign_to_key_group(&s, max_p), "{s} of {max_p}");
-            }
-            for k in [i32::MIN, -1, 0, 1, i32::MAX] {
-                assert_eq!(of.of(&k), assign_to_key_group(&k, max_p), "{k} of {max_p}");
-            }
-        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod format;
 pub mod heap;
 pub mod keyed;
 pub mod operator;
+mod restored;
 
 pub use error::StateError;
 pub use format::{Compression, ParseCompressionError};
