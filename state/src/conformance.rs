@@ -36,6 +36,8 @@
 //! - [`check_snapshot_isolation`]: updates after `snapshot()` are absent from what it writes, even
 //!   when it is written on another thread meanwhile or after the backend is dropped.
 //! - [`check_round_trip`]: snapshot and restore give back every entry, over several value types.
+//! - [`check_for_each_entry`]: `for_each_entry` visits every entry of a state once, with its
+//!   value, before and after a restore, and none of a cleared key.
 //! - [`check_rescale`]: 1 → 2 → 1 subtasks: each key ends only in the backend owning its key
 //!   group, and merging gives back the original state and bytes.
 //! - [`check_restore_twice`]: a key group handed over twice is an error naming it.
@@ -135,6 +137,7 @@ pub fn run_key_checks<K: SuiteKey, B: KeyedStateBackend<K>>(
     check_snapshot_layout(&make);
     check_snapshot_isolation(&make);
     check_round_trip(&make);
+    check_for_each_entry(&make);
     check_rescale(&make);
     check_restore_twice(&make);
     check_restore_refusals(&make);
@@ -559,6 +562,78 @@ pub fn check_round_trip<K: SuiteKey, B: KeyedStateBackend<K>>(
         cx.same_map(&rule, &content::<K, (i64, bool)>(&cx, &again, "pair"), &mp);
         cx.same_map(&rule, &content::<K, ()>(&cx, &again, "seen"), &ms);
     }
+}
+
+/// `for_each_entry` visits every entry of a state once, with its latest value (changes not yet
+/// written anywhere included), and no cleared key or entry of another state; after a restore
+/// of part of the key groups, exactly the entries of those.
+pub fn check_for_each_entry<K: SuiteKey, B: KeyedStateBackend<K>>(
+    make: impl Fn(u32, KeyGroupRange) -> B,
+) {
+    let cx = Cx::new::<B>("for each entry");
+    let max_p = 16;
+    let mut b = fresh(&cx, &make, max_p, full(max_p));
+    let counts = b.register::<u64>("count");
+    let other = b.register::<u64>("other");
+    let mut model: HashMap<K, u64> = HashMap::new();
+    for i in 0..300u64 {
+        let k = K::nth(i);
+        b.put(counts, &k, i);
+        model.insert(k.clone(), i);
+        if i % 3 == 0 {
+            b.put(other, &k, i + 1);
+        }
+    }
+    for i in (0..300u64).step_by(7) {
+        let k = K::nth(i);
+        b.clear(counts, &k);
+        model.remove(&k);
+    }
+    // The latest change, made through a `&mut` and never read back.
+    let last = K::nth(1);
+    let g = b.kg(&last);
+    *b.b.value_mut_or_insert(counts, &last, g, || 0) += 1000;
+    model.insert(last.clone(), 1001);
+    let seen = entries_of(&mut b, counts);
+    cx.eq(
+        "for_each_entry visits each entry once, with its latest value",
+        &seen,
+        &model,
+    );
+    let w = b.write();
+    let half = KeyGroupRange::new(0, max_p / 2 - 1);
+    let mut r = cx.ok(
+        "restoring half of the key groups",
+        restored(&cx, &make, max_p, half, &[&w]),
+    );
+    let counts = r.register::<u64>("count");
+    let expected: HashMap<K, u64> = model
+        .into_iter()
+        .filter(|(k, _)| half.contains(assign_to_key_group(k, max_p)))
+        .collect();
+    cx.eq(
+        "after a restore, for_each_entry visits exactly the entries of the restored key groups",
+        &entries_of(&mut r, counts),
+        &expected,
+    );
+}
+
+/// Every entry of a state seen through `for_each_entry`, failing on a key seen twice.
+fn entries_of<K: SuiteKey, B: KeyedStateBackend<K>>(
+    s: &mut Subject<'_, K, B>,
+    state: ValueState<u64>,
+) -> HashMap<K, u64> {
+    let mut seen = HashMap::new();
+    let mut twice = None;
+    s.b.for_each_entry(state, &mut |k, v| {
+        if seen.insert(k.clone(), *v).is_some() {
+            twice = Some(k.clone());
+        }
+    });
+    if let Some(k) = twice {
+        s.cx.fail(format!("for_each_entry visited {k:?} twice"));
+    }
+    seen
 }
 
 /// Rescaling 1 → 2 → 1: each key ends only in the backend owning its key group, with its
@@ -3244,8 +3319,9 @@ impl<K: SuiteKey, B: KeyedStateBackend<K>> Subject<'_, K, B> {
         self.b.update(s, key, g, value);
     }
 
-    fn get<V: StateValue>(&self, s: ValueState<V>, key: &K) -> Option<V> {
-        self.b.value(s, key, self.kg(key)).cloned()
+    fn get<V: StateValue>(&mut self, s: ValueState<V>, key: &K) -> Option<V> {
+        let g = self.kg(key);
+        self.b.value(s, key, g).cloned()
     }
 
     fn clear<V: StateValue>(&mut self, s: ValueState<V>, key: &K) {
@@ -3257,7 +3333,7 @@ impl<K: SuiteKey, B: KeyedStateBackend<K>> Subject<'_, K, B> {
     /// values (and no value for a key not in it).
     #[track_caller]
     fn read_back<'k, V: StateValue + Debug + PartialEq>(
-        &self,
+        &mut self,
         rule: &str,
         s: ValueState<V>,
         expected: &HashMap<K, V>,
@@ -3266,14 +3342,16 @@ impl<K: SuiteKey, B: KeyedStateBackend<K>> Subject<'_, K, B> {
         K: 'k,
     {
         for (k, v) in expected {
-            let got = self.b.value(s, k, self.kg(k));
+            let g = self.kg(k);
+            let got = self.b.value(s, k, g);
             if got != Some(v) {
                 self.cx
                     .fail(format!("{rule}: {k:?} reads {got:?}, expected {v:?}"));
             }
         }
         for k in also {
-            let got = self.b.value(s, k, self.kg(k));
+            let g = self.kg(k);
+            let got = self.b.value(s, k, g);
             let want = expected.get(k);
             if got != want {
                 self.cx

@@ -431,7 +431,7 @@ struct Incremental {
 /// A processing-time clock in ms since the Unix epoch (TTL's time provider).
 pub type TtlClock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
-fn wall_clock_ms() -> i64 {
+pub(crate) fn wall_clock_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -731,7 +731,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
 
     #[inline]
     fn value<V: StateValue>(
-        &self,
+        &mut self,
         state: ValueState<V>,
         key: &K,
         key_group: KeyGroup,
@@ -799,6 +799,12 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
             .and_then(|s| s.table.as_any_mut().downcast_mut::<ValueTable<K, V>>())
         {
             table.cleanup(budget, now_ms);
+        }
+    }
+
+    fn for_each_entry<V: StateValue>(&mut self, state: ValueState<V>, f: &mut dyn FnMut(&K, &V)) {
+        for (k, v) in self.entries(state) {
+            f(k, v);
         }
     }
 

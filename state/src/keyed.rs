@@ -679,7 +679,7 @@ impl<'a, K: StateKey, B: KeyedStateBackend<K>> KeyedAccess<'a, K, B> {
     pub fn into_value<V: StateValue>(mut self, state: ValueState<V>) -> Option<&'a V> {
         let (key, kg) = (self.key, self.key_group);
         let Some(ttl) = state.ttl else {
-            let backend: &'a B = self.backend;
+            let backend: &'a mut B = self.backend;
             return backend.value(state, key, kg);
         };
         let raw = state.stored::<TtlValue<V>>();
@@ -687,7 +687,7 @@ impl<'a, K: StateKey, B: KeyedStateBackend<K>> KeyedAccess<'a, K, B> {
         if !self.ttl_read(raw, ttl) {
             return None;
         }
-        let backend: &'a B = self.backend;
+        let backend: &'a mut B = self.backend;
         backend.value(raw, key, kg).map(|e| &e.value)
     }
 
@@ -1283,9 +1283,10 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
         }
     }
 
-    /// The value for `key`: its own, else the state's default, else `None`.
+    /// The value for `key`: its own, else the state's default, else `None`. (`&mut self`: a
+    /// backend that stores bytes decodes the value into a buffer of its own.)
     fn value<V: StateValue>(
-        &self,
+        &mut self,
         state: ValueState<V>,
         key: &K,
         key_group: KeyGroup,
@@ -1311,6 +1312,11 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
 
     /// Removes the value for `key`.
     fn clear<V: StateValue>(&mut self, state: ValueState<V>, key: &K, key_group: KeyGroup);
+
+    /// Visits every entry of a value state (`state` as registered, see
+    /// [`register_state`](Self::register_state)), in no particular order: how timers are found
+    /// again after a restore.
+    fn for_each_entry<V: StateValue>(&mut self, state: ValueState<V>, f: &mut dyn FnMut(&K, &V));
 
     /// The synchronous part of a snapshot: freezes the current state.
     fn snapshot(&mut self) -> Result<Box<dyn KeyedSnapshot>, StateError>;

@@ -21,6 +21,7 @@ pub mod format;
 pub mod heap;
 pub mod keyed;
 pub mod operator;
+pub mod store;
 mod restored;
 
 pub use error::StateError;

@@ -1,0 +1,891 @@
+//! Keyed state over a store of bytes: the [`KeyedStore`] seam a custom keyed backend implements
+//! (Flink's RocksDB shape), and [`StoreKeyedStateBackend`], which gives any store the whole
+//! typed [`KeyedStateBackend`] contract.
+//!
+//! A store keeps, per state and key group, serialized keys mapped to serialized values, and
+//! freezes a view of them for a snapshot. Everything else is done here, once:
+//! - keys and values are postcard-encoded exactly as the [`crate::format`] writes them, so a
+//!   store's snapshot is byte for byte the heap backend's for the same state (canonical
+//!   savepoints restore into either backend);
+//! - registration, type checks, defaults, TTL (its expiry on read, incremental cleanup and
+//!   full-snapshot cleanup), and states restored but not registered yet;
+//! - the snapshot format and restore by key group.
+//!
+//! Each state keeps one decoded entry, the one last accessed, so that
+//! [`KeyedStateBackend::value_mut_or_insert`] can lend a `&mut V`: a change is written back to
+//! the store when another key of the state is accessed, and before every snapshot, scan and
+//! cleanup. A store's failure inside an access that cannot return an error (a read or write of
+//! a record's state) panics with the store's error, which fails the task; the job then restarts
+//! from its latest checkpoint, as a RocksDB exception fails a Flink task.
+
+use crate::StateError;
+use crate::format::{
+    Compression, MAX_STATES, SERIALIZER_VERSION, SectionWriter, SnapshotHeader, StateKind,
+    StateMeta,
+};
+use crate::heap::{TtlClock, wall_clock_ms};
+use crate::keyed::{
+    Expiry, ExpiryFn, KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart,
+    StateKey, StateOptions, StateValue, ValueState,
+};
+use crate::restored::{self, PendingState, Restored, incompatible};
+use rustc_hash::FxHashMap;
+use std::any::{Any, type_name};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use weir_core::CoreError;
+use weir_core::codec;
+use weir_core::keygroup::{KeyGroup, KeyGroupRange};
+
+/// A state's number in a store: the order of its registration in the backend, from 0.
+pub type StoreStateId = u16;
+
+/// Visits entries: a serialized key and its serialized value.
+pub type EntryVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StateError> + 'a;
+
+/// The storage of one keyed operator's state in one subtask, as bytes: for each state and key
+/// group, a sorted map from a serialized key to its serialized value.
+///
+/// Contract (checked by [`crate::conformance`] through [`StoreKeyedStateBackend`]):
+/// - [`put`](Self::put) replaces, [`delete`](Self::delete) removes (a missing key is not an
+///   error), and [`get`](Self::get) reads what the latest of them left;
+/// - [`scan`](Self::scan) visits one state's entries in one key group in ascending order of
+///   the key bytes, each once;
+/// - [`freeze`](Self::freeze) is a snapshot's synchronous part: the view it returns keeps the
+///   content of that moment, whatever is written after. Its cost should not grow with the
+///   amount of state (freeze a memtable, clone shared pointers);
+/// - errors are returned, never panicked: the backend turns them into a task failure.
+pub trait KeyedStore: Send + 'static {
+    /// Reads the value of `key` into `value` (cleared first); false when there is none.
+    fn get(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        key: &[u8],
+        value: &mut Vec<u8>,
+    ) -> Result<bool, StateError>;
+
+    /// Sets the value of `key`.
+    fn put(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), StateError>;
+
+    /// Removes `key`.
+    fn delete(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        key: &[u8],
+    ) -> Result<(), StateError>;
+
+    /// Visits every entry of `state` in `key_group`, in ascending order of the key bytes.
+    fn scan(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        visit: &mut EntryVisitor<'_>,
+    ) -> Result<(), StateError>;
+
+    /// The synchronous part of a snapshot: a view of the content now.
+    fn freeze(&mut self) -> Result<Box<dyn FrozenStore>, StateError>;
+}
+
+/// A store's content at the moment of a snapshot, written out later on another thread.
+pub trait FrozenStore: Send + 'static {
+    /// Visits every entry of `state` in `key_group`, in ascending order of the key bytes.
+    fn scan(
+        &self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        visit: &mut EntryVisitor<'_>,
+    ) -> Result<(), StateError>;
+}
+
+/// One state's entries in one key group.
+type Table = Arc<BTreeMap<Vec<u8>, Vec<u8>>>;
+
+/// The in-memory [`KeyedStore`]: a `BTreeMap` per state and key group behind an `Arc`, frozen
+/// by cloning the `Arc`s (copy on write, as the heap backend does).
+#[derive(Default)]
+pub struct MemoryKeyedStore {
+    tables: BTreeMap<(StoreStateId, KeyGroup), Table>,
+}
+
+impl MemoryKeyedStore {
+    /// An empty store.
+    pub fn new() -> MemoryKeyedStore {
+        MemoryKeyedStore::default()
+    }
+
+    /// Number of entries over every state and key group.
+    pub fn len(&self) -> usize {
+        self.tables.values().map(|t| t.len()).sum()
+    }
+
+    /// Whether the store holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl fmt::Debug for MemoryKeyedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryKeyedStore")
+            .field("entries", &self.len())
+            .finish()
+    }
+}
+
+fn scan_table(table: Option<&Table>, visit: &mut EntryVisitor<'_>) -> Result<(), StateError> {
+    for (k, v) in table.into_iter().flat_map(|t| t.iter()) {
+        visit(k, v)?;
+    }
+    Ok(())
+}
+
+impl KeyedStore for MemoryKeyedStore {
+    fn get(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        key: &[u8],
+        value: &mut Vec<u8>,
+    ) -> Result<bool, StateError> {
+        value.clear();
+        match self.tables.get(&(state, key_group)).and_then(|t| t.get(key)) {
+            Some(v) => {
+                value.extend_from_slice(v);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn put(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), StateError> {
+        let table = Arc::make_mut(self.tables.entry((state, key_group)).or_default());
+        match table.get_mut(key) {
+            Some(v) => {
+                v.clear();
+                v.extend_from_slice(value);
+            }
+            None => {
+                table.insert(key.to_vec(), value.to_vec());
+            }
+        }
+        Ok(())
+    }
+
+    fn delete(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        key: &[u8],
+    ) -> Result<(), StateError> {
+        if let Some(table) = self.tables.get_mut(&(state, key_group))
+            && table.contains_key(key)
+        {
+            Arc::make_mut(table).remove(key);
+        }
+        Ok(())
+    }
+
+    fn scan(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        visit: &mut EntryVisitor<'_>,
+    ) -> Result<(), StateError> {
+        scan_table(self.tables.get(&(state, key_group)), visit)
+    }
+
+    fn freeze(&mut self) -> Result<Box<dyn FrozenStore>, StateError> {
+        Ok(Box::new(FrozenMemory(self.tables.clone())))
+    }
+}
+
+/// [`MemoryKeyedStore`]'s frozen view: the `Arc`s of its tables.
+struct FrozenMemory(BTreeMap<(StoreStateId, KeyGroup), Table>);
+
+impl FrozenStore for FrozenMemory {
+    fn scan(
+        &self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        visit: &mut EntryVisitor<'_>,
+    ) -> Result<(), StateError> {
+        scan_table(self.0.get(&(state, key_group)), visit)
+    }
+}
+
+/// What a full snapshot does with a stored value: keep its bytes, leave it out, or write these
+/// instead (TTL's full-snapshot cleanup).
+type SnapshotFilter = Arc<dyn Fn(&[u8]) -> Result<Expiry<Vec<u8>>, StateError> + Send + Sync>;
+
+/// One state's decoded entry, the one last accessed.
+struct Cell<V> {
+    default: Option<V>,
+    expiry: Option<ExpiryFn<V>>,
+    cleanup_full_snapshot: bool,
+    /// TTL's incremental cleanup: the next key group (by index) and the entries owed.
+    cleanup_cursor: usize,
+    cleanup_budget: usize,
+    /// Whether `key`, `key_group` and `value` hold an entry.
+    cached: bool,
+    key: Vec<u8>,
+    key_group: KeyGroup,
+    value: Option<V>,
+    /// Whether `value` differs from the store's.
+    dirty: bool,
+}
+
+/// A [`Cell`] with its value type erased.
+trait ErasedCell: Send {
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// Writes a changed entry back to the store.
+    fn flush(&mut self, store: &mut dyn KeyedStore, id: StoreStateId) -> Result<(), StateError>;
+    /// Forgets the entry (after the store was changed under it); flush first.
+    fn forget(&mut self);
+    /// The full-snapshot cleanup of a TTL state, as of `now_ms`.
+    fn snapshot_filter(&self, now_ms: i64) -> Option<SnapshotFilter>;
+}
+
+impl<V: StateValue> ErasedCell for Cell<V> {
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn flush(&mut self, store: &mut dyn KeyedStore, id: StoreStateId) -> Result<(), StateError> {
+        if !self.dirty {
+            return Ok(());
+        }
+        match &self.value {
+            Some(v) => {
+                let mut bytes = Vec::new();
+                codec::encode_into("state value", v, &mut bytes)?;
+                store.put(id, self.key_group, &self.key, &bytes)?;
+            }
+            None => store.delete(id, self.key_group, &self.key)?,
+        }
+        self.dirty = false;
+        Ok(())
+    }
+
+    fn forget(&mut self) {
+        self.cached = false;
+        self.value = None;
+    }
+
+    fn snapshot_filter(&self, now_ms: i64) -> Option<SnapshotFilter> {
+        if !self.cleanup_full_snapshot {
+            return None;
+        }
+        let expiry = self.expiry.clone()?;
+        Some(Arc::new(move |bytes| {
+            let value: V = codec::decode("state value", bytes)?;
+            Ok(match expiry(&value, now_ms) {
+                Expiry::Keep => Expiry::Keep,
+                Expiry::Drop => Expiry::Drop,
+                Expiry::Replace(new) => {
+                    let mut out = Vec::new();
+                    codec::encode_into("state value", &new, &mut out)?;
+                    Expiry::Replace(out)
+                }
+            })
+        }))
+    }
+}
+
+/// A registered state.
+struct Registered {
+    name: String,
+    kind: StateKind,
+    value_type: &'static str,
+    cell: Box<dyn ErasedCell>,
+}
+
+/// The typed keyed-state backend over a [`KeyedStore`]. See the [module docs](self).
+pub struct StoreKeyedStateBackend<K> {
+    store: Box<dyn KeyedStore>,
+    max_parallelism: u32,
+    range: KeyGroupRange,
+    states: Vec<Registered>,
+    by_name: FxHashMap<String, StoreStateId>,
+    restored: Restored,
+    compression: Compression,
+    clock: TtlClock,
+    /// The encoded key of the latest access, and a buffer for values read.
+    key_buf: Vec<u8>,
+    value_buf: Vec<u8>,
+    _key: PhantomData<fn() -> K>,
+}
+
+impl<K> fmt::Debug for StoreKeyedStateBackend<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreKeyedStateBackend")
+            .field("max_parallelism", &self.max_parallelism)
+            .field("key_group_range", &self.range)
+            .field(
+                "states",
+                &self.states.iter().map(|s| &s.name).collect::<Vec<_>>(),
+            )
+            .field("pending", &self.restored.pending.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn misuse(what: String) -> ! {
+    panic!("{what}")
+}
+
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn store_failed(e: StateError) -> ! {
+    panic!("the keyed-state store failed: {e}")
+}
+
+impl<K: StateKey> StoreKeyedStateBackend<K> {
+    /// A backend over `store` (empty) for the key groups `key_group_range` of
+    /// `max_parallelism`.
+    pub fn new(
+        store: Box<dyn KeyedStore>,
+        max_parallelism: u32,
+        key_group_range: KeyGroupRange,
+    ) -> Self {
+        StoreKeyedStateBackend {
+            store,
+            max_parallelism,
+            range: key_group_range,
+            states: Vec::new(),
+            by_name: FxHashMap::default(),
+            restored: Restored::new(),
+            compression: Compression::None,
+            clock: Arc::new(wall_clock_ms),
+            key_buf: Vec::new(),
+            value_buf: Vec::new(),
+            _key: PhantomData,
+        }
+    }
+
+    /// This backend, writing its snapshots with `compression` (see
+    /// [`HeapKeyedStateBackend::with_compression`](crate::HeapKeyedStateBackend::with_compression)).
+    pub fn with_compression(mut self, compression: Compression) -> Self {
+        self.compression = compression;
+        self
+    }
+
+    /// This backend, with `clock` as the processing time of TTL's full-snapshot cleanup.
+    pub fn with_clock(mut self, clock: TtlClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Names of the registered states, by id.
+    pub fn state_names(&self) -> Vec<&str> {
+        self.states.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// Names of the states restored from a snapshot and not registered yet.
+    pub fn pending_state_names(&self) -> Vec<&str> {
+        self.restored.pending.keys().map(String::as_str).collect()
+    }
+
+    fn check_key_group(&self, key_group: KeyGroup) {
+        if !self.range.contains(key_group) {
+            misuse(format!(
+                "key group {key_group} is not in this backend's range {}",
+                self.range
+            ));
+        }
+    }
+
+    /// Writes every changed entry back to the store.
+    fn flush_all(&mut self) -> Result<(), StateError> {
+        for (id, s) in (0..).zip(&mut self.states) {
+            s.cell.flush(self.store.as_mut(), id)?;
+        }
+        Ok(())
+    }
+
+    /// The cell of `state`, holding the entry of `key` (read from the store if another entry
+    /// was cached; `read` false when the caller overwrites it anyway).
+    fn cell<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        key: &K,
+        key_group: KeyGroup,
+        read: bool,
+    ) -> &mut Cell<V> {
+        self.check_key_group(key_group);
+        self.key_buf.clear();
+        if let Err(e) = codec::encode_into("state key", key, &mut self.key_buf) {
+            store_failed(e.into());
+        }
+        let id = state.id;
+        let Some(registered) = self.states.get_mut(usize::from(id)) else {
+            misuse(format!("state handle {id} was not made by this backend"));
+        };
+        let store = self.store.as_mut();
+        let cell = match registered.cell.as_any_mut().downcast_mut::<Cell<V>>() {
+            Some(cell) => cell,
+            None => misuse(format!(
+                "value state handle {id} of `{}` was not made by this backend",
+                type_name::<V>()
+            )),
+        };
+        if cell.cached && cell.key_group == key_group && cell.key == self.key_buf {
+            return cell;
+        }
+        if let Err(e) = cell.flush(store, id) {
+            store_failed(e);
+        }
+        cell.value = None;
+        if read {
+            match store.get(id, key_group, &self.key_buf, &mut self.value_buf) {
+                Ok(true) => match codec::decode::<V>("state value", &self.value_buf) {
+                    Ok(v) => cell.value = Some(v),
+                    Err(e) => store_failed(e.into()),
+                },
+                Ok(false) => {}
+                Err(e) => store_failed(e),
+            }
+        }
+        cell.key.clear();
+        cell.key.extend_from_slice(&self.key_buf);
+        cell.key_group = key_group;
+        cell.cached = true;
+        cell.dirty = false;
+        cell
+    }
+
+    /// Takes a restored state into the store as `V`, once its registration is checked.
+    fn load_pending<V: StateValue>(
+        &mut self,
+        id: StoreStateId,
+        name: &str,
+        pending: &PendingState,
+    ) -> Result<(), StateError> {
+        let groups =
+            restored::decode_pending::<K, V>(name, pending, self.range, self.max_parallelism)?;
+        let mut entries: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        for (kg, group) in self.range.iter().zip(&groups) {
+            entries.clear();
+            for (k, v) in group.iter() {
+                let (mut key, mut value) = (Vec::new(), Vec::new());
+                codec::encode_into("state key", k, &mut key)?;
+                codec::encode_into("state value", v, &mut value)?;
+                entries.push((key, value));
+            }
+            // Sorted by key, so a store that appends (an LSM's memtable) sees an ordered run.
+            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            for (key, value) in &entries {
+                self.store.put(id, kg, key, value)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every entry of a value state, decoded, key group by key group.
+    pub fn for_each<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        f: &mut dyn FnMut(&K, &V),
+    ) -> Result<(), StateError> {
+        self.flush_all()?;
+        for kg in self.range.iter() {
+            self.store.scan(state.id, kg, &mut |k, v| {
+                let key: K = codec::decode("state key", k)?;
+                let value: V = codec::decode("state value", v)?;
+                f(&key, &value);
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl<K: StateKey> KeyedStateBackend<K> for StoreKeyedStateBackend<K> {
+    fn key_group_range(&self) -> KeyGroupRange {
+        self.range
+    }
+
+    fn max_parallelism(&self) -> u32 {
+        self.max_parallelism
+    }
+
+    fn register_state<V: StateValue>(
+        &mut self,
+        name: &str,
+        kind: StateKind,
+        options: StateOptions<V>,
+    ) -> Result<ValueState<V>, StateError> {
+        let value_type = type_name::<V>();
+        if let Some(&id) = self.by_name.get(name) {
+            let Some(registered) = self.states.get_mut(usize::from(id)) else {
+                return Err(StateError::Restore(format!(
+                    "state '{name}' has a lost id {id}"
+                )));
+            };
+            if registered.kind != kind || !registered.cell.as_any_mut().is::<Cell<V>>() {
+                return Err(incompatible(
+                    name,
+                    format!(
+                        "it is registered as a {} state of `{}`, and is now asked for as a {kind} \
+                         state of `{value_type}`",
+                        registered.kind, registered.value_type
+                    ),
+                ));
+            }
+            return Ok(ValueState::from_id(id));
+        }
+        let pending = self.restored.pending.get(name).cloned();
+        let count = self.states.len() + self.restored.pending.len() + usize::from(pending.is_none());
+        let too_many = || StateError::TooManyStates {
+            name: name.to_string(),
+            count,
+            max: MAX_STATES,
+        };
+        if count > MAX_STATES {
+            return Err(too_many());
+        }
+        let id = StoreStateId::try_from(self.states.len()).map_err(|_| too_many())?;
+        if let Some(p) = &pending {
+            restored::check_registration(name, p, kind, value_type)?;
+            self.load_pending::<V>(id, name, p)?;
+        }
+        self.restored.pending.remove(name);
+        self.states.push(Registered {
+            name: name.to_string(),
+            kind,
+            value_type,
+            cell: Box::new(Cell {
+                default: options.default,
+                expiry: options.expiry,
+                cleanup_full_snapshot: options.cleanup_full_snapshot,
+                cleanup_cursor: 0,
+                cleanup_budget: 0,
+                cached: false,
+                key: Vec::new(),
+                key_group: 0,
+                value: None,
+                dirty: false,
+            }),
+        });
+        self.by_name.insert(name.to_string(), id);
+        Ok(ValueState::from_id(id))
+    }
+
+    fn cleanup_expired<V: StateValue>(&mut self, state: ValueState<V>, budget: usize, now_ms: i64) {
+        if let Err(e) = self.cleanup(state, budget, now_ms) {
+            store_failed(e);
+        }
+    }
+
+    fn value<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        key: &K,
+        key_group: KeyGroup,
+    ) -> Option<&V> {
+        let cell = self.cell(state, key, key_group, true);
+        cell.value.as_ref().or(cell.default.as_ref())
+    }
+
+    fn value_mut_or_insert<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        key: &K,
+        key_group: KeyGroup,
+        init: impl FnOnce() -> V,
+    ) -> &mut V {
+        let cell = self.cell(state, key, key_group, true);
+        cell.dirty = true;
+        cell.value.get_or_insert_with(init)
+    }
+
+    fn update<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        key: &K,
+        key_group: KeyGroup,
+        value: V,
+    ) {
+        let cell = self.cell(state, key, key_group, false);
+        cell.value = Some(value);
+        cell.dirty = true;
+    }
+
+    fn clear<V: StateValue>(&mut self, state: ValueState<V>, key: &K, key_group: KeyGroup) {
+        // By id, whatever the stored value type: a TTL state's handle names the user's type.
+        self.check_key_group(key_group);
+        let id = state.id;
+        let Some(registered) = self.states.get_mut(usize::from(id)) else {
+            misuse(format!("state handle {id} was not made by this backend"));
+        };
+        let result = registered
+            .cell
+            .flush(self.store.as_mut(), id)
+            .and_then(|()| {
+                registered.cell.forget();
+                self.key_buf.clear();
+                codec::encode_into("state key", key, &mut self.key_buf)?;
+                self.store.delete(id, key_group, &self.key_buf)
+            });
+        if let Err(e) = result {
+            store_failed(e);
+        }
+    }
+
+    fn for_each_entry<V: StateValue>(&mut self, state: ValueState<V>, f: &mut dyn FnMut(&K, &V)) {
+        if let Err(e) = self.for_each(state, f) {
+            store_failed(e);
+        }
+    }
+
+    fn snapshot(&mut self) -> Result<Box<dyn KeyedSnapshot>, StateError> {
+        self.flush_all()?;
+        self.restored.own_pending_bytes();
+        let now_ms = (self.clock)();
+        let total = self.states.len() + self.restored.pending.len();
+        if total > MAX_STATES {
+            return Err(StateError::TooManyStates {
+                name: self
+                    .restored
+                    .pending
+                    .keys()
+                    .next_back()
+                    .cloned()
+                    .unwrap_or_default(),
+                count: total,
+                max: MAX_STATES,
+            });
+        }
+        let key_type = type_name::<K>();
+        let mut states = Vec::with_capacity(total);
+        let mut parts = Vec::with_capacity(total);
+        // `total <= MAX_STATES == i16::MAX`, so every index fits an i16.
+        let mut ids = 0..i16::MAX;
+        for (registered, id) in self.states.iter().zip(&mut ids) {
+            states.push(StateMeta {
+                id,
+                name: registered.name.clone(),
+                kind: registered.kind,
+                key_type: key_type.to_string(),
+                value_type: registered.value_type.to_string(),
+                serializer_version: SERIALIZER_VERSION,
+            });
+            parts.push(Part::Stored(registered.cell.snapshot_filter(now_ms)));
+        }
+        let mut overlays = false;
+        for ((name, pending), id) in self.restored.pending.iter().zip(&mut ids) {
+            states.push(pending.meta(id, name));
+            overlays |= pending.has_overlays();
+            parts.push(Part::Pending(Arc::clone(pending)));
+        }
+        let header = SnapshotHeader {
+            flags: 0,
+            compression: self.compression,
+            overlays,
+            delta: false,
+            key_group_range: self.range,
+            max_parallelism: self.max_parallelism,
+            states,
+        };
+        Ok(Box::new(StoreSnapshot {
+            header: SnapshotHeader {
+                flags: header.expected_flags(),
+                ..header
+            },
+            frozen: self.store.freeze()?,
+            parts,
+        }))
+    }
+
+    fn restore(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError> {
+        if !self.states.is_empty() {
+            return Err(StateError::Restore(format!(
+                "restore must come before any state is registered, and {:?} already are",
+                self.state_names()
+            )));
+        }
+        self.restored
+            .restore(parts, self.range, self.max_parallelism, type_name::<K>())
+    }
+}
+
+impl<K: StateKey> StoreKeyedStateBackend<K> {
+    /// TTL's incremental cleanup: `budget` more entries are owed; whole key groups are checked
+    /// in turn while the owed entries cover them.
+    fn cleanup<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        budget: usize,
+        now_ms: i64,
+    ) -> Result<(), StateError> {
+        let id = state.id;
+        let Some(registered) = self.states.get_mut(usize::from(id)) else {
+            return Ok(());
+        };
+        registered.cell.flush(self.store.as_mut(), id)?;
+        registered.cell.forget();
+        let Some(cell) = registered.cell.as_any_mut().downcast_mut::<Cell<V>>() else {
+            return Ok(());
+        };
+        let Some(expiry) = cell.expiry.clone() else {
+            return Ok(());
+        };
+        let groups = self.range.len() as usize;
+        if groups == 0 {
+            return Ok(());
+        }
+        cell.cleanup_budget = cell.cleanup_budget.saturating_add(budget);
+        for _ in 0..groups {
+            let index = cell.cleanup_cursor % groups;
+            let kg = self.range.start + index as u32;
+            let mut count = 0usize;
+            let mut changes: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+            self.store.scan(id, kg, &mut |k, v| {
+                count += 1;
+                let value: V = codec::decode("state value", v)?;
+                match expiry(&value, now_ms) {
+                    Expiry::Keep => {}
+                    Expiry::Drop => changes.push((k.to_vec(), None)),
+                    Expiry::Replace(new) => {
+                        let mut bytes = Vec::new();
+                        codec::encode_into("state value", &new, &mut bytes)?;
+                        changes.push((k.to_vec(), Some(bytes)));
+                    }
+                }
+                Ok(())
+            })?;
+            let cost = count.max(1);
+            if cell.cleanup_budget < cost {
+                return Ok(());
+            }
+            cell.cleanup_budget -= cost;
+            cell.cleanup_cursor = (index + 1) % groups;
+            for (key, value) in changes {
+                match value {
+                    Some(v) => self.store.put(id, kg, &key, &v)?,
+                    None => self.store.delete(id, kg, &key)?,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a snapshot writes for one state.
+enum Part {
+    /// A registered state: its entries in the frozen store, with TTL's cleanup if any.
+    Stored(Option<SnapshotFilter>),
+    /// A restored state not registered yet: its bytes as read.
+    Pending(Arc<PendingState>),
+}
+
+/// The frozen view [`StoreKeyedStateBackend::snapshot`] returns.
+struct StoreSnapshot {
+    header: SnapshotHeader,
+    frozen: Box<dyn FrozenStore>,
+    parts: Vec<Part>,
+}
+
+impl StoreSnapshot {
+    /// Appends the block of registered state `id` in `kg`, checking the store's order.
+    fn write_stored(
+        &self,
+        id: i16,
+        kg: KeyGroup,
+        filter: Option<&SnapshotFilter>,
+        entries: &mut Vec<u8>,
+        section: &mut SectionWriter,
+    ) -> Result<(), StateError> {
+        entries.clear();
+        let mut count = 0u32;
+        let mut last: Option<Vec<u8>> = None;
+        let store_id = StoreStateId::try_from(id).unwrap_or(StoreStateId::MAX);
+        self.frozen.scan(store_id, kg, &mut |k, v| {
+            if last.as_deref().is_some_and(|l| l >= k) {
+                return Err(StateError::Core(CoreError::Encode {
+                    what: format!("state {id} in key group {kg}"),
+                    reason: "the store's scan is not in ascending order of the key bytes, or \
+                             repeats a key"
+                        .to_string(),
+                }));
+            }
+            last = Some(k.to_vec());
+            let value = match filter {
+                None => None,
+                Some(filter) => match filter(v)? {
+                    Expiry::Keep => None,
+                    Expiry::Drop => return Ok(()),
+                    Expiry::Replace(new) => Some(new),
+                },
+            };
+            count = count.checked_add(1).ok_or_else(|| {
+                StateError::Core(CoreError::Encode {
+                    what: format!("state {id} in key group {kg}"),
+                    reason: "more than u32::MAX entries".to_string(),
+                })
+            })?;
+            entries.extend_from_slice(k);
+            entries.extend_from_slice(value.as_deref().unwrap_or(v));
+            Ok(())
+        })?;
+        if count > 0 {
+            section.block(id, count, entries)?;
+        }
+        Ok(())
+    }
+}
+
+impl KeyedSnapshot for StoreSnapshot {
+    fn write_to(
+        self: Box<Self>,
+        out: &mut dyn std::io::Write,
+    ) -> Result<KeyedSnapshotLayout, StateError> {
+        let header = self.header.encode()?;
+        out.write_all(&header)?;
+        let mut pos = header.len() as u64;
+        let range = self.header.key_group_range;
+        let mut offsets = Vec::with_capacity(range.len() as usize);
+        let mut section = SectionWriter::for_header(&self.header);
+        let mut entries = Vec::new();
+        for (index, kg) in range.iter().enumerate() {
+            offsets.push(pos);
+            section.begin(kg);
+            for (meta, part) in self.header.states.iter().zip(&self.parts) {
+                match part {
+                    Part::Stored(filter) => {
+                        self.write_stored(meta.id, kg, filter.as_ref(), &mut entries, &mut section)?
+                    }
+                    Part::Pending(pending) => pending.write_group(index, meta.id, &mut section)?,
+                }
+            }
+            let bytes = section.finish()?;
+            out.write_all(bytes)?;
+            pos += bytes.len() as u64;
+        }
+        Ok(KeyedSnapshotLayout {
+            key_group_range: range,
+            header: (0, header.len() as u64),
+            offsets,
+            end: pos,
+        })
+    }
+}
