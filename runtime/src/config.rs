@@ -155,6 +155,9 @@ pub struct JobConfig {
     /// With `incremental`, the most snapshots a chain holds (a full one and its deltas) before
     /// a checkpoint is full again, which bounds what a restore reads.
     pub incremental_max_chain: u32,
+    /// Where keyed state lives (Flink's `state.backend.type`): the factory of each keyed
+    /// operator's backend. Default: [`weir_state::HeapStateBackend`].
+    pub state_backend: Arc<dyn weir_state::StateBackend>,
     /// Cluster mode: this process is the job manager or a task manager. `None`: the whole job
     /// runs in this process.
     pub cluster: Option<crate::roles::ClusterRole>,
@@ -260,6 +263,7 @@ impl Default for JobConfig {
             snapshot_compression: weir_state::Compression::None,
             incremental: false,
             incremental_max_chain: DEFAULT_INCREMENTAL_MAX_CHAIN,
+            state_backend: Arc::new(weir_state::HeapStateBackend),
             cluster: None,
             claim_mode: ClaimMode::NoClaim,
             job_lock_lease: DEFAULT_JOB_LOCK_LEASE,

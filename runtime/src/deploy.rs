@@ -35,6 +35,8 @@ pub(crate) struct BuildContext<'a> {
     pub snapshot_compression: weir_state::Compression,
     /// Incremental keyed snapshots: the chain limit, or `None` for full snapshots.
     pub incremental: Option<u32>,
+    /// The job's state backend.
+    pub state_backend: &'a Arc<dyn weir_state::StateBackend>,
     /// The generation's cancellation signal, shared by its operators.
     pub cancellation: crate::operator::Cancellation,
 }
@@ -46,6 +48,7 @@ impl BuildContext<'_> {
             processing_time: self.processing_time.clone(),
             snapshot_compression: self.snapshot_compression,
             incremental: self.incremental,
+            state_backend: Arc::clone(self.state_backend),
             index: self.subtask,
             parallelism: node.parallelism,
             max_parallelism: node.max_parallelism,

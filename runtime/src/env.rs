@@ -146,6 +146,15 @@ impl StreamEnvironment {
         self
     }
 
+    /// Where the job keeps its keyed state (Flink's `env.setStateBackend`): a factory of one
+    /// keyed backend per keyed operator and subtask. The default is
+    /// [`HeapStateBackend`](weir_state::HeapStateBackend); any [`StateBackend`] works, a
+    /// custom one typically as a [`KeyedStore`](weir_state::store::KeyedStore) of bytes.
+    pub fn set_state_backend(&self, backend: impl weir_state::StateBackend) -> &Self {
+        self.config_mut().state_backend = Arc::new(backend);
+        self
+    }
+
     /// Wraps or replaces the transport the job's subtasks exchange records through (see
     /// [`TransportLayer`](crate::config::TransportLayer)): `layer` gets the engine's own and
     /// returns the one to use.

@@ -75,6 +75,10 @@ pub(crate) struct TaskSettings {
     pub snapshot_compression: weir_state::Compression,
     /// Incremental keyed snapshots: the chain limit, or `None` for full snapshots.
     pub incremental: Option<u32>,
+    /// The [`name`](weir_state::StateBackend::name) of the job's state backend: every process
+    /// builds its own from the same program, and a task manager whose job has another refuses
+    /// the deployment.
+    pub state_backend: String,
 }
 
 /// One subtask to run: which, its attempt, and the state it restores.
@@ -134,6 +138,14 @@ impl ProcessTasks<'_> {
                 .iter()
                 .find(|v| v.id == key.vertex && key.subtask < v.parallelism)
                 .ok_or_else(|| JobError::Invalid(format!("no subtask {key} in this job")))?;
+            let ours = self.spec.config.state_backend.name();
+            if ours != self.settings.state_backend {
+                return Err(JobError::Invalid(format!(
+                    "the job manager runs the job with state backend '{}', and this process's \
+                     job is built with '{ours}': every process must set the same state backend",
+                    self.settings.state_backend
+                )));
+            }
             let processing_time = ProcessingTimeService::default();
             let ctx = BuildContext {
                 transport: self.transport,
@@ -149,6 +161,7 @@ impl ProcessTasks<'_> {
                 processing_time: processing_time.clone(),
                 snapshot_compression: self.settings.snapshot_compression,
                 incremental: self.settings.incremental,
+                state_backend: &self.spec.config.state_backend,
                 cancellation: cancellation.clone(),
             };
             let input = build_task(&ctx, &self.spec.factories)

@@ -461,6 +461,7 @@ pub(crate) async fn run_job(spec: JobSpec, canceller: JobClient) -> Result<JobRe
             mode: config.checkpoint.mode,
             snapshot_compression: config.snapshot_compression,
             incremental: config.incremental.then_some(config.incremental_max_chain),
+            state_backend: config.state_backend.name(),
         };
         // Where task managers find the checkpoint storage.
         let storage_root = if config.checkpoint.is_enabled() { config.storage.location() } else { None };

@@ -16,10 +16,10 @@ use weir_core::element::{SnapshotKind, Watermark};
 use weir_core::ids::OperatorId;
 use weir_core::keygroup::{KeyGroup, assign_to_key_group};
 use weir_state::{
-    AggregatingState, AggregatingStateDescriptor, HeapKeyedStateBackend, KeyedAccess,
-    KeyedStateBackend, ListState, ListStateDescriptor, MapKey, MapState, MapStateDescriptor,
-    ReducingState, ReducingStateDescriptor, RestorePart, StateKey, StateValue, ValueState,
-    ValueStateDescriptor,
+    AggregatingState, AggregatingStateDescriptor, KeyedAccess, KeyedBackend,
+    KeyedBackendParameters, KeyedStateBackend, ListState, ListStateDescriptor, MapKey, MapState,
+    MapStateDescriptor, ReducingState, ReducingStateDescriptor, RestorePart, StateError, StateKey,
+    StateValue, ValueState, ValueStateDescriptor,
 };
 
 /// Reads a record's key by reference (Flink's `KeySelector`).
@@ -30,26 +30,40 @@ pub type KeyFn<T, K> = Arc<dyn for<'a> Fn(&'a T) -> &'a K + Send + Sync>;
 pub struct KeyedBase<K: StateKey> {
     pub(crate) operator_id: OperatorId,
     pub(crate) info: SubtaskInfo,
-    pub(crate) backend: HeapKeyedStateBackend<K>,
+    pub(crate) backend: KeyedBackend<K>,
+    /// Why the job's state backend could not create this operator's: reported at open, before
+    /// any record (the heap stands in until then).
+    creation_failed: Option<StateError>,
 }
 
 impl<K: StateKey> KeyedBase<K> {
-    /// For subtask `info`; the backend owns the subtask's key-group range.
+    /// For subtask `info`: the backend the job's state backend creates, owning the subtask's
+    /// key-group range.
     pub fn new(operator_id: OperatorId, info: SubtaskInfo) -> Self {
-        let mut backend = HeapKeyedStateBackend::new(info.max_parallelism, info.key_group_range())
-            .with_compression(info.snapshot_compression);
-        if let Some(max_chain) = info.incremental {
-            backend = backend.with_incremental(max_chain);
-        }
+        let range = info.key_group_range();
+        let parameters = KeyedBackendParameters::new(
+            operator_id,
+            &info.task_name,
+            info.index,
+            info.max_parallelism,
+            range,
+        )
+        .with(info.attempt, info.snapshot_compression, info.incremental);
+        let (backend, creation_failed) =
+            match KeyedBackend::create(info.state_backend.as_ref(), &parameters) {
+                Ok(backend) => (backend, None),
+                Err(e) => (KeyedBackend::heap(info.max_parallelism, range), Some(e)),
+            };
         KeyedBase {
             operator_id,
             info,
             backend,
+            creation_failed,
         }
     }
 
     /// The backend.
-    pub fn backend(&mut self) -> &mut HeapKeyedStateBackend<K> {
+    pub fn backend(&mut self) -> &mut KeyedBackend<K> {
         &mut self.backend
     }
 
@@ -76,6 +90,15 @@ impl<K: StateKey> KeyedBase<K> {
     pub fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> Result<bool, TaskError> {
         match event {
             Lifecycle::Open(ctx) => {
+                if let Some(e) = self.creation_failed.take() {
+                    return Err(TaskError::Operator {
+                        operator: self.info.task_name.clone(),
+                        message: format!(
+                            "the state backend '{}' could not create its keyed backend: {e}",
+                            self.info.state_backend.name()
+                        ),
+                    });
+                }
                 if let Some(restored) = ctx.operators.remove(&self.operator_id) {
                     let parts: Vec<RestorePart<'_>> = restored
                         .keyed
@@ -244,12 +267,12 @@ where
 
 /// Where a keyed process function registers its states at open time.
 pub struct KeyedStateRegistry<'a, K: StateKey> {
-    backend: &'a mut HeapKeyedStateBackend<K>,
+    backend: &'a mut KeyedBackend<K>,
 }
 
 impl<'a, K: StateKey> KeyedStateRegistry<'a, K> {
     /// The registry of `backend`.
-    pub(crate) fn new(backend: &'a mut HeapKeyedStateBackend<K>) -> Self {
+    pub(crate) fn new(backend: &'a mut KeyedBackend<K>) -> Self {
         KeyedStateRegistry { backend }
     }
 }
@@ -330,7 +353,7 @@ impl<K: StateKey> TimerService<K> {
     /// Registers the timer states in `backend` (after its restore) and queues every restored
     /// timer.
     pub fn open(
-        backend: &mut HeapKeyedStateBackend<K>,
+        backend: &mut KeyedBackend<K>,
         processing_time: ProcessingTimeService,
     ) -> Result<Self, TaskError> {
         let event_state = backend.value_state(&ValueStateDescriptor::<BTreeSet<i64>>::new(
@@ -347,20 +370,21 @@ impl<K: StateKey> TimerService<K> {
             watermark: i64::MIN,
             processing_time,
         };
-        for (key, set) in backend.entries(event_state) {
+        let TimerService {
+            event_queue,
+            processing_queue,
+            ..
+        } = &mut timers;
+        backend.for_each_entry(event_state, &mut |key, set| {
             for ts in set {
-                timers.event_queue.entry(*ts).or_default().push(key.clone());
+                event_queue.entry(*ts).or_default().push(key.clone());
             }
-        }
-        for (key, set) in backend.entries(processing_state) {
+        });
+        backend.for_each_entry(processing_state, &mut |key, set| {
             for ts in set {
-                timers
-                    .processing_queue
-                    .entry(*ts)
-                    .or_default()
-                    .push(key.clone());
+                processing_queue.entry(*ts).or_default().push(key.clone());
             }
-        }
+        });
         timers.publish_processing_time();
         Ok(timers)
     }
@@ -390,7 +414,7 @@ impl<K: StateKey> TimerService<K> {
 
     fn register(
         &mut self,
-        backend: &mut HeapKeyedStateBackend<K>,
+        backend: &mut KeyedBackend<K>,
         domain: TimeDomain,
         key: &K,
         key_group: KeyGroup,
@@ -413,7 +437,7 @@ impl<K: StateKey> TimerService<K> {
 
     fn delete(
         &mut self,
-        backend: &mut HeapKeyedStateBackend<K>,
+        backend: &mut KeyedBackend<K>,
         domain: TimeDomain,
         key: &K,
         key_group: KeyGroup,
@@ -439,7 +463,7 @@ impl<K: StateKey> TimerService<K> {
     /// state. Deleted timers are skipped.
     pub(crate) fn pop_due(
         &mut self,
-        backend: &mut HeapKeyedStateBackend<K>,
+        backend: &mut KeyedBackend<K>,
         domain: TimeDomain,
         until: i64,
         max_parallelism: u32,
@@ -480,7 +504,7 @@ impl<K: StateKey> TimerService<K> {
 pub struct KeyedContext<'a, K: StateKey> {
     key: &'a K,
     key_group: KeyGroup,
-    backend: &'a mut HeapKeyedStateBackend<K>,
+    backend: &'a mut KeyedBackend<K>,
     timers: &'a mut TimerService<K>,
 }
 
@@ -489,7 +513,7 @@ impl<'a, K: StateKey> KeyedContext<'a, K> {
     pub(crate) fn new(
         key: &'a K,
         key_group: KeyGroup,
-        backend: &'a mut HeapKeyedStateBackend<K>,
+        backend: &'a mut KeyedBackend<K>,
         timers: &'a mut TimerService<K>,
     ) -> Self {
         KeyedContext {
@@ -563,7 +587,7 @@ impl<'a, K: StateKey> KeyedContext<'a, K> {
 
     /// Every state of the current key: list, map, reducing and aggregating states as well as
     /// value states (`ctx.state().list_add(items, x)`).
-    pub fn state(&mut self) -> KeyedAccess<'_, K, HeapKeyedStateBackend<K>> {
+    pub fn state(&mut self) -> KeyedAccess<'_, K, KeyedBackend<K>> {
         KeyedAccess::new(self.backend, self.key, self.key_group)
     }
 

@@ -134,6 +134,8 @@ pub struct SubtaskInfo {
     pub snapshot_compression: weir_state::Compression,
     /// Incremental keyed snapshots: the most snapshots in a chain, or `None` for full ones.
     pub incremental: Option<u32>,
+    /// The job's state backend, which creates each keyed operator's backend.
+    pub state_backend: std::sync::Arc<dyn weir_state::StateBackend>,
     /// Set when the subtask is cancelled: an operator whose work per record is long checks it
     /// between records (and inside a long record) and returns [`TaskError::Canceled`].
     pub cancellation: Cancellation,

@@ -489,9 +489,9 @@ impl<K: StateKey + Ord, A: Send + 'static, V: StateValue> OneInputOperator<(A, V
         }
         if let (Lifecycle::EndInput, Some(state)) = (event, self.state) {
             let mut map = lock(&self.handle.map);
-            for (k, v) in self.base.backend().entries(state) {
+            self.base.backend().for_each_entry(state, &mut |k, v| {
                 map.insert(k.clone(), v.clone());
-            }
+            });
         }
         Ok(())
     }

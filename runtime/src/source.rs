@@ -386,6 +386,7 @@ mod tests {
             processing_time: Default::default(),
             snapshot_compression: Default::default(),
             incremental: None,
+            state_backend: std::sync::Arc::new(weir_state::HeapStateBackend),
             index,
             parallelism,
             max_parallelism: 128,

@@ -1,6 +1,10 @@
 //! Weir's state: keyed state by key group, operator state, and their snapshots.
 //!
 //! - [`keyed`]: the [`KeyedStateBackend`] seam, state descriptors and typed state handles.
+//! - [`backend`]: the [`StateBackend`] a job chooses (a factory of keyed backends) and
+//!   [`KeyedBackend`], what a keyed operator runs on.
+//! - [`store`]: the [`store::KeyedStore`] seam, keyed state as bytes (Flink's RocksDB shape), and
+//!   the typed backend over any store.
 //! - [`heap`]: the heap backend: per-key-group tables with copy-on-write snapshots.
 //! - [`conformance`]: the keyed-backend contract as a suite every [`KeyedStateBackend`] must pass
 //!   (Flink's `StateBackendTestBase`).
@@ -15,15 +19,20 @@
 //! checkpoint storage, the network, or tokio.
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod conformance;
 pub mod error;
 pub mod format;
 pub mod heap;
 pub mod keyed;
 pub mod operator;
-pub mod store;
 mod restored;
+pub mod store;
 
+pub use backend::{
+    HeapStateBackend, KeyedBackend, KeyedBackendKind, KeyedBackendParameters,
+    MemoryStoreStateBackend, StateBackend,
+};
 pub use error::StateError;
 pub use format::{Compression, ParseCompressionError};
 pub use heap::HeapKeyedStateBackend;

@@ -25,8 +25,8 @@ use crate::format::{
 };
 use crate::heap::{TtlClock, wall_clock_ms};
 use crate::keyed::{
-    Expiry, ExpiryFn, KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart,
-    StateKey, StateOptions, StateValue, ValueState,
+    Expiry, ExpiryFn, KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart, StateKey,
+    StateOptions, StateValue, ValueState,
 };
 use crate::restored::{self, PendingState, Restored, incompatible};
 use rustc_hash::FxHashMap;
@@ -158,7 +158,11 @@ impl KeyedStore for MemoryKeyedStore {
         value: &mut Vec<u8>,
     ) -> Result<bool, StateError> {
         value.clear();
-        match self.tables.get(&(state, key_group)).and_then(|t| t.get(key)) {
+        match self
+            .tables
+            .get(&(state, key_group))
+            .and_then(|t| t.get(key))
+        {
             Some(v) => {
                 value.extend_from_slice(v);
                 Ok(true)
@@ -500,6 +504,22 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
         Ok(())
     }
 
+    /// Number of entries over all registered states and key groups.
+    pub fn num_entries(&mut self) -> Result<usize, StateError> {
+        self.flush_all()?;
+        let mut count = 0;
+        for id in 0..self.states.len() {
+            let id = StoreStateId::try_from(id).unwrap_or(StoreStateId::MAX);
+            for kg in self.range.iter() {
+                self.store.scan(id, kg, &mut |_, _| {
+                    count += 1;
+                    Ok(())
+                })?;
+            }
+        }
+        Ok(count)
+    }
+
     /// Every entry of a value state, decoded, key group by key group.
     pub fn for_each<V: StateValue>(
         &mut self,
@@ -554,7 +574,8 @@ impl<K: StateKey> KeyedStateBackend<K> for StoreKeyedStateBackend<K> {
             return Ok(ValueState::from_id(id));
         }
         let pending = self.restored.pending.get(name).cloned();
-        let count = self.states.len() + self.restored.pending.len() + usize::from(pending.is_none());
+        let count =
+            self.states.len() + self.restored.pending.len() + usize::from(pending.is_none());
         let too_many = || StateError::TooManyStates {
             name: name.to_string(),
             count,

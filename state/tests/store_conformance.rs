@@ -92,7 +92,11 @@ impl KeyedStore for Broken {
 
 #[test]
 fn a_broken_store_fails_the_suite() {
-    for fault in [Fault::KeepsDeleted, Fault::IgnoresOverwrites, Fault::ScansOne] {
+    for fault in [
+        Fault::KeepsDeleted,
+        Fault::IgnoresOverwrites,
+        Fault::ScansOne,
+    ] {
         let make_string = move |max_p, range| {
             StoreKeyedStateBackend::<String>::new(
                 Box::new(Broken {

@@ -6,33 +6,50 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 use weir_core::handle::{KeyedStateHandle, StreamStateHandle};
+use weir_core::ids::OperatorId;
 use weir_core::keygroup::{KeyGroupRange, assign_to_key_group};
 use weir_state::{
-    AggregateFunction, AggregatingStateDescriptor, HeapKeyedStateBackend, KeyedAccess,
-    KeyedStateBackend, ListStateDescriptor, MapStateDescriptor, ReducingStateDescriptor,
-    RestorePart, StateTtlConfig, TtlUpdateType, TtlVisibility, ValueStateDescriptor,
+    AggregateFunction, AggregatingStateDescriptor, HeapStateBackend, KeyedAccess, KeyedBackend,
+    KeyedBackendParameters, KeyedStateBackend, ListStateDescriptor, MapStateDescriptor,
+    MemoryStoreStateBackend, ReducingStateDescriptor, RestorePart, StateBackend, StateTtlConfig,
+    TtlUpdateType, TtlValue, TtlVisibility, ValueState, ValueStateDescriptor,
 };
 
 const MAX_P: u32 = 128;
 
-fn backend() -> HeapKeyedStateBackend<String> {
-    HeapKeyedStateBackend::new(MAX_P, KeyGroupRange::new(0, MAX_P - 1))
+/// The backend under test: each test runs on the heap and on the memory store.
+type B = KeyedBackend<String>;
+
+thread_local! {
+    static BACKEND: std::cell::Cell<&'static str> = const { std::cell::Cell::new("heap") };
+}
+
+fn backend() -> B {
+    let range = KeyGroupRange::new(0, MAX_P - 1);
+    let chosen: &dyn StateBackend = match BACKEND.get() {
+        "heap" => &HeapStateBackend,
+        _ => &MemoryStoreStateBackend,
+    };
+    let parameters = KeyedBackendParameters::new(OperatorId(1), "ttl", 0, MAX_P, range);
+    KeyedBackend::create(chosen, &parameters).unwrap()
+}
+
+/// The values of a TTL value state, through `for_each_entry`.
+fn entries(b: &mut B, raw: ValueState<TtlValue<u64>>) -> Vec<u64> {
+    let mut values = Vec::new();
+    b.for_each_entry(raw, &mut |_, v| values.push(v.value));
+    values
 }
 
 fn ttl(ms: u64) -> StateTtlConfig {
     StateTtlConfig::new(Duration::from_millis(ms))
 }
 
-fn at<'a>(
-    b: &'a mut HeapKeyedStateBackend<String>,
-    key: &'a String,
-    now: i64,
-) -> KeyedAccess<'a, String, HeapKeyedStateBackend<String>> {
+fn at<'a>(b: &'a mut B, key: &'a String, now: i64) -> KeyedAccess<'a, String, B> {
     let kg = assign_to_key_group(key, MAX_P);
     KeyedAccess::new(b, key, kg).at(now)
 }
 
-#[test]
 fn a_value_expires_after_its_ttl_since_the_last_write() {
     let mut b = backend();
     let s = b
@@ -52,7 +69,6 @@ fn a_value_expires_after_its_ttl_since_the_last_write() {
     assert_eq!(at(&mut b, &k, 2_050).value(s), Some(&8));
 }
 
-#[test]
 fn on_read_and_write_renews_on_every_read() {
     let mut b = backend();
     let s = b
@@ -69,7 +85,6 @@ fn on_read_and_write_renews_on_every_read() {
     assert_eq!(at(&mut b, &k, 460).value(s), None);
 }
 
-#[test]
 fn return_expired_if_not_cleaned_up_returns_it_until_a_cleanup() {
     let mut b = backend();
     let s = b
@@ -97,7 +112,6 @@ fn return_expired_if_not_cleaned_up_returns_it_until_a_cleanup() {
     assert_eq!(at(&mut b, &k, 50).value(s), None);
 }
 
-#[test]
 fn list_elements_expire_one_by_one() {
     let mut b = backend();
     let s = b
@@ -117,7 +131,6 @@ fn list_elements_expire_one_by_one() {
     );
 }
 
-#[test]
 fn map_entries_expire_one_by_one() {
     let mut b = backend();
     let s = b
@@ -153,7 +166,6 @@ impl AggregateFunction<u64, (u64, u64), f64> for Avg {
     }
 }
 
-#[test]
 fn reducing_and_aggregating_states_start_over_after_expiry() {
     let mut b = backend();
     let r = b
@@ -185,7 +197,7 @@ fn reducing_and_aggregating_states_start_over_after_expiry() {
     assert_eq!(at(&mut b, &k, 300).aggregated(&a), Some(4.0));
 }
 
-fn write(b: &mut HeapKeyedStateBackend<String>) -> (KeyedStateHandle, Vec<u8>) {
+fn write(b: &mut B) -> (KeyedStateHandle, Vec<u8>) {
     let snap = b.snapshot().unwrap();
     let mut bytes = Vec::new();
     let layout = snap.write_to(&mut bytes).unwrap();
@@ -195,7 +207,7 @@ fn write(b: &mut HeapKeyedStateBackend<String>) -> (KeyedStateHandle, Vec<u8>) {
     )
 }
 
-fn restore(handle: &KeyedStateHandle, bytes: &[u8]) -> HeapKeyedStateBackend<String> {
+fn restore(handle: &KeyedStateHandle, bytes: &[u8]) -> B {
     let mut b = backend();
     let (h0, h1) = handle.header;
     let start = handle.offsets[0];
@@ -209,7 +221,6 @@ fn restore(handle: &KeyedStateHandle, bytes: &[u8]) -> HeapKeyedStateBackend<Str
     b
 }
 
-#[test]
 fn full_snapshots_leave_expired_entries_out() {
     let clock = Arc::new(AtomicI64::new(0));
     let c = clock.clone();
@@ -226,7 +237,7 @@ fn full_snapshots_leave_expired_entries_out() {
     let mut r = restore(&handle, &bytes);
     let s2 = r.value_state(&d).unwrap();
     let raw = weir_state::ValueState::<weir_state::TtlValue<u64>>::from_id(s2.id);
-    let kept: Vec<u64> = r.entries(raw).map(|(_, v)| v.value).collect();
+    let kept: Vec<u64> = entries(&mut r, raw);
     assert_eq!(
         kept.len(),
         500,
@@ -246,10 +257,9 @@ fn full_snapshots_leave_expired_entries_out() {
     let mut r2 = restore(&handle, &bytes);
     let s4 = r2.value_state(&d2).unwrap();
     let raw = weir_state::ValueState::<weir_state::TtlValue<u64>>::from_id(s4.id);
-    assert_eq!(r2.entries(raw).count(), 1);
+    assert_eq!(entries(&mut r2, raw).len(), 1);
 }
 
-#[test]
 fn incremental_cleanup_removes_expired_entries_as_the_state_is_used() {
     let mut b = backend();
     let s = b
@@ -260,16 +270,15 @@ fn incremental_cleanup_removes_expired_entries_as_the_state_is_used() {
     for i in 0..2000u64 {
         at(&mut b, &format!("old{i}"), 0).update(s, i);
     }
-    assert_eq!(b.num_entries(), 2000);
+    assert_eq!(b.num_entries().unwrap(), 2000);
     // Later accesses of one live key check 50 entries each: 2000 entries take ~40 of them.
     let live = "live".to_string();
     for n in 0..100 {
         at(&mut b, &live, 1_000 + n).update(s, n as u64);
     }
-    assert_eq!(b.num_entries(), 1, "only the live key is left");
+    assert_eq!(b.num_entries().unwrap(), 1, "only the live key is left");
 }
 
-#[test]
 fn ttl_and_plain_registrations_of_one_state_are_incompatible() {
     let mut b = backend();
     b.value_state(&ValueStateDescriptor::<u64>::new("v").enable_ttl(ttl(10)))
@@ -283,7 +292,6 @@ fn ttl_and_plain_registrations_of_one_state_are_incompatible() {
     assert!(err.contains("'v'") && err.contains("TtlValue"), "{err}");
 }
 
-#[test]
 fn clearing_a_ttl_state_of_any_kind_works() {
     let mut b = backend();
     let v = b
@@ -320,5 +328,38 @@ fn clearing_a_ttl_state_of_any_kind_works() {
     assert!(s.map_is_empty(m));
     assert_eq!(s.reduced(&r), None);
     assert_eq!(s.aggregated(&a), None);
-    assert_eq!(b.num_entries(), 0);
+    assert_eq!(b.num_entries().unwrap(), 0);
 }
+
+/// Runs each test on every backend.
+macro_rules! on_every_backend {
+    ($($test:ident),* $(,)?) => {
+        mod heap {
+            $(#[test]
+            fn $test() {
+                super::BACKEND.set("heap");
+                super::$test();
+            })*
+        }
+        mod memory_store {
+            $(#[test]
+            fn $test() {
+                super::BACKEND.set("memory-store");
+                super::$test();
+            })*
+        }
+    };
+}
+
+on_every_backend!(
+    a_value_expires_after_its_ttl_since_the_last_write,
+    on_read_and_write_renews_on_every_read,
+    return_expired_if_not_cleaned_up_returns_it_until_a_cleanup,
+    list_elements_expire_one_by_one,
+    map_entries_expire_one_by_one,
+    reducing_and_aggregating_states_start_over_after_expiry,
+    full_snapshots_leave_expired_entries_out,
+    incremental_cleanup_removes_expired_entries_as_the_state_is_used,
+    ttl_and_plain_registrations_of_one_state_are_incompatible,
+    clearing_a_ttl_state_of_any_kind_works,
+);

@@ -220,6 +220,7 @@ fn deploy() -> Deploy {
             mode: CheckpointingMode::ExactlyOnce,
             snapshot_compression: weir_state::Compression::Lz4,
             incremental: Some(4),
+            state_backend: "heap".to_string(),
         },
         storage: Some("/tmp/weir-checkpoints".to_string()),
         chain_epoch: 1,

@@ -11,8 +11,9 @@ use weir_checkpoint::coordinator::TaskKey;
 use weir_core::ids::{CheckpointId, JobId, SubtaskIndex, VertexId};
 
 /// The version of these messages and of the RPC service's answers; a peer with another one is
-/// refused with both numbers. 2: the service's errors are a typed `RpcError`, not text.
-pub(crate) const PROTOCOL_VERSION: u8 = 2;
+/// refused with both numbers. 2: the service's errors are a typed `RpcError`, not text. 3: a
+/// deployment's settings name the job's state backend.
+pub(crate) const PROTOCOL_VERSION: u8 = 3;
 
 /// From the job manager to a task manager, delivered in order.
 #[derive(Debug, Serialize, Deserialize)]

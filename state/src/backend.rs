@@ -1,0 +1,320 @@
+//! Choosing a keyed-state backend: the [`StateBackend`] a job is configured with (Flink's
+//! `StateBackend#createKeyedStateBackend`), and [`KeyedBackend`], what each keyed operator runs
+//! on.
+//!
+//! A [`StateBackend`] is object-safe, so a job can hold any: it creates, for one keyed operator
+//! in one subtask, either the heap tables ([`KeyedBackendKind::Heap`]) or a [`KeyedStore`] of
+//! bytes. [`KeyedBackend`] is the typed backend either way; it dispatches by a `match`, so the
+//! heap's hot path stays statically dispatched and inlined.
+
+use crate::StateError;
+use crate::format::{Compression, StateKind};
+use crate::heap::{HeapKeyedStateBackend, TtlClock};
+use crate::keyed::{
+    KeyedSnapshot, KeyedStateBackend, RestorePart, StateKey, StateOptions, StateValue, ValueState,
+};
+use crate::store::{KeyedStore, MemoryKeyedStore, StoreKeyedStateBackend};
+use std::fmt;
+use weir_core::ids::OperatorId;
+use weir_core::keygroup::{KeyGroup, KeyGroupRange};
+
+/// What a [`StateBackend`] knows of the keyed operator and subtask it creates a backend for.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct KeyedBackendParameters {
+    /// The operator (stable across runs: derived from its uid or its place in the graph).
+    pub operator_id: OperatorId,
+    /// The operator's name.
+    pub operator_name: String,
+    /// The subtask's index.
+    pub subtask_index: u32,
+    /// The attempt of the subtask (0 at first, then one more per restart).
+    pub attempt: u32,
+    /// The number of key groups keys are hashed into.
+    pub max_parallelism: u32,
+    /// The key groups this subtask owns.
+    pub key_group_range: KeyGroupRange,
+    /// How snapshots compress each key group.
+    pub compression: Compression,
+    /// Incremental checkpoints: the most snapshots in a chain, or `None` for full ones.
+    pub incremental: Option<u32>,
+}
+
+impl KeyedBackendParameters {
+    /// The parameters of subtask `subtask_index` owning `key_group_range` of `max_parallelism`,
+    /// with the other fields at their defaults (first attempt, no compression, full snapshots).
+    pub fn new(
+        operator_id: OperatorId,
+        operator_name: impl Into<String>,
+        subtask_index: u32,
+        max_parallelism: u32,
+        key_group_range: KeyGroupRange,
+    ) -> Self {
+        KeyedBackendParameters {
+            operator_id,
+            operator_name: operator_name.into(),
+            subtask_index,
+            attempt: 0,
+            max_parallelism,
+            key_group_range,
+            compression: Compression::None,
+            incremental: None,
+        }
+    }
+
+    /// These parameters, for attempt `attempt`, with `compression` and `incremental`.
+    pub fn with(
+        mut self,
+        attempt: u32,
+        compression: Compression,
+        incremental: Option<u32>,
+    ) -> Self {
+        self.attempt = attempt;
+        self.compression = compression;
+        self.incremental = incremental;
+        self
+    }
+}
+
+/// What a [`StateBackend`] creates for one keyed operator in one subtask.
+pub enum KeyedBackendKind {
+    /// The heap backend's typed tables.
+    Heap,
+    /// A store of bytes, behind [`StoreKeyedStateBackend`].
+    Store(Box<dyn KeyedStore>),
+}
+
+impl fmt::Debug for KeyedBackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KeyedBackendKind::Heap => "Heap",
+            KeyedBackendKind::Store(_) => "Store",
+        })
+    }
+}
+
+/// Where a job keeps its keyed state: a factory of one backend per keyed operator and subtask
+/// (Flink's `StateBackend`). Set with `env.set_state_backend(..)`; the default is
+/// [`HeapStateBackend`].
+///
+/// In cluster mode every process builds the job, and so its backend, from the same program;
+/// the job manager and each task manager compare the backends' [`name`](Self::name)s.
+pub trait StateBackend: Send + Sync + fmt::Debug + 'static {
+    /// A short name, printed by the job and compared across the processes of a cluster.
+    fn name(&self) -> String;
+
+    /// Creates the keyed backend of one keyed operator in one subtask, before its restore.
+    fn create_keyed_backend(
+        &self,
+        parameters: &KeyedBackendParameters,
+    ) -> Result<KeyedBackendKind, StateError>;
+}
+
+/// Keyed state in typed hash tables on the heap (Flink's `HashMapStateBackend`): the default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeapStateBackend;
+
+impl StateBackend for HeapStateBackend {
+    fn name(&self) -> String {
+        "heap".to_string()
+    }
+
+    fn create_keyed_backend(
+        &self,
+        _parameters: &KeyedBackendParameters,
+    ) -> Result<KeyedBackendKind, StateError> {
+        Ok(KeyedBackendKind::Heap)
+    }
+}
+
+/// Keyed state as bytes in a [`MemoryKeyedStore`] per operator and subtask: the reference
+/// store backend, which runs every keyed operator through the [`KeyedStore`] seam.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStoreStateBackend;
+
+impl StateBackend for MemoryStoreStateBackend {
+    fn name(&self) -> String {
+        "memory-store".to_string()
+    }
+
+    fn create_keyed_backend(
+        &self,
+        _parameters: &KeyedBackendParameters,
+    ) -> Result<KeyedBackendKind, StateError> {
+        Ok(KeyedBackendKind::Store(Box::new(MemoryKeyedStore::new())))
+    }
+}
+
+/// The keyed-state backend of one keyed operator in one subtask, whichever its
+/// [`StateBackend`] created.
+pub enum KeyedBackend<K> {
+    /// The heap backend.
+    Heap(HeapKeyedStateBackend<K>),
+    /// A store of bytes.
+    Store(StoreKeyedStateBackend<K>),
+}
+
+impl<K> fmt::Debug for KeyedBackend<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyedBackend::Heap(b) => b.fmt(f),
+            KeyedBackend::Store(b) => b.fmt(f),
+        }
+    }
+}
+
+impl<K: StateKey> KeyedBackend<K> {
+    /// The backend `backend` creates for `parameters`, set up with their compression and
+    /// incremental mode (a store backend takes full snapshots).
+    pub fn create(
+        backend: &dyn StateBackend,
+        parameters: &KeyedBackendParameters,
+    ) -> Result<Self, StateError> {
+        let (max_p, range) = (parameters.max_parallelism, parameters.key_group_range);
+        Ok(match backend.create_keyed_backend(parameters)? {
+            KeyedBackendKind::Heap => {
+                let mut heap = HeapKeyedStateBackend::new(max_p, range)
+                    .with_compression(parameters.compression);
+                if let Some(max_chain) = parameters.incremental {
+                    heap = heap.with_incremental(max_chain);
+                }
+                KeyedBackend::Heap(heap)
+            }
+            KeyedBackendKind::Store(store) => KeyedBackend::Store(
+                StoreKeyedStateBackend::new(store, max_p, range)
+                    .with_compression(parameters.compression),
+            ),
+        })
+    }
+
+    /// A heap backend for the key groups `range` of `max_parallelism`.
+    pub fn heap(max_parallelism: u32, range: KeyGroupRange) -> Self {
+        KeyedBackend::Heap(HeapKeyedStateBackend::new(max_parallelism, range))
+    }
+
+    /// This backend, with `clock` as the processing time of TTL's full-snapshot cleanup.
+    pub fn with_clock(self, clock: TtlClock) -> Self {
+        match self {
+            KeyedBackend::Heap(b) => KeyedBackend::Heap(b.with_clock(clock)),
+            KeyedBackend::Store(b) => KeyedBackend::Store(b.with_clock(clock)),
+        }
+    }
+
+    /// Number of entries over all registered states and key groups (a store's are counted by
+    /// scanning it).
+    pub fn num_entries(&mut self) -> Result<usize, StateError> {
+        match self {
+            KeyedBackend::Heap(b) => Ok(b.num_entries()),
+            KeyedBackend::Store(b) => b.num_entries(),
+        }
+    }
+
+    /// Names of the registered states, by id.
+    pub fn state_names(&self) -> Vec<&str> {
+        match self {
+            KeyedBackend::Heap(b) => b.state_names(),
+            KeyedBackend::Store(b) => b.state_names(),
+        }
+    }
+}
+
+/// Forwards a call to whichever backend this is.
+macro_rules! each {
+    ($self:ident, $b:ident => $call:expr) => {
+        match $self {
+            KeyedBackend::Heap($b) => $call,
+            KeyedBackend::Store($b) => $call,
+        }
+    };
+}
+
+impl<K: StateKey> KeyedStateBackend<K> for KeyedBackend<K> {
+    fn key_group_range(&self) -> KeyGroupRange {
+        each!(self, b => b.key_group_range())
+    }
+
+    fn max_parallelism(&self) -> u32 {
+        each!(self, b => b.max_parallelism())
+    }
+
+    fn register_state<V: StateValue>(
+        &mut self,
+        name: &str,
+        kind: StateKind,
+        options: StateOptions<V>,
+    ) -> Result<ValueState<V>, StateError> {
+        each!(self, b => b.register_state(name, kind, options))
+    }
+
+    fn cleanup_expired<V: StateValue>(&mut self, state: ValueState<V>, budget: usize, now_ms: i64) {
+        each!(self, b => b.cleanup_expired(state, budget, now_ms))
+    }
+
+    #[inline]
+    fn value<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        key: &K,
+        key_group: KeyGroup,
+    ) -> Option<&V> {
+        each!(self, b => b.value(state, key, key_group))
+    }
+
+    #[inline]
+    fn value_mut_or_insert<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        key: &K,
+        key_group: KeyGroup,
+        init: impl FnOnce() -> V,
+    ) -> &mut V {
+        each!(self, b => b.value_mut_or_insert(state, key, key_group, init))
+    }
+
+    #[inline]
+    fn update<V: StateValue>(
+        &mut self,
+        state: ValueState<V>,
+        key: &K,
+        key_group: KeyGroup,
+        value: V,
+    ) {
+        each!(self, b => b.update(state, key, key_group, value))
+    }
+
+    #[inline]
+    fn clear<V: StateValue>(&mut self, state: ValueState<V>, key: &K, key_group: KeyGroup) {
+        each!(self, b => b.clear(state, key, key_group))
+    }
+
+    fn for_each_entry<V: StateValue>(&mut self, state: ValueState<V>, f: &mut dyn FnMut(&K, &V)) {
+        each!(self, b => b.for_each_entry(state, f))
+    }
+
+    fn snapshot(&mut self) -> Result<Box<dyn KeyedSnapshot>, StateError> {
+        each!(self, b => b.snapshot())
+    }
+
+    fn restore(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError> {
+        each!(self, b => b.restore(parts))
+    }
+
+    fn snapshot_incremental(
+        &mut self,
+        checkpoint_id: u64,
+    ) -> Result<Box<dyn KeyedSnapshot>, StateError> {
+        each!(self, b => b.snapshot_incremental(checkpoint_id))
+    }
+
+    fn notify_checkpoint_complete(&mut self, checkpoint_id: u64) {
+        each!(self, b => b.notify_checkpoint_complete(checkpoint_id))
+    }
+
+    fn notify_checkpoint_aborted(&mut self, checkpoint_id: u64) {
+        each!(self, b => b.notify_checkpoint_aborted(checkpoint_id))
+    }
+
+    fn start_new_chain(&mut self) {
+        each!(self, b => b.start_new_chain())
+    }
+}
