@@ -3,6 +3,7 @@
 
 mod support;
 use support::{Bounded, BoundedCommand};
+use weir_state::{HeapStateBackend, MemoryStoreStateBackend, StateBackend};
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -437,6 +438,7 @@ struct JobOptions<'a> {
     restart: RestartStrategy,
     /// Spread the rules over the readings (see [`LaneSource`]'s `pace`).
     pace_rules: bool,
+    state_backend: Arc<dyn StateBackend>,
 }
 
 impl<'a> JobOptions<'a> {
@@ -458,6 +460,7 @@ impl<'a> JobOptions<'a> {
                 delay: Duration::from_millis(5),
             },
             pace_rules: true,
+            state_backend: Arc::new(HeapStateBackend),
         }
     }
 }
@@ -466,6 +469,7 @@ impl<'a> JobOptions<'a> {
 /// rules (lanes) → [inject] → broadcast ───────┴→ ApplyRules → sink.
 fn keyed_job(o: &JobOptions<'_>) -> (StreamEnvironment, Arc<Collected<Total>>) {
     let env = StreamEnvironment::new();
+    env.set_state_backend(o.state_backend.clone());
     env.set_job_name("broadcast-test")
         .set_max_parallelism(MAX_PARALLELISM)
         .set_checkpoint_dir(o.checkpoint_dir)
@@ -778,6 +782,16 @@ async fn plain_broadcast_reaches_every_subtask_and_main_records_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_broadcast_is_exactly_once_under_failures() {
+    keyed_broadcast_exactly_once(Arc::new(HeapStateBackend)).await;
+}
+
+/// The same with the keyed state in a store of bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_broadcast_is_exactly_once_under_failures_on_a_store_backend() {
+    keyed_broadcast_exactly_once(Arc::new(MemoryStoreStateBackend)).await;
+}
+
+async fn keyed_broadcast_exactly_once(backend: Arc<dyn StateBackend>) {
     let seed = test_seed();
     let tmp = tempfile::tempdir().unwrap();
     for round in 0..3u64 {
@@ -798,6 +812,7 @@ async fn keyed_broadcast_is_exactly_once_under_failures() {
         let mut o = JobOptions::new(3, &dir);
         o.checkpoint_interval = Some(interval);
         o.failures = Some(failures.clone());
+        o.state_backend = backend.clone();
         let (env, collected) = keyed_job(&o);
         let r = env
             .execute()

@@ -17,9 +17,9 @@ use weir_runtime::{
     CollectHandle, DataStream, JobError, RestartStrategy, StreamEnvironment, TaskError,
 };
 use weir_state::{
-    AggregateFunction, AggregatingState, AggregatingStateDescriptor, ListState,
-    ListStateDescriptor, MapState, MapStateDescriptor, ReducingState, ReducingStateDescriptor,
-    ValueState, ValueStateDescriptor,
+    AggregateFunction, AggregatingState, AggregatingStateDescriptor, HeapStateBackend, ListState,
+    ListStateDescriptor, MapState, MapStateDescriptor, MemoryStoreStateBackend, ReducingState,
+    ReducingStateDescriptor, ValueState, ValueStateDescriptor,
 };
 
 /// The failure injector sleeps 1 ms every this many records: slow enough for checkpoints to
@@ -273,8 +273,25 @@ fn job(env: &StreamEnvironment, records: u64, failures: &Arc<Failures>) -> Colle
         .collect()
 }
 
-fn environment(root: &Path, parallelism: u32, restart: RestartStrategy) -> StreamEnvironment {
+/// Which keyed-state backend a job runs on.
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Heap,
+    /// The memory store, through the `KeyedStore` seam.
+    Store,
+}
+
+fn environment(
+    root: &Path,
+    parallelism: u32,
+    restart: RestartStrategy,
+    backend: Backend,
+) -> StreamEnvironment {
     let env = StreamEnvironment::new();
+    match backend {
+        Backend::Heap => env.set_state_backend(HeapStateBackend),
+        Backend::Store => env.set_state_backend(MemoryStoreStateBackend),
+    };
     env.set_job_name("state-kinds")
         .set_parallelism(parallelism)
         .set_max_parallelism(128)
@@ -310,14 +327,24 @@ fn has_complete_checkpoint(root: &Path) -> bool {
 /// one computed without the engine, once, in order per key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_five_kinds_are_exactly_once_under_failures() {
+    exactly_once_under_failures(Backend::Heap).await;
+}
+
+/// The same on a store of bytes: every kind, its restores included, goes through `KeyedStore`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_five_kinds_are_exactly_once_under_failures_on_a_store_backend() {
+    exactly_once_under_failures(Backend::Store).await;
+}
+
+async fn exactly_once_under_failures(backend: Backend) {
     let mut records = 200_000u64;
     for _ in 0..4 {
         let tmp = tempfile::tempdir().unwrap();
-        let env = environment(tmp.path(), 2, fixed_delay());
+        let env = environment(tmp.path(), 2, fixed_delay(), backend);
         let failures = Failures::paced(vec![records / 4, records / 2, records * 3 / 4], PACE_EVERY);
         let out = job(&env, records, &failures);
         let r = env.execute().bounded().await.unwrap();
-        let ctx = format!("records={records}");
+        let ctx = format!("{backend:?}, records={records}");
         assert_eq!(failures.injected(), 3, "{ctx}");
         assert_eq!(r.restarts, 3, "{ctx}");
         assert_resumed(&r, records, &ctx);
@@ -345,12 +372,24 @@ async fn all_five_kinds_are_exactly_once_under_failures() {
 /// first may have committed already: the transactions pending at the checkpoint).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_five_kinds_restore_exactly_at_another_parallelism() {
+    restore_at_another_parallelism(Backend::Heap, Backend::Heap).await;
+}
+
+/// Snapshots are canonical: a heap checkpoint restores into a store backend at another
+/// parallelism, and the other way round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_five_kinds_restore_exactly_across_backends() {
+    restore_at_another_parallelism(Backend::Heap, Backend::Store).await;
+    restore_at_another_parallelism(Backend::Store, Backend::Heap).await;
+}
+
+async fn restore_at_another_parallelism(first_backend: Backend, second_backend: Backend) {
     let mut records = 200_000u64;
     for _ in 0..4 {
         let tmp = tempfile::tempdir().unwrap();
         let first = tmp.path().join("first");
-        let ctx = format!("records={records}");
-        let env = environment(&first, 2, RestartStrategy::NoRestart);
+        let ctx = format!("{first_backend:?} then {second_backend:?}, records={records}");
+        let env = environment(&first, 2, RestartStrategy::NoRestart, first_backend);
         let failures = Failures::paced(vec![records / 2], PACE_EVERY);
         let before = job(&env, records, &failures);
         match env.execute().bounded().await {
@@ -363,7 +402,7 @@ async fn all_five_kinds_restore_exactly_at_another_parallelism() {
             continue;
         }
 
-        let env = environment(&tmp.path().join("second"), 3, fixed_delay());
+        let env = environment(&tmp.path().join("second"), 3, fixed_delay(), second_backend);
         env.restore_from(&first);
         let failures = Failures::paced(vec![records / 4], PACE_EVERY);
         let after = job(&env, records, &failures);

@@ -22,6 +22,7 @@ use weir_runtime::source::{SourceFunction, SourceStatus, splitmix64};
 use weir_runtime::{
     DataStream, JobClient, JobStatus, RestartStrategy, StreamEnvironment, TaskError,
 };
+use weir_state::{HeapStateBackend, MemoryStoreStateBackend, StateBackend};
 use weir_state::{OperatorListState, OperatorStateBackend, ValueState, ValueStateDescriptor};
 
 // ---------------------------------------------------------------------------------------------
@@ -307,6 +308,7 @@ struct JobOptions<'a> {
     pause_at: Option<u64>,
     restore_from: Option<&'a Path>,
     savepoint_dir: Option<&'a Path>,
+    state_backend: Arc<dyn StateBackend>,
 }
 
 impl<'a> JobOptions<'a> {
@@ -320,6 +322,7 @@ impl<'a> JobOptions<'a> {
             pause_at: None,
             restore_from: None,
             savepoint_dir: None,
+            state_backend: Arc::new(HeapStateBackend),
         }
     }
 }
@@ -328,6 +331,7 @@ impl<'a> JobOptions<'a> {
 /// LateCheck; the caller adds the sink.
 fn timer_job(o: &JobOptions<'_>) -> (StreamEnvironment, DataStream<Fired>, Probes) {
     let env = StreamEnvironment::new();
+    env.set_state_backend(o.state_backend.clone());
     env.set_job_name("timers-test")
         .set_max_parallelism(MAX_PARALLELISM)
         .set_checkpoint_dir(o.checkpoint_dir)
@@ -497,6 +501,16 @@ async fn event_time_timers_fire_once_in_order_after_the_watermark() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_time_timers_are_exactly_once_under_failures() {
+    timers_exactly_once_under_failures(Arc::new(HeapStateBackend)).await;
+}
+
+/// The same with timers in a store of bytes: they are found again by scanning it at restore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_time_timers_are_exactly_once_under_failures_on_a_store_backend() {
+    timers_exactly_once_under_failures(Arc::new(MemoryStoreStateBackend)).await;
+}
+
+async fn timers_exactly_once_under_failures(backend: Arc<dyn StateBackend>) {
     let seed = test_seed();
     let expected = expected_firings(RECORDS);
     let tmp = tempfile::tempdir().unwrap();
@@ -525,6 +539,7 @@ async fn event_time_timers_are_exactly_once_under_failures() {
         let mut o = JobOptions::new(RECORDS, 2, &dir);
         o.checkpoint_interval = Some(interval);
         o.failures = Some(failures.clone());
+        o.state_backend = backend.clone();
         let (env, fired, probes) = timer_job(&o);
         let faulty = fired.collect();
         let r = env

@@ -110,6 +110,20 @@ pub trait StateBackend: Send + Sync + fmt::Debug + 'static {
     ) -> Result<KeyedBackendKind, StateError>;
 }
 
+/// A shared backend is the backend it shares.
+impl<T: StateBackend + ?Sized> StateBackend for std::sync::Arc<T> {
+    fn name(&self) -> String {
+        (**self).name()
+    }
+
+    fn create_keyed_backend(
+        &self,
+        parameters: &KeyedBackendParameters,
+    ) -> Result<KeyedBackendKind, StateError> {
+        (**self).create_keyed_backend(parameters)
+    }
+}
+
 /// Keyed state in typed hash tables on the heap (Flink's `HashMapStateBackend`): the default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HeapStateBackend;
