@@ -40,6 +40,14 @@ fn assert_storage_error_naming(e: &CheckpointError, name: &str) {
     );
 }
 
+/// The memory service: one test per check.
+mod memory {
+    async fn make() -> weir_checkpoint::OpendalCheckpointStorage {
+        weir_checkpoint::OpendalCheckpointStorage::memory().unwrap()
+    }
+    weir_checkpoint::checkpoint_storage_conformance!(make);
+}
+
 #[tokio::test]
 async fn memory_passes_the_conformance_suite() {
     let storage = OpendalCheckpointStorage::memory().unwrap();

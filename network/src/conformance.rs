@@ -79,6 +79,58 @@ async fn yield_now() {
     .await
 }
 
+/// Expands to one test per check, for a transport made by `$make(credits)`:
+///
+/// ```ignore
+/// mod my_transport {
+///     weir_network::transport_conformance!(|credits| MyTransport::new(credits));
+/// }
+/// ```
+///
+/// Each check is a `#[tokio::test]` of its own, named after it. Needs the `conformance` feature
+/// of `weir-network`, and `tokio` (with `macros` and `rt-multi-thread`) among the
+/// dev-dependencies.
+#[macro_export]
+macro_rules! transport_conformance {
+    ($make:expr $(,)?) => {
+        $crate::transport_conformance!(@each $make;
+            order_is_kept => order_is_kept(4),
+            ends_open_once_in_any_order => ends_open_once_in_any_order(4),
+            producer_close_ends_the_stream => producer_close_ends_the_stream(4),
+            consumer_drop_disconnects => consumer_drop_disconnects(4),
+            generations_are_independent => generations_are_independent(4),
+            many_channels_do_not_block_each_other => many_channels_do_not_block_each_other(1),
+            priority_elements_keep_their_order => priority_elements_keep_their_order(4),
+            priority_overtakes_exactly_the_unread_elements =>
+                priority_overtakes_exactly_the_unread_elements(2),
+            priority_to_a_dropped_consumer_disconnects =>
+                priority_to_a_dropped_consumer_disconnects(4),
+        );
+
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn credits_bound_in_flight() {
+            let transport = ($make)(2);
+            $crate::conformance::credits_bound_in_flight(&transport, 2).await;
+        }
+
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn priority_needs_no_credit_and_overtakes_the_queue() {
+            let transport = ($make)(2);
+            $crate::conformance::priority_needs_no_credit_and_overtakes_the_queue(&transport, 2)
+                .await;
+        }
+    };
+    (@each $make:expr; $($name:ident => $check:ident($credits:expr),)*) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let transport = ($make)($credits);
+                $crate::conformance::$check(&transport).await;
+            }
+        )*
+    };
+}
+
 /// Runs every check; `make(credits)` builds a fresh transport.
 pub async fn run_all<T: Transport>(make: impl Fn(usize) -> T) {
     order_is_kept(&make(4)).await;

@@ -8,7 +8,8 @@
 //!   live.
 //! - [`channel`]: typed ends over the type-erased transport ends, and [`channel::ElementCodec`],
 //!   which lets a transport that crosses processes serialize elements.
-//! - [`conformance`]: the contract as a suite every transport must pass.
+//! - `conformance` (feature `conformance`): the contract as a suite every transport must pass,
+//!   one test per check through `transport_conformance!`.
 //! - [`gate`]: the [`gate::InputGate`]: a consumer's channels, read fairly, each blockable (for
 //!   barrier alignment).
 //!
@@ -24,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod channel;
+#[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod error;
 pub mod gate;

@@ -110,6 +110,99 @@ pub const MODEL_CASES: u32 = 24;
 /// Keys of the model check are `K::nth(0..MODEL_KEYS)`.
 pub const MODEL_KEYS: u16 = 300;
 
+/// Expands to one `#[test]` per check of the suite, for a backend made by `$make_string`
+/// (`String` keys) and `$make_u64` (`u64` keys), each `Fn(u32, KeyGroupRange) -> B`:
+///
+/// ```ignore
+/// mod my_backend {
+///     weir_state::keyed_backend_conformance!(super::make::<String>, super::make::<u64>);
+/// }
+/// ```
+///
+/// Each check is a test of its own, named after it (`registration`, `round_trip`, ...), so a
+/// failing run names the rule broken, and `cargo test round_trip` runs one. Needs the
+/// `conformance` feature of `weir-state` (a dev-dependency with `features = ["conformance"]`).
+#[macro_export]
+macro_rules! keyed_backend_conformance {
+    ($make_string:expr, $make_u64:expr $(,)?) => {
+        $crate::keyed_backend_conformance!(@each $make_string, $make_u64;
+            registration => check_registration,
+            value_semantics => check_value_semantics,
+            snapshot_layout => check_snapshot_layout,
+            snapshot_isolation => check_snapshot_isolation,
+            round_trip => check_round_trip,
+            for_each_entry => check_for_each_entry,
+            rescale => check_rescale,
+            restore_twice => check_restore_twice,
+            restore_refusals => check_restore_refusals,
+            corruption => check_corruption,
+            type_mismatch_after_restore => check_type_mismatch_after_restore,
+            unregistered_states_survive => check_unregistered_states_survive,
+            deterministic_bytes => check_deterministic_bytes,
+            kind_semantics => check_kind_semantics,
+            kind_registration => check_kind_registration,
+            kind_mismatch_after_restore => check_kind_mismatch_after_restore,
+            kind_snapshot_isolation => check_kind_snapshot_isolation,
+            kinds_round_trip => check_kinds_round_trip,
+        );
+
+        #[test]
+        fn random_models() {
+            use $crate::conformance as c;
+            c::check_random_models(&$make_string, c::MODEL_SEED, c::MODEL_CASES);
+            c::check_random_models(&$make_u64, c::MODEL_SEED, c::MODEL_CASES);
+        }
+
+        #[test]
+        fn random_kind_models() {
+            use $crate::conformance as c;
+            c::check_random_kind_models(&$make_string, c::KIND_MODEL_SEED, c::KIND_MODEL_CASES);
+            c::check_random_kind_models(&$make_u64, c::KIND_MODEL_SEED, c::KIND_MODEL_CASES);
+        }
+
+        #[test]
+        fn incompatible_key_type() {
+            $crate::conformance::check_incompatible_key_type(&$make_string, &$make_u64);
+            $crate::conformance::check_incompatible_key_type(&$make_u64, &$make_string);
+        }
+
+        #[test]
+        fn too_many_states() {
+            $crate::conformance::check_too_many_states(&$make_u64);
+        }
+    };
+    (@each $make_string:expr, $make_u64:expr; $($name:ident => $check:ident,)*) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::conformance::$check(&$make_string);
+                $crate::conformance::$check(&$make_u64);
+            }
+        )*
+    };
+}
+
+/// Expands to one `#[test]` per incremental check ([`run_incremental_checks`]), for a backend
+/// made in incremental mode by `$make_string` and `$make_u64`; see
+/// [`keyed_backend_conformance!`](crate::keyed_backend_conformance).
+#[macro_export]
+macro_rules! keyed_backend_incremental_conformance {
+    ($make_string:expr, $make_u64:expr $(,)?) => {
+        #[test]
+        fn incremental_model() {
+            use $crate::conformance as c;
+            c::check_incremental_model(&$make_string, c::MODEL_SEED, c::INCREMENTAL_CASES);
+            c::check_incremental_model(&$make_u64, c::MODEL_SEED, c::INCREMENTAL_CASES);
+        }
+
+        #[test]
+        fn incremental_restore_rules() {
+            $crate::conformance::check_incremental_restore_rules(&$make_string);
+            $crate::conformance::check_incremental_restore_rules(&$make_u64);
+        }
+    };
+}
+
 /// Runs every check, with `String` keys from `make_string` and `u64` keys from `make_u64`.
 ///
 /// Each call `make(max_parallelism, range)` must return a fresh, empty backend owning the key

@@ -6,8 +6,9 @@
 //! - [`store`]: the [`store::KeyedStore`] seam, keyed state as bytes (Flink's RocksDB shape), and
 //!   the typed backend over any store.
 //! - [`heap`]: the heap backend: per-key-group tables with copy-on-write snapshots.
-//! - [`conformance`]: the keyed-backend contract as a suite every [`KeyedStateBackend`] must pass
-//!   (Flink's `StateBackendTestBase`).
+//! - `conformance` (feature `conformance`): the keyed-backend contract as a suite every
+//!   [`KeyedStateBackend`] must pass (Flink's `StateBackendTestBase`), one test per check
+//!   through `keyed_backend_conformance!`.
 //! - [`operator`]: operator (non-keyed) list state, which sources use for their offsets, and
 //!   [`operator::redistribute`], which splits it for a new parallelism.
 //! - [`format`](mod@format): the keyed snapshot format: versioned header, one checksummed section per key
@@ -20,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+#[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod error;
 pub mod format;

@@ -11,22 +11,28 @@ use weir_state::conformance::{
     self, KIND_MODEL_KEYS, KIND_MODEL_USER_KEYS, KindOp, MODEL_KEYS, ModelOp,
 };
 
-#[test]
-fn heap_passes_the_keyed_conformance_suite() {
-    conformance::run_all(HeapKeyedStateBackend::new, HeapKeyedStateBackend::new);
+/// The heap backend: one test per check of the suite.
+mod heap {
+    use weir_state::HeapKeyedStateBackend;
+    weir_state::keyed_backend_conformance!(
+        HeapKeyedStateBackend::<String>::new,
+        HeapKeyedStateBackend::<u64>::new
+    );
+}
+
+fn incremental<K: weir_state::StateKey>(
+    max_p: u32,
+    range: weir_core::keygroup::KeyGroupRange,
+) -> HeapKeyedStateBackend<K> {
+    HeapKeyedStateBackend::new(max_p, range).with_incremental(4)
 }
 
 /// The same backend in incremental mode: the whole suite (whose snapshots are the full,
 /// self-contained ones savepoints take), and the incremental checks.
-#[test]
-fn heap_passes_the_keyed_conformance_suite_in_incremental_mode() {
-    let make_string =
-        |max_p, range| HeapKeyedStateBackend::<String>::new(max_p, range).with_incremental(4);
-    let make_u64 =
-        |max_p, range| HeapKeyedStateBackend::<u64>::new(max_p, range).with_incremental(4);
-    conformance::run_all(make_string, make_u64);
-    conformance::run_incremental_checks(make_string);
-    conformance::run_incremental_checks(make_u64);
+mod heap_incremental {
+    use super::incremental;
+    weir_state::keyed_backend_conformance!(incremental::<String>, incremental::<u64>);
+    weir_state::keyed_backend_incremental_conformance!(incremental::<String>, incremental::<u64>);
 }
 
 fn op() -> impl Strategy<Value = ModelOp> {

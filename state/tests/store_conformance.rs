@@ -10,9 +10,10 @@ fn memory<K: StateKey>(max_p: u32, range: KeyGroupRange) -> StoreKeyedStateBacke
     StoreKeyedStateBackend::new(Box::new(MemoryKeyedStore::new()), max_p, range)
 }
 
-#[test]
-fn the_memory_store_passes_the_keyed_conformance_suite() {
-    conformance::run_all(memory::<String>, memory::<u64>);
+/// The memory store: one test per check of the suite.
+mod memory_store {
+    use super::memory;
+    weir_state::keyed_backend_conformance!(memory::<String>, memory::<u64>);
 }
 
 /// A store with one deliberate fault, to show the suite catches it.

@@ -27,6 +27,52 @@ use weir_core::keygroup::KeyGroupRange;
 /// threshold).
 pub const FILE_STATE_LEN: usize = 256 * 1024;
 
+/// Expands to one test per check that needs only the trait, for a storage made by `$make`, an
+/// async function (or closure returning a future) giving a fresh `impl CheckpointStorage`:
+///
+/// ```ignore
+/// mod my_storage {
+///     async fn make() -> MyStorage { MyStorage::new() }
+///     weir_checkpoint::checkpoint_storage_conformance!(make);
+/// }
+/// ```
+///
+/// Each check is a `#[tokio::test]` of its own, named after it, so a failing run names the
+/// rule broken. Needs the `conformance` feature of `weir-checkpoint`, and `tokio` (with its
+/// `macros` and `rt-multi-thread` features) among the dev-dependencies.
+#[macro_export]
+macro_rules! checkpoint_storage_conformance {
+    ($make:expr $(,)?) => {
+        $crate::checkpoint_storage_conformance!(@each $make;
+            describe_and_writable => check_describe_and_writable,
+            read_after_write => check_read_after_write,
+            metadata_round_trip => check_metadata_round_trip,
+            metadata_marks_complete => check_metadata_marks_complete,
+            missing_metadata_is_not_found => check_missing_metadata_is_not_found,
+            ranged_reads => check_ranged_reads,
+            inline_is_monotonic => check_inline_is_monotonic,
+            state_corruption_detected => check_state_corruption_detected,
+            discard_idempotent => check_discard_idempotent,
+            shared_state => check_shared_state,
+            list_and_find => check_list_and_find,
+            name_validation => check_name_validation,
+            job_lock => check_job_lock,
+            job_lock_race => check_job_lock_race,
+            lock_generations => lease::check_lock_generations,
+            list_and_delete_files => lease::check_list_and_delete_files,
+        );
+    };
+    (@each $make:expr; $($name:ident => $($check:ident)::+,)*) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let storage = ($make)().await;
+                $crate::storage::conformance::$($check)::+(&storage).await;
+            }
+        )*
+    };
+}
+
 /// Runs every check that needs only the trait.
 pub async fn run_all(storage: &dyn CheckpointStorage) {
     check_describe_and_writable(storage).await;

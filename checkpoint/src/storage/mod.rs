@@ -264,6 +264,7 @@ pub fn is_shared(handle: &StreamStateHandle) -> bool {
     })
 }
 
+#[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod faults;
 
