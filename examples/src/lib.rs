@@ -70,6 +70,8 @@ pub struct WordCountOptions {
     pub snapshot_compression: weir_runtime::Compression,
     /// Incremental checkpoints of keyed state.
     pub incremental: bool,
+    /// Where keyed state lives (default: the heap).
+    pub state_backend: Arc<dyn weir_runtime::StateBackend>,
 }
 
 impl Default for WordCountOptions {
@@ -100,6 +102,7 @@ impl Default for WordCountOptions {
             aligned_checkpoint_timeout: Duration::ZERO,
             snapshot_compression: weir_runtime::Compression::None,
             incremental: false,
+            state_backend: Arc::new(weir_runtime::HeapStateBackend),
         }
     }
 }
@@ -225,6 +228,7 @@ pub fn build(
         config.checkpoint.aligned_checkpoint_timeout = opts.aligned_checkpoint_timeout;
         config.snapshot_compression = opts.snapshot_compression;
         config.incremental = opts.incremental;
+        config.state_backend = opts.state_backend.clone();
     }
     let generator = RandomIntGenerator::new(opts.seed, 1, 9);
     let injector = Arc::new(FailureInjector::new(opts.fail_after.clone()));

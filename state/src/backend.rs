@@ -159,6 +159,22 @@ impl StateBackend for MemoryStoreStateBackend {
     }
 }
 
+/// The names of the backends [`built_in`] knows.
+pub const BUILT_IN_BACKENDS: [&str; 2] = ["heap", "memory-store"];
+
+/// The built-in state backend called `name` (Flink's `state.backend.type`): `heap` or
+/// `memory-store`; anything else is a [`StateError::Config`] naming it and the known ones.
+pub fn built_in(name: &str) -> Result<std::sync::Arc<dyn StateBackend>, StateError> {
+    match name {
+        "heap" => Ok(std::sync::Arc::new(HeapStateBackend)),
+        "memory-store" => Ok(std::sync::Arc::new(MemoryStoreStateBackend)),
+        _ => Err(StateError::Config(format!(
+            "unknown state backend {name:?}; the built-in ones are {}",
+            BUILT_IN_BACKENDS.join(", ")
+        ))),
+    }
+}
+
 /// The keyed-state backend of one keyed operator in one subtask, whichever its
 /// [`StateBackend`] created.
 pub enum KeyedBackend<K> {

@@ -36,4 +36,7 @@ pub enum StateError {
     /// A restore was handed data that does not fit this backend.
     #[error("cannot restore: {0}")]
     Restore(String),
+    /// A backend was configured wrongly (an unknown name, a store that cannot open).
+    #[error("state backend configuration: {0}")]
+    Config(String),
 }

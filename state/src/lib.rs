@@ -33,7 +33,7 @@ pub mod store;
 
 pub use backend::{
     HeapStateBackend, KeyedBackend, KeyedBackendKind, KeyedBackendParameters,
-    MemoryStoreStateBackend, StateBackend,
+    MemoryStoreStateBackend, StateBackend, built_in as built_in_state_backend,
 };
 pub use error::StateError;
 pub use format::{Compression, ParseCompressionError};

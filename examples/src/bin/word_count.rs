@@ -9,6 +9,7 @@ use std::io::Write;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 use weir_examples::{WordCountOptions, build, write_totals};
 use weir_runtime::cluster::{ClusterRole, HeartbeatConfig, JobManagerOptions, TaskManagerOptions};
@@ -117,6 +118,10 @@ struct Args {
             operator (at most {}; 0: do not wait) [default: {}]", max_duration(),
             humantime::format_duration(DEFAULT_TASK_CANCELLATION_TIMEOUT)))]
     task_cancellation_timeout: Option<Duration>,
+    /// Where keyed state lives: heap (typed hash tables) or memory-store (bytes in a sorted
+    /// store per operator, through the KeyedStore seam).
+    #[arg(long, default_value = "heap", value_parser = state_backend)]
+    state_backend: Arc<dyn weir_runtime::StateBackend>,
     /// Incremental checkpoints: each checkpoint writes only the keyed state that changed since
     /// the latest completed one (savepoints stay full).
     #[arg(long)]
@@ -187,6 +192,11 @@ fn max_duration() -> humantime::FormattedDuration {
 }
 
 /// A duration flag: humantime syntax (`10ms`, `2s`, `1h`), at most [`limits::MAX_DURATION`].
+/// A built-in state backend by name (`--state-backend`).
+fn state_backend(name: &str) -> Result<Arc<dyn weir_runtime::StateBackend>, String> {
+    weir_runtime::state::built_in_state_backend(name).map_err(|e| e.to_string())
+}
+
 fn bounded_duration(text: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
     if d > limits::MAX_DURATION {
@@ -466,6 +476,7 @@ fn job_options(args: &Args) -> WordCountOptions {
         aligned_checkpoint_timeout: args.aligned_checkpoint_timeout.unwrap_or_default(),
         snapshot_compression: args.snapshot_compression,
         incremental: args.incremental,
+        state_backend: args.state_backend.clone(),
     }
 }
 
