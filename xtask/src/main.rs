@@ -18,6 +18,7 @@
 //! Plain `std::process::Command` throughout; no shell scripts.
 
 mod bench;
+mod compare;
 mod mutants;
 mod netns;
 mod s3;
@@ -46,6 +47,9 @@ $WEIR_TOOLS_DIR or ~/.cache/weir/tools, and pass it to the tests as WEIR_S3FS_BI
 use your own); ci and test install iproute2 with apt-get when it is missing and they run as root
 (the network partition test's hosts are network namespaces)
   bench [name]  release benchmarks; names: {benches}
+  bench compare REV [ROUNDS]
+                word_count built at git revision REV against the work tree's, interleaved
+                rounds (default 5): throughput, checkpoint p99, recovery; medians and ratios
   chaos         cargo test --workspace --release -- --ignored
   mutants       the exactly-once and restore tests under each deliberate bug (a restore that
                 loads nothing, a dropped state handle): fails unless most of them fail
