@@ -43,7 +43,7 @@ fn assert_storage_error_naming(e: &CheckpointError, name: &str) {
 /// The memory service: one test per check.
 mod memory {
     async fn make() -> weir_checkpoint::OpendalCheckpointStorage {
-        weir_checkpoint::OpendalCheckpointStorage::memory().unwrap()
+        weir_checkpoint::OpendalCheckpointStorage::memory().expect("a memory storage")
     }
     weir_checkpoint::checkpoint_storage_conformance!(make);
 }

@@ -48,7 +48,12 @@ impl<K: StateKey> KeyedBase<K> {
             info.max_parallelism,
             range,
         )
-        .with(info.attempt, info.snapshot_compression, info.incremental);
+        .with(
+            info.attempt,
+            info.restored,
+            info.snapshot_compression,
+            info.incremental,
+        );
         let (backend, creation_failed) =
             match KeyedBackend::create(info.state_backend.as_ref(), &parameters) {
                 Ok(backend) => (backend, None),

@@ -30,6 +30,9 @@ pub struct KeyedBackendParameters {
     pub subtask_index: u32,
     /// The attempt of the subtask (0 at first, then one more per restart).
     pub attempt: u32,
+    /// Whether the subtask restores from a checkpoint or savepoint (a restore follows the
+    /// creation, before any state is registered), at the job's start or after a failure.
+    pub restored: bool,
     /// The number of key groups keys are hashed into.
     pub max_parallelism: u32,
     /// The key groups this subtask owns.
@@ -55,6 +58,7 @@ impl KeyedBackendParameters {
             operator_name: operator_name.into(),
             subtask_index,
             attempt: 0,
+            restored: false,
             max_parallelism,
             key_group_range,
             compression: Compression::None,
@@ -62,14 +66,17 @@ impl KeyedBackendParameters {
         }
     }
 
-    /// These parameters, for attempt `attempt`, with `compression` and `incremental`.
+    /// These parameters, for attempt `attempt` (restored or not), with `compression` and
+    /// `incremental`.
     pub fn with(
         mut self,
         attempt: u32,
+        restored: bool,
         compression: Compression,
         incremental: Option<u32>,
     ) -> Self {
         self.attempt = attempt;
+        self.restored = restored;
         self.compression = compression;
         self.incremental = incremental;
         self

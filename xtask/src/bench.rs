@@ -60,9 +60,6 @@ pub fn names() -> Vec<&'static str> {
 /// Runs the benchmark called `args[0]` (default: the first in [`BENCHES`]).
 pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let name = args.first().map_or(BENCHES[0].name, String::as_str);
-    if name == "compare" {
-        return crate::compare::run(root, args.get(1..).unwrap_or_default());
-    }
     let Some(bench) = BENCHES.iter().find(|b| b.name == name) else {
         bail!("unknown benchmark `{name}`; known: {}", names().join(", "));
     };

@@ -76,6 +76,9 @@ fn run(args: &[String]) -> Result<()> {
         Some("ci") => ci(&root),
         Some("tidy") => tidy::run(&root),
         Some("test") => tests(&root, rest),
+        Some("bench") if rest.first().is_some_and(|a| a == "compare") => {
+            compare::run(&root, rest.get(1..).unwrap_or_default())
+        }
         Some("bench") => bench::run(&root, rest),
         Some("mutants") => mutants::run(&root, &s3::ensure_s3s_fs()?),
         Some("chaos") => match rest.first().map(String::as_str) {
