@@ -315,7 +315,7 @@ fn ctrl_c_exits_130_promptly_whatever_an_operator_costs_per_record() {
             .arg(tmp.path().join("checkpoints"))
             .arg("--output")
             .arg(&out)
-            .env("RUST_LOG", "weir_runtime::job=info")
+            .env("RUST_LOG", "weir_runtime::master=info")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -12,10 +12,11 @@ use crate::deploy::{
     EnumeratorFactory, NodeFactory, OperatorContext, OperatorFactory, SourceFactory, TypedNode,
 };
 use crate::error::JobError;
-use crate::job::{JobClient, run_job};
+use crate::job::JobClient;
 use crate::keyed::{
     KeyFn, KeyedBase, KeyedProcessFunction, ProcessOperator, ReduceOperator, SumOperator,
 };
+use crate::master::run_job;
 use crate::operator::{Chained, OneInputOperator, Output, SubtaskInfo};
 use crate::ops::{FilterOperator, FlatMapOperator, MapOperator};
 use crate::restart::RestartStrategy;

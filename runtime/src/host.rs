@@ -1,98 +1,140 @@
-//! Where the job master's subtasks run ([`Gateway`]): in this process (`gateway::Running`) or
-//! on task managers over RPC (`cluster::jobmaster::RemoteGateway`). The master talks to either
-//! through this one type.
+//! Where the job master's subtasks run: the [`TaskHost`] seam, implemented in this process by
+//! [`LocalHost`] and on task managers by `cluster::jobmaster::RemoteHost`. The master deploys,
+//! messages, and stops subtasks only through it.
 
-use crate::cluster::jobmaster::RemoteGateway;
-use crate::gateway::Running;
-use crate::task::{Targets, TaskMessage};
+use crate::error::JobError;
+use crate::gateway::{ProcessTasks, Running, TaskDeployment, TaskRuntime, TaskSettings};
+use crate::spec::JobSpec;
+use crate::task::{JobMetrics, Targets, TaskMessage, TaskReport};
+use async_trait::async_trait;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
 use weir_checkpoint::CheckpointStorage;
 use weir_checkpoint::coordinator::TaskKey;
 use weir_checkpoint::storage::CheckpointLocation;
-use weir_core::ids::CheckpointId;
+use weir_core::ids::{CheckpointId, JobId};
+use weir_network::Transport;
 
-/// Where the master's subtasks run.
-pub(crate) enum Gateway {
-    /// In this process.
-    Local(Option<Running>),
-    /// On task managers.
-    Remote(Box<RemoteGateway>),
+/// Where a job's subtasks run, as the job master sees it.
+///
+/// The master keeps what a snapshot's target and the incremental chains' epoch are in shared
+/// [`Targets`] and an `AtomicU64`, which subtasks in this process read directly; a host whose
+/// subtasks run elsewhere passes every change on ([`announce_target`](Self::announce_target),
+/// [`chain_epoch_raised`](Self::chain_epoch_raised)).
+#[async_trait]
+pub(crate) trait TaskHost: Send + Sync {
+    /// Deploys `tasks` of `generation`; they report to `reports`. Too few slots within the slot
+    /// timeout is [`JobError::NoResources`], a failure the restart strategy retries.
+    async fn deploy(
+        &mut self,
+        generation: u64,
+        tasks: Vec<TaskDeployment>,
+        reports: mpsc::UnboundedSender<TaskReport>,
+    ) -> Result<(), JobError>;
+
+    /// Queues `message` for `task` of the current generation; false if it cannot be delivered.
+    fn send(&self, task: TaskKey, message: TaskMessage) -> bool;
+
+    /// Makes snapshot `id` go to `location` in `storage` (found by other processes at `root`)
+    /// in every subtask, before any of its barriers is injected.
+    async fn announce_target(
+        &self,
+        id: CheckpointId,
+        storage: &dyn CheckpointStorage,
+        root: Option<String>,
+        location: &CheckpointLocation,
+    ) -> Result<(), String>;
+
+    /// Snapshot `id` completed or was aborted: its target is forgotten.
+    fn clear_target(&self, id: CheckpointId);
+
+    /// The job's chain epoch is now `epoch`: every keyed backend starts a new incremental chain
+    /// before its next snapshot.
+    fn chain_epoch_raised(&self, epoch: u64);
+
+    /// Stops the current generation's subtasks (committing what they held back if `finished`),
+    /// waiting at most `wait` for those in this process; a remote host also waits for its
+    /// uploads, whose late acknowledgements arrive as reports first.
+    async fn stop(&mut self, finished: bool, wait: Duration);
+
+    /// Whether no upload of the current generation is still running.
+    fn uploads_idle(&self) -> bool;
+
+    /// The job is over: processes that ran its subtasks hear of it.
+    async fn shutdown(&self);
 }
 
-impl Gateway {
-    /// Queues `message` for `task` of the current generation; false if it cannot be delivered.
-    pub fn send(&self, task: TaskKey, message: TaskMessage) -> bool {
-        match self {
-            Gateway::Local(running) => running.as_ref().is_some_and(|r| r.send(task, message)),
-            Gateway::Remote(remote) => remote.send(task, message),
-        }
-    }
+/// The subtasks of a job run in this process, on a runtime of their own, so that a stuck one
+/// cannot keep the master from giving up on it when the job is cancelled.
+pub(crate) struct LocalHost<'s> {
+    pub spec: &'s JobSpec,
+    pub settings: TaskSettings,
+    pub transport: Arc<dyn Transport>,
+    pub job_id: JobId,
+    pub storage: Arc<dyn CheckpointStorage>,
+    pub started: Instant,
+    pub metrics: Arc<JobMetrics>,
+    pub targets: Arc<Targets>,
+    pub chain_epoch: Arc<AtomicU64>,
+    pub runtime: TaskRuntime,
+    /// The current generation's subtasks.
+    pub running: Option<Running>,
+}
 
-    /// Makes snapshot `id` go to `location` in `storage` (a savepoint's own directory) in
-    /// every subtask, before any of its barriers is injected.
-    pub async fn set_target(
-        &self,
-        targets: &Targets,
-        id: CheckpointId,
-        storage: Arc<dyn CheckpointStorage>,
-        root: Option<String>,
-        location: CheckpointLocation,
-    ) -> Result<(), String> {
-        if let Gateway::Remote(remote) = self {
-            let root = root.ok_or_else(|| {
-                format!(
-                    "the snapshot goes to {}, which task managers cannot reach: use a directory path or s3://",
-                    storage.describe()
-                )
-            })?;
-            remote.set_target(id, root, location.clone()).await?;
-        }
-        if let Ok(mut t) = targets.lock() {
-            t.insert(id, (storage, location));
-        }
+#[async_trait]
+impl TaskHost for LocalHost<'_> {
+    async fn deploy(
+        &mut self,
+        generation: u64,
+        tasks: Vec<TaskDeployment>,
+        reports: mpsc::UnboundedSender<TaskReport>,
+    ) -> Result<(), JobError> {
+        let process = ProcessTasks {
+            spec: self.spec,
+            settings: &self.settings,
+            transport: self.transport.as_ref(),
+            job_id: self.job_id,
+            storage: self.storage.clone(),
+            started: self.started,
+            metrics: self.metrics.clone(),
+            targets: self.targets.clone(),
+            chain_epoch: self.chain_epoch.clone(),
+            runtime: self.runtime.handle().clone(),
+        };
+        self.running = Some(process.spawn(generation, tasks, &reports)?);
         Ok(())
     }
 
-    /// Forgets where snapshot `id` goes (it completed or was aborted).
-    pub fn clear_target(&self, targets: &Targets, id: CheckpointId) {
-        if let Ok(mut t) = targets.lock() {
-            t.remove(&id);
-        }
-        if let Gateway::Remote(remote) = self {
-            remote.clear_target(id);
+    fn send(&self, task: TaskKey, message: TaskMessage) -> bool {
+        self.running.as_ref().is_some_and(|r| r.send(task, message))
+    }
+
+    async fn announce_target(
+        &self,
+        _id: CheckpointId,
+        _storage: &dyn CheckpointStorage,
+        _root: Option<String>,
+        _location: &CheckpointLocation,
+    ) -> Result<(), String> {
+        // The subtasks read the master's targets.
+        Ok(())
+    }
+
+    fn clear_target(&self, _id: CheckpointId) {}
+
+    fn chain_epoch_raised(&self, _epoch: u64) {}
+
+    async fn stop(&mut self, finished: bool, wait: Duration) {
+        if let Some(r) = self.running.as_mut() {
+            r.stop(finished, wait).await;
         }
     }
 
-    /// Makes every subtask's keyed backends start new incremental chains before their next
-    /// snapshot.
-    pub fn raise_chain_epoch(&self, chain_epoch: &AtomicU64) {
-        let epoch = chain_epoch.fetch_add(1, Ordering::AcqRel) + 1;
-        if let Gateway::Remote(remote) = self {
-            remote.set_chain_epoch(epoch);
-        }
+    fn uploads_idle(&self) -> bool {
+        self.running.as_ref().is_none_or(Running::uploads_idle)
     }
 
-    /// Stops the current generation's subtasks, waiting at most `wait` for those in this
-    /// process (see [`Running::stop`]); on task managers, also waits for their uploads, whose
-    /// late acknowledgements arrive as reports first.
-    pub async fn stop(&mut self, finished: bool, wait: Duration) {
-        match self {
-            Gateway::Local(running) => {
-                if let Some(r) = running.as_mut() {
-                    r.stop(finished, wait).await;
-                }
-            }
-            Gateway::Remote(remote) => remote.stop(finished).await,
-        }
-    }
-
-    /// Whether no upload of the current generation is still running.
-    pub fn uploads_idle(&self) -> bool {
-        match self {
-            Gateway::Local(running) => running.as_ref().is_none_or(Running::uploads_idle),
-            Gateway::Remote(_) => true,
-        }
-    }
+    async fn shutdown(&self) {}
 }

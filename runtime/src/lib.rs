@@ -38,6 +38,7 @@ pub(crate) mod host;
 pub(crate) mod job;
 pub mod keyed;
 mod lease;
+pub(crate) mod master;
 pub mod operator;
 pub mod ops;
 pub mod restart;

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use std::path::Path;
 use std::process::Stdio;
 
-/// The deliberate bugs (`--cfg weir_mutant="…"`, in `runtime/src/job.rs`) and what they break.
+/// The deliberate bugs (`--cfg weir_mutant="…"`, in `runtime/src/master/`) and what they break.
 const MUTANTS: [(&str, &str); 2] = [
     ("restore_noop", "a restore that loads nothing"),
     (

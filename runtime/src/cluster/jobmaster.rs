@@ -10,16 +10,19 @@ use super::protocol::{Deploy, FromTaskManager, ToTaskManager, decode, encode};
 use super::{HeartbeatConfig, JobManagerOptions};
 use crate::error::{JobError, TaskError};
 use crate::gateway::{TaskDeployment, TaskSettings};
+use crate::host::TaskHost;
 use crate::sink::SharedResult;
 use crate::task::{JobMetrics, TaskEvent, TaskMessage, TaskReport};
+use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, info_span, warn};
+use weir_checkpoint::CheckpointStorage;
 use weir_checkpoint::coordinator::TaskKey;
 use weir_checkpoint::storage::CheckpointLocation;
 use weir_core::graph::JobGraph;
@@ -40,6 +43,80 @@ pub(crate) struct DeployCommon {
     pub settings: TaskSettings,
     pub storage: Option<String>,
     pub chain_epoch: u64,
+}
+
+/// Subtasks on task managers, as the job master's [`TaskHost`].
+pub(crate) struct RemoteHost<'s> {
+    pub gateway: RemoteGateway,
+    pub job: &'s JobGraph,
+    pub job_id: JobId,
+    pub settings: TaskSettings,
+    /// Where task managers find the checkpoint storage.
+    pub storage_root: Option<String>,
+    pub chain_epoch: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl TaskHost for RemoteHost<'_> {
+    async fn deploy(
+        &mut self,
+        generation: u64,
+        tasks: Vec<TaskDeployment>,
+        reports: mpsc::UnboundedSender<TaskReport>,
+    ) -> Result<(), JobError> {
+        let common = DeployCommon {
+            job_id: self.job_id,
+            graph_fingerprint: super::taskexecutor::graph_fingerprint(self.job),
+            settings: self.settings.clone(),
+            storage: self.storage_root.clone(),
+            chain_epoch: self.chain_epoch.load(Ordering::Acquire),
+        };
+        self.gateway
+            .deploy(generation, self.job, common, tasks, reports)
+            .await
+    }
+
+    fn send(&self, task: TaskKey, message: TaskMessage) -> bool {
+        self.gateway.send(task, message)
+    }
+
+    async fn announce_target(
+        &self,
+        id: CheckpointId,
+        storage: &dyn CheckpointStorage,
+        root: Option<String>,
+        location: &CheckpointLocation,
+    ) -> Result<(), String> {
+        let root = root.ok_or_else(|| {
+            format!(
+                "the snapshot goes to {}, which task managers cannot reach: use a directory \
+                 path or s3://",
+                storage.describe()
+            )
+        })?;
+        self.gateway.set_target(id, root, location.clone()).await
+    }
+
+    fn clear_target(&self, id: CheckpointId) {
+        self.gateway.clear_target(id);
+    }
+
+    fn chain_epoch_raised(&self, epoch: u64) {
+        self.gateway.set_chain_epoch(epoch);
+    }
+
+    async fn stop(&mut self, finished: bool, _wait: Duration) {
+        self.gateway.stop(finished).await;
+    }
+
+    fn uploads_idle(&self) -> bool {
+        // `stop` waited for the task managers' uploads.
+        true
+    }
+
+    async fn shutdown(&self) {
+        self.gateway.shutdown().await;
+    }
 }
 
 /// What the router shares with the gateway.

@@ -1,0 +1,254 @@
+//! The end of a generation: its subtasks stopped, the `_metadata` writes in flight finished,
+//! late uploads cleaned up, its coordinator's counts kept; then the job's result, or a restart.
+
+use super::snapshots::{FINALIZE_WAIT, Outcome};
+use super::{Generation, JobMaster, decide};
+use crate::error::JobError;
+use crate::gateway::TEARDOWN_WAIT;
+use crate::spec::{JobResult, JobStatus};
+use crate::task::TaskEvent;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+use weir_checkpoint::coordinator::{CheckpointStatus, CoordinatorAction};
+use weir_checkpoint::storage::CheckpointLocation;
+use weir_core::config::ExternalizedRetention;
+use weir_core::element::SnapshotKind;
+use weir_core::graph::ExecutionState;
+
+impl JobMaster<'_> {
+    /// Tears generation `g` down. Checkpoints whose `_metadata` is being written finish first:
+    /// they are complete (every subtask acknowledged) and may be the restore point. After a
+    /// finished job, every task commits what it held back (now, and only now); otherwise each
+    /// is aborted. An abort takes effect at a task's next await: wait until every task has
+    /// stopped, so nothing of this generation runs on (or counts) once the next one starts or
+    /// the result is read. A cancelled job waits for its tasks only for the cancellation
+    /// timeout; what is still running then is abandoned.
+    pub(super) async fn teardown(&mut self, g: &mut Generation, outcome: &Outcome) {
+        let wait = match outcome {
+            Outcome::Canceled => self.config.task_cancellation_timeout,
+            Outcome::Finished | Outcome::Failed(_) | Outcome::Fatal(_) => TEARDOWN_WAIT,
+        };
+        self.host
+            .stop(matches!(outcome, Outcome::Finished), wait)
+            .await;
+        self.finish_finalizing(g).await;
+        let mut ignored = Vec::new();
+        let now = self.started.elapsed();
+        g.coordinator.job_status_changed(false, now, &mut ignored);
+        for action in ignored {
+            if let CoordinatorAction::NotifyAborted { id, .. } = action
+                && !g.finalizing.contains(&id)
+            {
+                let location = CheckpointLocation::for_checkpoint(self.job_id, id);
+                self.discard_checkpoint(id, location, false);
+            }
+        }
+        // Uploads of this generation still running finish (or are given up on): what they
+        // acknowledge now belongs to no checkpoint, and their shared files go.
+        let give_up = Instant::now() + FINALIZE_WAIT;
+        loop {
+            let idle = self.host.uploads_idle();
+            while let Ok(report) = g.reports.try_recv() {
+                if let TaskEvent::Acknowledge { state, .. } = &report.event {
+                    let files = self.registry.unreferenced_in(state);
+                    super::snapshots::discard_shared(
+                        &mut self.discards,
+                        &self.storage,
+                        self.job_id,
+                        files,
+                    );
+                }
+            }
+            if idle || Instant::now() >= give_up {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Waits (at most [`FINALIZE_WAIT`]) for the `_metadata` writes in flight, answering the
+    /// clients that asked for them and retaining the checkpoints that completed.
+    async fn finish_finalizing(&mut self, g: &mut Generation) {
+        let give_up = Instant::now() + FINALIZE_WAIT;
+        while !g.finalizing.is_empty() {
+            let Ok(Some(f)) =
+                tokio::time::timeout_at(give_up.into(), self.finalize_rx.recv()).await
+            else {
+                break;
+            };
+            if f.generation != self.generation || !g.finalizing.remove(&f.id) {
+                continue;
+            }
+            let mut ignored = Vec::new();
+            let target = g.requested.remove(&f.id);
+            let is_checkpoint = target
+                .as_ref()
+                .is_none_or(|t| t.kind == SnapshotKind::Checkpoint);
+            if let Some(mut t) = target
+                && let Some(reply) = t.reply.take()
+            {
+                let _ = reply.send(match &f.result {
+                    Ok(_) => Ok(t.storage.location_path(&t.location)),
+                    Err(e) => Err(format!("snapshot {} failed: {e}", f.id)),
+                });
+            }
+            let now = self.started.elapsed();
+            match f.result {
+                Ok(_) if !is_checkpoint => {
+                    g.coordinator.finalized(f.id, Ok(()), now, &mut ignored);
+                }
+                Ok(cp) => {
+                    g.coordinator.finalized(f.id, Ok(()), now, &mut ignored);
+                    for old in self.store.add(cp) {
+                        self.discard_checkpoint(old.id, old.location, false);
+                    }
+                }
+                Err(e) => g.coordinator.finalized(f.id, Err(e), now, &mut ignored),
+            }
+        }
+    }
+
+    /// Keeps generation `g`'s counts, then ends the job (`Some`: its result) or, after a
+    /// failure the restart strategy allows, prepares the next generation (`None`).
+    pub(super) async fn end_generation(
+        &mut self,
+        g: Generation,
+        outcome: Outcome,
+    ) -> Result<Option<JobResult>, JobError> {
+        let (completed, failed) = g.coordinator.counts();
+        let totals = &mut self.totals;
+        totals.completed += completed;
+        totals.failed += failed;
+        totals.durations.extend(g.coordinator.completed_durations());
+        totals.in_flight.extend(g.coordinator.completed_in_flight());
+        totals.history.extend(g.coordinator.history().cloned());
+        totals.refused += g.coordinator.refused_count();
+        self.next_checkpoint_id = g.coordinator.next_checkpoint_id();
+        let mut requested = g.requested;
+        let cause = match outcome {
+            Outcome::Finished => return self.ended(JobStatus::Finished, requested).await.map(Some),
+            Outcome::Canceled => return self.ended(JobStatus::Canceled, requested).await.map(Some),
+            Outcome::Fatal(e) => return Err(e),
+            Outcome::Failed(cause) => cause,
+        };
+        for (_, mut t) in requested.drain() {
+            if let Some(reply) = t.reply.take() {
+                let _ = reply.send(Err(format!("the job failed: {cause}")));
+            }
+        }
+        let failed_at = self.started.elapsed();
+        let delay = decide::restart_or_give_up(
+            &mut self.restart,
+            &self.config.restart_strategy(),
+            failed_at,
+            cause.clone(),
+        )?;
+        warn!(%cause, restart = self.restart.restarts(), ?delay, "restarting the job");
+        self.failures.push((self.generation + 1, failed_at));
+        self.execution.restart_all();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if let Some(locations) = decide::failover_candidates(&self.store) {
+            self.restore = Some((self.storage.clone(), locations));
+        }
+        Ok(None)
+    }
+
+    /// The job ended with `status`: retention on cancellation, unanswered clients, discards
+    /// awaited, and the result.
+    async fn ended(
+        &mut self,
+        status: JobStatus,
+        mut requested: std::collections::HashMap<weir_core::ids::CheckpointId, super::Target>,
+    ) -> Result<JobResult, JobError> {
+        if let Some(path) = &self.stopped_with {
+            info!(savepoint = %path, "job stopped with a savepoint");
+        }
+        if status == JobStatus::Canceled
+            && self.config.checkpoint.externalized_retention
+                == ExternalizedRetention::DeleteOnCancellation
+        {
+            let retained: Vec<_> = self.store.retained().cloned().collect();
+            for c in retained {
+                if let Err(e) = self.storage.discard(&c.location).await {
+                    warn!(checkpoint = c.id.0, error = %e, "cannot delete the checkpoint on cancellation");
+                }
+                let files = self.registry.release(c.id);
+                super::snapshots::discard_shared(
+                    &mut self.discards,
+                    &self.storage,
+                    self.job_id,
+                    files,
+                );
+            }
+        }
+        for (_, mut t) in requested.drain() {
+            if let Some(reply) = t.reply.take() {
+                let _ = reply.send(Err("the job ended before the snapshot completed".into()));
+            }
+        }
+        self.execution.set_all(match status {
+            JobStatus::Finished => ExecutionState::Finished,
+            JobStatus::Canceled => ExecutionState::Canceled,
+        });
+        let firsts = self
+            .metrics
+            .first_record_us
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default();
+        let recovery_times = decide::recovery_times(&self.failures, &firsts);
+        if tokio::time::timeout(FINALIZE_WAIT, async {
+            while self.discards.join_next().await.is_some() {}
+        })
+        .await
+        .is_err()
+        {
+            warn!("discarding old checkpoints did not finish within {FINALIZE_WAIT:?}");
+        }
+        let totals = std::mem::take(&mut self.totals);
+        let mut history = totals.history;
+        let keep = history
+            .len()
+            .saturating_sub(weir_checkpoint::coordinator::STATS_HISTORY);
+        history.drain(..keep);
+        info!(
+            ?status,
+            restarts = self.restart.restarts(),
+            completed = totals.completed,
+            failed = totals.failed,
+            "job ended"
+        );
+        let source_records = self.metrics.source_records.load(Ordering::Relaxed);
+        Ok(JobResult {
+            job_id: self.job_id,
+            status,
+            duration: self.started.elapsed(),
+            running_duration: self
+                .first_running
+                .map(|at| self.started.elapsed().saturating_sub(at)),
+            bytes_sent: 0,
+            source_records,
+            checkpoints_completed: totals.completed,
+            checkpoints_failed: totals.failed,
+            restarts: self.restart.restarts(),
+            checkpoint_durations: totals.durations,
+            checkpoint_in_flight: totals.in_flight,
+            checkpoint_history: history
+                .into_iter()
+                .filter(|s| s.status != CheckpointStatus::InProgress)
+                .collect(),
+            recovery_times,
+            savepoint: self.stopped_with.take(),
+            trigger_refusals: totals.refused,
+            latest_checkpoint: self
+                .store
+                .latest()
+                .map(|c| self.storage.location_path(&c.location)),
+            restored_from: self.restored_from.clone(),
+            source_records_since_restore: source_records.saturating_sub(self.since_restore_base),
+        })
+    }
+}

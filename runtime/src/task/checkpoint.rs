@@ -1,0 +1,290 @@
+//! A subtask's checkpoint steps: the subtask coordinator's memory, the synchronous snapshot of
+//! the chain (steps 0-4), and the asynchronous part handed to an upload task.
+
+use super::input::*;
+use super::*;
+use crate::error::TaskError;
+use crate::operator::{Lifecycle, OperatorSnapshotParts};
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tracing::{debug, warn};
+use weir_checkpoint::coordinator::{CheckpointFailureReason, SubtaskCheckpointMetrics};
+use weir_checkpoint::storage::CheckpointLocation;
+use weir_core::channel_state::ChannelSection;
+use weir_core::element::{CheckpointBarrier, SnapshotKind};
+use weir_core::handle::KeyedStateHandle;
+use weir_core::ids::CheckpointId;
+use weir_state::SnapshotScope;
+
+/// The subtask checkpoint coordinator's memory (reference step 0).
+pub(super) struct SubtaskCheckpoints {
+    pub(super) last: Option<CheckpointId>,
+    pub(super) aborted: BTreeSet<CheckpointId>,
+    pub(super) finished: bool,
+    /// A source stopped after a synchronous savepoint's barrier: it emits nothing until the
+    /// savepoint completes (then ends, with `drain`, or is stopped) or is aborted (then resumes).
+    pub(super) suspended: Option<(CheckpointId, bool)>,
+    /// The drained savepoint completed: end the input now.
+    pub(super) end_now: bool,
+    /// A split request is out: read nothing until the enumerator answers.
+    pub(super) awaiting_splits: bool,
+    /// An unaligned checkpoint whose snapshot is taken, waiting for its input channel state.
+    pub(super) pending_unaligned: Option<PendingSnapshot>,
+    /// The job's chain epoch this task's keyed backends build on (see `TaskEnv::chain_epoch`).
+    pub(super) chain_epoch: u64,
+}
+
+/// A snapshot taken (synchronous part done) but not yet uploaded.
+pub(super) struct PendingSnapshot {
+    pub(super) id: CheckpointId,
+    pub(super) parts: FrozenParts,
+    pub(super) output: Vec<ChannelSection>,
+    pub(super) metrics: SubtaskCheckpointMetrics,
+}
+
+/// Uploads the pending unaligned snapshot once its input channel state is complete.
+pub(super) fn finish_unaligned(
+    input: &mut dyn TaskInput,
+    env: &TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+) {
+    let Some((id, mut sections)) = input.take_in_flight() else {
+        return;
+    };
+    match cps.pending_unaligned.take() {
+        Some(p) if p.id == id => {
+            let mut all = p.output;
+            all.append(&mut sections);
+            // Unaligned snapshots are checkpoints: savepoints are always aligned.
+            spawn_upload(env, (id, SnapshotKind::Checkpoint), p.parts, all, p.metrics);
+        }
+        other => cps.pending_unaligned = other,
+    }
+}
+
+/// Steps 0–4 of the reference's `checkpointState`.
+pub(super) async fn checkpoint_state(
+    input: &mut dyn TaskInput,
+    env: &TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+    barrier: CheckpointBarrier,
+    alignment: Duration,
+) -> Result<(), TaskError> {
+    let id = barrier.id;
+    // Step 0: ordering, and checkpoints already aborted.
+    if cps.last.is_some_and(|l| l >= id) {
+        debug!(checkpoint = id.0, "out-of-order barrier ignored");
+        return Ok(());
+    }
+    cps.last = Some(id);
+    if cps.aborted.remove(&id) {
+        input.lifecycle(&mut Lifecycle::EmitCancelMarker(id))?;
+        return Ok(());
+    }
+    let wall_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let start_delay = Duration::from_millis(wall_ms.saturating_sub(barrier.timestamp_ms));
+    // Step 1: prepare; step 2: the barrier goes out ahead of anything emitted after it. An
+    // unaligned barrier overtakes what is queued (step 3: that becomes output channel state).
+    input.lifecycle(&mut Lifecycle::PrepareSnapshotPreBarrier(id))?;
+    let mut output = Vec::new();
+    if barrier.options.is_unaligned() {
+        input.lifecycle(&mut Lifecycle::EmitPriorityBarrier(barrier, &mut output))?;
+    } else {
+        input.lifecycle(&mut Lifecycle::EmitBarrier(barrier))?;
+    }
+    // Step 4, synchronous part: freeze every operator's state.
+    let sync_start = Instant::now();
+    let mut parts = Vec::new();
+    start_new_chains_if_asked(input, env, cps)?;
+    input.lifecycle(&mut Lifecycle::Snapshot(
+        id,
+        barrier.options.kind,
+        &mut parts,
+    ))?;
+    let metrics = SubtaskCheckpointMetrics {
+        start_delay,
+        alignment,
+        sync_duration: sync_start.elapsed(),
+        async_duration: Duration::ZERO,
+        state_size: 0,
+    };
+    let parts = FrozenParts::new(env, parts);
+    if barrier.options.is_unaligned() && !env.is_source {
+        // The input channel state is complete once every channel's barrier has been read.
+        cps.pending_unaligned = Some(PendingSnapshot {
+            id,
+            parts,
+            output,
+            metrics,
+        });
+        return Ok(());
+    }
+    spawn_upload(env, (id, barrier.options.kind), parts, output, metrics);
+    // A task spawned from a busy task sits in this worker's LIFO slot, which other workers cannot
+    // steal: yield once so the upload starts now, not after the next stretch of records.
+    tokio::task::yield_now().await;
+    Ok(())
+}
+
+/// Before a snapshot: if the job master refused a delta since this task's last one, its keyed
+/// backends start new chains.
+pub(super) fn start_new_chains_if_asked(
+    input: &mut dyn TaskInput,
+    env: &TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+) -> Result<(), TaskError> {
+    let epoch = env.chain_epoch.load(Ordering::Acquire);
+    if epoch != cps.chain_epoch {
+        cps.chain_epoch = epoch;
+        input.lifecycle(&mut Lifecycle::StartNewChains)?;
+    }
+    Ok(())
+}
+
+/// The checkpoint of a task whose input ended (Flink's FLIP-147): its operators' final state,
+/// with no barrier to emit (its outputs ended) and no in-flight data.
+pub(super) fn snapshot_finished(
+    input: &mut dyn TaskInput,
+    env: &TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+    barrier: CheckpointBarrier,
+) -> Result<(), TaskError> {
+    let id = barrier.id;
+    if cps.last.is_some_and(|l| l >= id) {
+        // It took this checkpoint before its input ended.
+        return Ok(());
+    }
+    cps.last = Some(id);
+    let sync_start = Instant::now();
+    let mut parts = Vec::new();
+    start_new_chains_if_asked(input, env, cps)?;
+    input.lifecycle(&mut Lifecycle::Snapshot(
+        id,
+        barrier.options.kind,
+        &mut parts,
+    ))?;
+    let metrics = SubtaskCheckpointMetrics {
+        start_delay: Duration::ZERO,
+        alignment: Duration::ZERO,
+        sync_duration: sync_start.elapsed(),
+        async_duration: Duration::ZERO,
+        state_size: 0,
+    };
+    let parts = FrozenParts::new(env, parts);
+    spawn_upload(env, (id, barrier.options.kind), parts, Vec::new(), metrics);
+    Ok(())
+}
+
+/// Step 4, asynchronous part: serialize and upload off the processing path, then acknowledge.
+/// The synchronous part's result: each operator's frozen state, with the chain each incremental
+/// keyed delta extends, looked up when the snapshot was taken (a later completion prunes the
+/// chains older than it, and an unaligned snapshot uploads only once its in-flight data is in).
+pub(super) struct FrozenParts {
+    pub(super) parts: Vec<OperatorSnapshotParts>,
+    /// Per part: the chain its keyed delta extends (empty for anything else), or why it is
+    /// unknown.
+    pub(super) bases: Result<Vec<Vec<KeyedStateHandle>>, String>,
+}
+
+impl FrozenParts {
+    fn new(env: &TaskEnv, parts: Vec<OperatorSnapshotParts>) -> FrozenParts {
+        let bases = parts
+            .iter()
+            .map(|p| match p.keyed.as_ref().map(|k| k.scope()) {
+                Some(SnapshotScope::Incremental { base: Some(base) }) => env
+                    .chains
+                    .lock()
+                    .ok()
+                    .and_then(|c| c.get(&p.operator_id)?.get(&CheckpointId(base)).cloned())
+                    .ok_or_else(|| {
+                        format!(
+                            "operator {}: the incremental chain of checkpoint {base}, which this \
+                             delta extends, is unknown",
+                            p.operator_id
+                        )
+                    }),
+                _ => Ok(Vec::new()),
+            })
+            .collect();
+        FrozenParts { parts, bases }
+    }
+}
+
+pub(super) fn spawn_upload(
+    env: &TaskEnv,
+    (id, kind): (CheckpointId, SnapshotKind),
+    frozen: FrozenParts,
+    in_flight: Vec<ChannelSection>,
+    metrics: SubtaskCheckpointMetrics,
+) {
+    let (storage, location) = env
+        .targets
+        .lock()
+        .ok()
+        .and_then(|t| t.get(&id).cloned())
+        .unwrap_or_else(|| {
+            (
+                env.storage.clone(),
+                CheckpointLocation::for_checkpoint(env.job_id, id),
+            )
+        });
+    let reports = env.reports.clone();
+    let (generation, task) = (env.generation, env.task);
+    // The chain each delta extends, looked up now, in the task: a later completion may prune
+    // it before the upload ends.
+    let FrozenParts { parts, bases } = frozen;
+    let chains = env.chains.clone();
+    let (job_id, head_operator) = (env.job_id, env.head_operator);
+    let guard = UploadGuard::new(&env.uploads);
+    tokio::spawn(async move {
+        let _guard = guard;
+        let async_start = Instant::now();
+        let result = match bases {
+            Ok(bases) => {
+                let parts = crate::upload::Upload {
+                    job_id,
+                    kind,
+                    head_operator,
+                    id,
+                    task,
+                    generation,
+                    parts,
+                    bases,
+                    in_flight,
+                    chains,
+                };
+                crate::upload::upload(storage, location, parts).await
+            }
+            Err(reason) => Err(reason),
+        };
+        let event = match result {
+            Ok(state) => TaskEvent::Acknowledge {
+                id,
+                metrics: SubtaskCheckpointMetrics {
+                    async_duration: async_start.elapsed(),
+                    state_size: state.state_size(),
+                    ..metrics
+                },
+                state,
+            },
+            Err(reason) => {
+                if !reports.is_closed() {
+                    warn!(checkpoint = id.0, %task, %reason, "asynchronous snapshot failed");
+                }
+                TaskEvent::Decline {
+                    id,
+                    reason: CheckpointFailureReason::AsyncPhaseFailed { task, reason },
+                }
+            }
+        };
+        let _ = reports.send(TaskReport {
+            generation,
+            task,
+            event,
+        });
+    });
+}

@@ -1,0 +1,375 @@
+//! The mailbox loop of one subtask: messages from the job master, timers, output flushes and
+//! input steps, in turn, and the barrier handler's actions carried out.
+
+use super::checkpoint::*;
+use super::guard::*;
+use super::input::*;
+use super::*;
+use crate::error::TaskError;
+use crate::operator::{Lifecycle, OpResult, RestoreContext};
+use std::collections::BTreeSet;
+use std::future::poll_fn;
+use std::sync::atomic::Ordering;
+use std::task::Poll;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tracing::{Instrument, debug};
+use weir_checkpoint::barrier::HandlerAction;
+use weir_checkpoint::coordinator::CheckpointFailureReason;
+use weir_core::element::SnapshotKind;
+
+pub(super) enum Wake {
+    Message(Option<TaskMessage>),
+    Timer,
+    ProcessingTime,
+    Flushed(OpResult),
+    Step(Result<Step, TaskError>),
+}
+
+/// Runs a task to its end and reports how it ended.
+///
+/// The chain is dropped only after the report is sent: dropping it closes the task's output
+/// channels, and downstream tasks must not see them close (and report that) before the master
+/// has this task's report, which names the root cause.
+pub(crate) async fn run_task(
+    mut input: Box<dyn TaskInput>,
+    mut env: TaskEnv,
+    restore: RestoreContext,
+) {
+    let span = tracing::debug_span!("task", name = %env.name);
+    let name = env.name.clone();
+    let mut guarded = Guarded {
+        input: &mut *input,
+        name: &name,
+    };
+    let result = run(&mut guarded, &mut env, restore).instrument(span).await;
+    let event = match result {
+        // A finished task reported it before waiting for the job's end; a cancelled one has
+        // nobody to tell.
+        Ok(()) | Err(TaskError::MasterGone) | Err(TaskError::Canceled) => return,
+        Err(e) => TaskEvent::Failed(e),
+    };
+    let _ = env.report(event).await;
+    drop(input);
+}
+
+pub(super) async fn run(
+    input: &mut dyn TaskInput,
+    env: &mut TaskEnv,
+    mut restore: RestoreContext,
+) -> Result<(), TaskError> {
+    let mut cps = SubtaskCheckpoints {
+        last: restore.checkpoint,
+        aborted: BTreeSet::new(),
+        finished: false,
+        suspended: None,
+        end_now: false,
+        awaiting_splits: false,
+        pending_unaligned: None,
+        chain_epoch: env.chain_epoch.load(Ordering::Acquire),
+    };
+    input.lifecycle(&mut Lifecycle::Open(&mut restore))?;
+    drop(restore);
+    env.report(TaskEvent::Running).await?;
+    let mut actions: Vec<HandlerAction> = Vec::new();
+    // A restored writer may hold in-flight data to send first.
+    let mut output_pending = true;
+    let mut first_record = true;
+    let mut steps_since_yield = 0u32;
+    let mut last_yield = Instant::now();
+    let mut processing_timer: Option<(i64, std::pin::Pin<Box<tokio::time::Sleep>>)> = None;
+    loop {
+        // One relaxed load per step (a batch): a task that never waits still stops here.
+        env.cancellation.check()?;
+        let now = wall_clock();
+        let suspended = cps.suspended.is_some() || cps.awaiting_splits;
+        let end_now = std::mem::take(&mut cps.end_now);
+        let mut timer = input
+            .next_deadline()
+            .map(|d| Box::pin(tokio::time::sleep(d.saturating_sub(now))));
+        // Processing-time timers: one sleep, kept while the earliest timer stays the same.
+        let next_pt = env.processing_time.next();
+        if processing_timer.as_ref().map(|(at, _)| *at) != next_pt {
+            processing_timer = next_pt.map(|at| {
+                let wait =
+                    Duration::from_millis(at.saturating_sub(now.as_millis() as i64).max(0) as u64);
+                (at, Box::pin(tokio::time::sleep(wait)))
+            });
+        }
+        let wake = if end_now {
+            Wake::Step(Ok(Step::End))
+        } else {
+            poll_fn(|cx| {
+                if let Poll::Ready(m) = env.mailbox.poll_recv(cx) {
+                    return Poll::Ready(Wake::Message(m));
+                }
+                if let Some(t) = timer.as_mut()
+                    && t.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Wake::Timer);
+                }
+                if let Some((_, t)) = processing_timer.as_mut()
+                    && !suspended
+                    && t.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Wake::ProcessingTime);
+                }
+                if output_pending {
+                    input.poll_flush(cx).map(Wake::Flushed)
+                } else if suspended {
+                    Poll::Pending
+                } else {
+                    input.poll_step(cx, now, &mut actions).map(Wake::Step)
+                }
+            })
+            .await
+        };
+        match wake {
+            Wake::Message(None) => return Err(TaskError::MasterGone),
+            Wake::Message(Some(msg)) => {
+                handle_message(msg, input, env, &mut cps, &mut actions).await?;
+                output_pending = true;
+            }
+            Wake::Timer => {
+                input.on_timer(wall_clock(), &mut actions);
+                run_actions(input, env, &mut cps, &mut actions).await?;
+                output_pending = true;
+            }
+            Wake::ProcessingTime => {
+                processing_timer = None;
+                env.processing_time.reset();
+                let now_ms = crate::operator::ProcessingTimeService::now_ms();
+                input.lifecycle(&mut Lifecycle::ProcessingTime(now_ms))?;
+                output_pending = true;
+            }
+            Wake::Flushed(r) => {
+                r?;
+                output_pending = false;
+            }
+            Wake::Step(step) => match step? {
+                Step::Records(n) => {
+                    if first_record && n > 0 {
+                        first_record = false;
+                        let us = env.started.elapsed().as_micros() as u64;
+                        if let Ok(mut v) = env.metrics.first_record_us.lock() {
+                            v.push((env.generation, us));
+                        }
+                    }
+                    count_records(env, n);
+                    if cps.pending_unaligned.is_some() {
+                        finish_unaligned(input, env, &mut cps);
+                    }
+                    input.lifecycle(&mut Lifecycle::FlushPartial)?;
+                    output_pending = true;
+                    // Tasks share the runtime's worker threads: a task that processes slowly
+                    // (a busy sink) yields by time too, so sources, uploads and the job master
+                    // are not starved.
+                    steps_since_yield += 1;
+                    if steps_since_yield >= 32 || last_yield.elapsed() >= YIELD_AFTER {
+                        steps_since_yield = 0;
+                        last_yield = Instant::now();
+                        tokio::task::yield_now().await;
+                    }
+                }
+                Step::Events => {
+                    run_actions(input, env, &mut cps, &mut actions).await?;
+                    output_pending = true;
+                }
+                Step::End => {
+                    // End of input may complete an alignment first.
+                    run_actions(input, env, &mut cps, &mut actions).await?;
+                    cps.finished = true;
+                    input.lifecycle(&mut Lifecycle::EndInput)?;
+                    poll_fn(|cx| input.poll_flush(cx)).await?;
+                    debug!("input ended; task finished");
+                    env.report(TaskEvent::Finished).await?;
+                    return wait_for_job_end(input, env, &mut cps, &mut actions).await;
+                }
+                Step::NeedSplits => {
+                    cps.awaiting_splits = true;
+                    env.report(TaskEvent::SplitRequest).await?;
+                }
+                Step::Idle => {
+                    tokio::select! {
+                        m = env.mailbox.recv() => {
+                            match m {
+                                None => return Err(TaskError::MasterGone),
+                                Some(msg) => handle_message(msg, input, env, &mut cps, &mut actions).await?,
+                            }
+                            output_pending = true;
+                        }
+                        _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// Wall-clock time since the Unix epoch: the clock of barrier timestamps, which the barrier
+/// handlers compare with.
+pub(super) fn wall_clock() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// The longest a task runs records before it yields its worker thread.
+pub(super) const YIELD_AFTER: Duration = Duration::from_micros(500);
+
+/// One relaxed add per batch (not per record) to the job's shared counters.
+/// After its input ended, a task stays until the whole job has finished: notifications still
+/// reach its operators, and the job's end lets sinks commit what they held back.
+pub(super) async fn wait_for_job_end(
+    input: &mut dyn TaskInput,
+    env: &mut TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+    actions: &mut Vec<HandlerAction>,
+) -> Result<(), TaskError> {
+    loop {
+        match env.mailbox.recv().await {
+            None => return Err(TaskError::MasterGone),
+            Some(TaskMessage::JobFinished) => {
+                return input.lifecycle(&mut Lifecycle::JobFinished);
+            }
+            Some(msg) => handle_message(msg, input, env, cps, actions).await?,
+        }
+    }
+}
+
+pub(super) fn count_records(env: &TaskEnv, n: usize) {
+    let counter = if env.is_source {
+        &env.metrics.source_records
+    } else {
+        &env.metrics.processed_records
+    };
+    counter.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+pub(super) async fn handle_message(
+    msg: TaskMessage,
+    input: &mut dyn TaskInput,
+    env: &TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+    actions: &mut Vec<HandlerAction>,
+) -> Result<(), TaskError> {
+    match msg {
+        TaskMessage::Trigger(barrier, _) if cps.finished => {
+            // Input ended: no barrier will come; snapshot the final state (FLIP-147).
+            snapshot_finished(input, env, cps, barrier)
+        }
+        TaskMessage::Trigger(barrier, drain) => {
+            if cps.suspended.is_some() {
+                env.report(TaskEvent::Decline {
+                    id: barrier.id,
+                    reason: CheckpointFailureReason::Declined {
+                        task: env.task,
+                        reason: "the task is closing".into(),
+                    },
+                })
+                .await?;
+                return Ok(());
+            }
+            let synchronous = barrier.options.kind == SnapshotKind::SynchronousSavepoint;
+            if synchronous && drain {
+                input.advance_to_end_of_time()?;
+            }
+            checkpoint_state(input, env, cps, barrier, Duration::ZERO).await?;
+            if synchronous {
+                // Nothing is emitted after a synchronous savepoint's barrier.
+                cps.suspended = Some((barrier.id, drain));
+            }
+            Ok(())
+        }
+        TaskMessage::NotifyComplete(id) => {
+            input.lifecycle(&mut Lifecycle::NotifyComplete(id))?;
+            // Later deltas extend this checkpoint's chains: the older ones are not needed.
+            if let Ok(mut chains) = env.chains.lock() {
+                for by_checkpoint in chains.values_mut() {
+                    if by_checkpoint.contains_key(&id) {
+                        by_checkpoint.retain(|c, _| *c >= id);
+                    }
+                }
+            }
+            // After a synchronous savepoint the sources end their input (with or without drain:
+            // they emitted nothing after its barrier), and the job finishes normally.
+            if cps.suspended.is_some_and(|(sid, _)| sid == id) {
+                cps.suspended = None;
+                cps.end_now = true;
+            }
+            Ok(())
+        }
+        TaskMessage::Splits(assignment) => {
+            cps.awaiting_splits = false;
+            input.assigned(assignment)
+        }
+        TaskMessage::JobFinished => Ok(()),
+        TaskMessage::NotifyAborted(id) => {
+            if let Some((sid, drain)) = cps.suspended
+                && sid == id
+            {
+                if drain {
+                    // Event time already went to the end: resuming would make every later record
+                    // late. Fail, and restart from the latest checkpoint (as Flink does).
+                    return Err(TaskError::Operator {
+                        operator: env.name.clone(),
+                        message: format!(
+                            "the drained stop-with-savepoint {id} failed after event time was advanced to the end"
+                        ),
+                    });
+                }
+                debug!(checkpoint = id.0, "synchronous savepoint aborted; resuming");
+                cps.suspended = None;
+            }
+            input.on_abort_notified(id, actions);
+            if cps.pending_unaligned.as_ref().is_some_and(|p| p.id == id) {
+                cps.pending_unaligned = None;
+            }
+            if cps.last.is_none_or(|l| l < id) {
+                cps.aborted.insert(id);
+            }
+            input.lifecycle(&mut Lifecycle::NotifyAborted(id))
+        }
+    }
+}
+
+pub(super) async fn run_actions(
+    input: &mut dyn TaskInput,
+    env: &TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+    actions: &mut Vec<HandlerAction>,
+) -> Result<(), TaskError> {
+    for action in std::mem::take(actions) {
+        match action {
+            HandlerAction::Trigger { barrier, alignment } => {
+                checkpoint_state(input, env, cps, barrier, alignment).await?
+            }
+            HandlerAction::Abort { id, reason } => {
+                if cps.pending_unaligned.as_ref().is_some_and(|p| p.id == id) {
+                    cps.pending_unaligned = None;
+                    env.report(TaskEvent::Decline {
+                        id,
+                        reason: CheckpointFailureReason::AbortedInAlignment(reason.to_string()),
+                    })
+                    .await?;
+                } else if cps.last.is_none_or(|l| l < id) {
+                    cps.last = Some(id);
+                    input.lifecycle(&mut Lifecycle::EmitCancelMarker(id))?;
+                    env.report(TaskEvent::Decline {
+                        id,
+                        reason: CheckpointFailureReason::AbortedInAlignment(reason.to_string()),
+                    })
+                    .await?;
+                }
+            }
+            HandlerAction::Block(_)
+            | HandlerAction::UnblockAll
+            | HandlerAction::PersistInFlight(_)
+            | HandlerAction::BarrierReached(_)
+            | HandlerAction::InFlightComplete(_) => {}
+        }
+    }
+    if cps.pending_unaligned.is_some() {
+        finish_unaligned(input, env, cps);
+    }
+    Ok(())
+}
