@@ -192,18 +192,26 @@ pub(crate) async fn leave_if_empty(
     generation: u64,
     keeper: &LeaseKeeper,
 ) {
+    let mut forgotten = false;
     let result = async {
         let mut listing = DirListing::of(job, &storage.list_files(&format!("{job}/")).await?);
         listing.add_checkpoints(job, &storage.list_checkpoints(job).await?);
         if listing == DirListing::default() {
             keeper.forget(job).await;
-            discard_dir(storage, job, generation).await?;
+            forgotten = true;
+            crate::lease::retrying(|| discard_dir(storage, job, generation)).await?;
         }
         Ok::<_, CheckpointError>(())
     }
     .await;
     if let Err(e) = result {
         warn!(%job, error = %e, "cannot remove the empty job directory");
+        // The keeper no longer holds the lock: give it up here, as its release would have.
+        if forgotten
+            && let Err(e) = crate::lease::retrying(|| storage.release_lock(job, generation)).await
+        {
+            warn!(%job, error = %e, "cannot give the job directory up");
+        }
     }
 }
 

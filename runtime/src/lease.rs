@@ -238,6 +238,27 @@ pub(crate) async fn take_job_directory(
     }
 }
 
+/// Runs `op` until it succeeds, at most 4 times, 20 ms apart and doubling: a storage's transient
+/// errors (a dropped connection, a busy server) should not leave a lock behind a run.
+pub(crate) async fn retrying<T, F, Fut>(mut op: F) -> Result<T, CheckpointError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, CheckpointError>>,
+{
+    let mut delay = Duration::from_millis(20);
+    for _ in 0..3 {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                debug!(error = %e, ?delay, "a lock operation failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+        }
+    }
+    op().await
+}
+
 /// A lock a run holds: where, which directory, which generation.
 type Held = (Arc<dyn CheckpointStorage>, JobId, u64);
 
@@ -327,10 +348,17 @@ impl LeaseKeeper {
     /// Stops renewing and releases every lock still held (each its own generation and older,
     /// so a successor's lock stays).
     pub async fn release(self) {
+        // A round of renewals under way holds `held` across its requests: waiting for it means
+        // no renewal is in flight when the locks go (a late one would recreate a deleted lock
+        // file), and aborting while holding it means none starts after.
+        let mutex = self.held.clone();
+        let guard = mutex.lock().await;
         self.task.abort();
-        let held: Vec<Held> = self.held.lock().await.clone();
+        let _ = self.task.await;
+        let held: Vec<Held> = guard.clone();
+        drop(guard);
         for (storage, job, generation) in held {
-            if let Err(e) = storage.release_lock(job, generation).await {
+            if let Err(e) = retrying(|| storage.release_lock(job, generation)).await {
                 warn!(%job, error = %e, "cannot give the job directory up");
             }
         }

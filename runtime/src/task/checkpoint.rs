@@ -2,13 +2,14 @@
 //! the chain (steps 0-4), and the asynchronous part handed to an upload task.
 
 use super::input::*;
+use super::steps::{CheckpointSteps, StepAction, StepEvent};
 use super::*;
 use crate::error::TaskError;
 use crate::operator::{Lifecycle, OperatorSnapshotParts};
-use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tracing::{debug, warn};
+use weir_checkpoint::barrier::HandlerAction;
 use weir_checkpoint::coordinator::{CheckpointFailureReason, SubtaskCheckpointMetrics};
 use weir_checkpoint::storage::CheckpointLocation;
 use weir_core::channel_state::ChannelSection;
@@ -17,22 +18,16 @@ use weir_core::handle::KeyedStateHandle;
 use weir_core::ids::CheckpointId;
 use weir_state::SnapshotScope;
 
-/// The subtask checkpoint coordinator's memory (reference step 0).
+/// A subtask's checkpoint state: the pure steps' memory, and what only the loop can hold.
 pub(super) struct SubtaskCheckpoints {
-    pub(super) last: Option<CheckpointId>,
-    pub(super) aborted: BTreeSet<CheckpointId>,
-    pub(super) finished: bool,
-    /// A source stopped after a synchronous savepoint's barrier: it emits nothing until the
-    /// savepoint completes (then ends, with `drain`, or is stopped) or is aborted (then resumes).
-    pub(super) suspended: Option<(CheckpointId, bool)>,
-    /// The drained savepoint completed: end the input now.
+    /// The decisions (see [`CheckpointSteps`]).
+    pub(super) steps: CheckpointSteps,
+    /// The synchronous savepoint completed: end the input now.
     pub(super) end_now: bool,
     /// A split request is out: read nothing until the enumerator answers.
     pub(super) awaiting_splits: bool,
     /// An unaligned checkpoint whose snapshot is taken, waiting for its input channel state.
     pub(super) pending_unaligned: Option<PendingSnapshot>,
-    /// The job's chain epoch this task's keyed backends build on (see `TaskEnv::chain_epoch`).
-    pub(super) chain_epoch: u64,
 }
 
 /// A snapshot taken (synchronous part done) but not yet uploaded.
@@ -41,6 +36,79 @@ pub(super) struct PendingSnapshot {
     pub(super) parts: FrozenParts,
     pub(super) output: Vec<ChannelSection>,
     pub(super) metrics: SubtaskCheckpointMetrics,
+}
+
+/// Hands `event` to the checkpoint steps and carries out what they decide, in order.
+pub(super) async fn step(
+    event: StepEvent,
+    input: &mut dyn TaskInput,
+    env: &TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+    handler_actions: &mut Vec<HandlerAction>,
+) -> Result<(), TaskError> {
+    let mut actions = Vec::new();
+    let epoch = env.chain_epoch.load(Ordering::Acquire);
+    cps.steps.on(event, epoch, &mut actions);
+    for action in actions {
+        carry_out(action, input, env, cps, handler_actions).await?;
+    }
+    Ok(())
+}
+
+/// Carries out one of the checkpoint steps' actions.
+async fn carry_out(
+    action: StepAction,
+    input: &mut dyn TaskInput,
+    env: &TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+    handler_actions: &mut Vec<HandlerAction>,
+) -> Result<(), TaskError> {
+    match action {
+        StepAction::Decline { id, reason } => env.report(TaskEvent::Decline { id, reason }).await?,
+        StepAction::EmitCancelMarker(id) => {
+            input.lifecycle(&mut Lifecycle::EmitCancelMarker(id))?
+        }
+        StepAction::AdvanceToEndOfTime => input.advance_to_end_of_time()?,
+        StepAction::StartNewChains => input.lifecycle(&mut Lifecycle::StartNewChains)?,
+        StepAction::Snapshot {
+            barrier,
+            alignment,
+            emit_barrier,
+            hold,
+        } => snapshot(input, env, cps, barrier, alignment, emit_barrier, hold).await?,
+        // Carried out where the in-flight data is taken (`finish_unaligned`).
+        StepAction::UploadHeld(_) => {}
+        StepAction::DropHeld(id) => {
+            if cps.pending_unaligned.as_ref().is_some_and(|p| p.id == id) {
+                cps.pending_unaligned = None;
+            }
+        }
+        StepAction::NotifyComplete(id) => {
+            input.lifecycle(&mut Lifecycle::NotifyComplete(id))?;
+            // Later deltas extend this checkpoint's chains: the older ones are not needed.
+            if let Ok(mut chains) = env.chains.lock() {
+                for by_checkpoint in chains.values_mut() {
+                    if by_checkpoint.contains_key(&id) {
+                        by_checkpoint.retain(|c, _| *c >= id);
+                    }
+                }
+            }
+        }
+        StepAction::NotifyAborted(id) => {
+            input.on_abort_notified(id, handler_actions);
+            input.lifecycle(&mut Lifecycle::NotifyAborted(id))?;
+        }
+        StepAction::Suspend => {}
+        StepAction::Resume => debug!("synchronous savepoint aborted; resuming"),
+        StepAction::EndInput => cps.end_now = true,
+        StepAction::Fail(message) => {
+            return Err(TaskError::Operator {
+                operator: env.name.clone(),
+                message,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Uploads the pending unaligned snapshot once its input channel state is complete.
@@ -52,6 +120,13 @@ pub(super) fn finish_unaligned(
     let Some((id, mut sections)) = input.take_in_flight() else {
         return;
     };
+    let mut actions = Vec::new();
+    let epoch = env.chain_epoch.load(Ordering::Acquire);
+    cps.steps
+        .on(StepEvent::InFlightComplete(id), epoch, &mut actions);
+    if !actions.contains(&StepAction::UploadHeld(id)) {
+        return;
+    }
     match cps.pending_unaligned.take() {
         Some(p) if p.id == id => {
             let mut all = p.output;
@@ -63,43 +138,41 @@ pub(super) fn finish_unaligned(
     }
 }
 
-/// Steps 0–4 of the reference's `checkpointState`.
-pub(super) async fn checkpoint_state(
+/// Steps 1–4 of the reference's `checkpointState` (step 0 was the steps' decision): prepare,
+/// the barrier ahead of what follows it (unless the input ended), freeze every operator's
+/// state, then upload, or hold it for its in-flight data.
+async fn snapshot(
     input: &mut dyn TaskInput,
     env: &TaskEnv,
     cps: &mut SubtaskCheckpoints,
     barrier: CheckpointBarrier,
     alignment: Duration,
+    emit_barrier: bool,
+    hold: bool,
 ) -> Result<(), TaskError> {
     let id = barrier.id;
-    // Step 0: ordering, and checkpoints already aborted.
-    if cps.last.is_some_and(|l| l >= id) {
-        debug!(checkpoint = id.0, "out-of-order barrier ignored");
-        return Ok(());
-    }
-    cps.last = Some(id);
-    if cps.aborted.remove(&id) {
-        input.lifecycle(&mut Lifecycle::EmitCancelMarker(id))?;
-        return Ok(());
-    }
-    let wall_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
-    let start_delay = Duration::from_millis(wall_ms.saturating_sub(barrier.timestamp_ms));
-    // Step 1: prepare; step 2: the barrier goes out ahead of anything emitted after it. An
-    // unaligned barrier overtakes what is queued (step 3: that becomes output channel state).
-    input.lifecycle(&mut Lifecycle::PrepareSnapshotPreBarrier(id))?;
     let mut output = Vec::new();
-    if barrier.options.is_unaligned() {
-        input.lifecycle(&mut Lifecycle::EmitPriorityBarrier(barrier, &mut output))?;
+    let start_delay = if emit_barrier {
+        let wall_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        // Step 1: prepare; step 2: the barrier goes out ahead of anything emitted after it.
+        // An unaligned barrier overtakes what is queued (step 3: that becomes output channel
+        // state).
+        input.lifecycle(&mut Lifecycle::PrepareSnapshotPreBarrier(id))?;
+        if barrier.options.is_unaligned() {
+            input.lifecycle(&mut Lifecycle::EmitPriorityBarrier(barrier, &mut output))?;
+        } else {
+            input.lifecycle(&mut Lifecycle::EmitBarrier(barrier))?;
+        }
+        Duration::from_millis(wall_ms.saturating_sub(barrier.timestamp_ms))
     } else {
-        input.lifecycle(&mut Lifecycle::EmitBarrier(barrier))?;
-    }
+        Duration::ZERO
+    };
     // Step 4, synchronous part: freeze every operator's state.
     let sync_start = Instant::now();
     let mut parts = Vec::new();
-    start_new_chains_if_asked(input, env, cps)?;
     input.lifecycle(&mut Lifecycle::Snapshot(
         id,
         barrier.options.kind,
@@ -113,8 +186,7 @@ pub(super) async fn checkpoint_state(
         state_size: 0,
     };
     let parts = FrozenParts::new(env, parts);
-    if barrier.options.is_unaligned() && !env.is_source {
-        // The input channel state is complete once every channel's barrier has been read.
+    if hold {
         cps.pending_unaligned = Some(PendingSnapshot {
             id,
             parts,
@@ -124,58 +196,12 @@ pub(super) async fn checkpoint_state(
         return Ok(());
     }
     spawn_upload(env, (id, barrier.options.kind), parts, output, metrics);
-    // A task spawned from a busy task sits in this worker's LIFO slot, which other workers cannot
-    // steal: yield once so the upload starts now, not after the next stretch of records.
-    tokio::task::yield_now().await;
-    Ok(())
-}
-
-/// Before a snapshot: if the job master refused a delta since this task's last one, its keyed
-/// backends start new chains.
-pub(super) fn start_new_chains_if_asked(
-    input: &mut dyn TaskInput,
-    env: &TaskEnv,
-    cps: &mut SubtaskCheckpoints,
-) -> Result<(), TaskError> {
-    let epoch = env.chain_epoch.load(Ordering::Acquire);
-    if epoch != cps.chain_epoch {
-        cps.chain_epoch = epoch;
-        input.lifecycle(&mut Lifecycle::StartNewChains)?;
+    if emit_barrier {
+        // A task spawned from a busy task sits in this worker's LIFO slot, which other workers
+        // cannot steal: yield once so the upload starts now, not after the next stretch of
+        // records.
+        tokio::task::yield_now().await;
     }
-    Ok(())
-}
-
-/// The checkpoint of a task whose input ended (Flink's FLIP-147): its operators' final state,
-/// with no barrier to emit (its outputs ended) and no in-flight data.
-pub(super) fn snapshot_finished(
-    input: &mut dyn TaskInput,
-    env: &TaskEnv,
-    cps: &mut SubtaskCheckpoints,
-    barrier: CheckpointBarrier,
-) -> Result<(), TaskError> {
-    let id = barrier.id;
-    if cps.last.is_some_and(|l| l >= id) {
-        // It took this checkpoint before its input ended.
-        return Ok(());
-    }
-    cps.last = Some(id);
-    let sync_start = Instant::now();
-    let mut parts = Vec::new();
-    start_new_chains_if_asked(input, env, cps)?;
-    input.lifecycle(&mut Lifecycle::Snapshot(
-        id,
-        barrier.options.kind,
-        &mut parts,
-    ))?;
-    let metrics = SubtaskCheckpointMetrics {
-        start_delay: Duration::ZERO,
-        alignment: Duration::ZERO,
-        sync_duration: sync_start.elapsed(),
-        async_duration: Duration::ZERO,
-        state_size: 0,
-    };
-    let parts = FrozenParts::new(env, parts);
-    spawn_upload(env, (id, barrier.options.kind), parts, Vec::new(), metrics);
     Ok(())
 }
 

@@ -1,21 +1,20 @@
 //! The mailbox loop of one subtask: messages from the job master, timers, output flushes and
 //! input steps, in turn, and the barrier handler's actions carried out.
 
+use super::checkpoint;
 use super::checkpoint::*;
 use super::guard::*;
 use super::input::*;
+use super::steps::{CheckpointSteps, StepEvent};
 use super::*;
 use crate::error::TaskError;
 use crate::operator::{Lifecycle, OpResult, RestoreContext};
-use std::collections::BTreeSet;
 use std::future::poll_fn;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tracing::{Instrument, debug};
 use weir_checkpoint::barrier::HandlerAction;
-use weir_checkpoint::coordinator::CheckpointFailureReason;
-use weir_core::element::SnapshotKind;
 
 pub(super) enum Wake {
     Message(Option<TaskMessage>),
@@ -58,14 +57,15 @@ pub(super) async fn run(
     mut restore: RestoreContext,
 ) -> Result<(), TaskError> {
     let mut cps = SubtaskCheckpoints {
-        last: restore.checkpoint,
-        aborted: BTreeSet::new(),
-        finished: false,
-        suspended: None,
+        steps: CheckpointSteps::new(
+            restore.checkpoint,
+            env.task,
+            env.is_source,
+            env.chain_epoch.load(Ordering::Acquire),
+        ),
         end_now: false,
         awaiting_splits: false,
         pending_unaligned: None,
-        chain_epoch: env.chain_epoch.load(Ordering::Acquire),
     };
     input.lifecycle(&mut Lifecycle::Open(&mut restore))?;
     drop(restore);
@@ -81,7 +81,7 @@ pub(super) async fn run(
         // One relaxed load per step (a batch): a task that never waits still stops here.
         env.cancellation.check()?;
         let now = wall_clock();
-        let suspended = cps.suspended.is_some() || cps.awaiting_splits;
+        let suspended = cps.steps.is_suspended() || cps.awaiting_splits;
         let end_now = std::mem::take(&mut cps.end_now);
         let mut timer = input
             .next_deadline()
@@ -177,7 +177,8 @@ pub(super) async fn run(
                 Step::End => {
                     // End of input may complete an alignment first.
                     run_actions(input, env, &mut cps, &mut actions).await?;
-                    cps.finished = true;
+                    checkpoint::step(StepEvent::InputEnded, input, env, &mut cps, &mut actions)
+                        .await?;
                     input.lifecycle(&mut Lifecycle::EndInput)?;
                     poll_fn(|cx| input.poll_flush(cx)).await?;
                     debug!("input ended; task finished");
@@ -252,86 +253,21 @@ pub(super) async fn handle_message(
     cps: &mut SubtaskCheckpoints,
     actions: &mut Vec<HandlerAction>,
 ) -> Result<(), TaskError> {
-    match msg {
-        TaskMessage::Trigger(barrier, _) if cps.finished => {
-            // Input ended: no barrier will come; snapshot the final state (FLIP-147).
-            snapshot_finished(input, env, cps, barrier)
-        }
-        TaskMessage::Trigger(barrier, drain) => {
-            if cps.suspended.is_some() {
-                env.report(TaskEvent::Decline {
-                    id: barrier.id,
-                    reason: CheckpointFailureReason::Declined {
-                        task: env.task,
-                        reason: "the task is closing".into(),
-                    },
-                })
-                .await?;
-                return Ok(());
-            }
-            let synchronous = barrier.options.kind == SnapshotKind::SynchronousSavepoint;
-            if synchronous && drain {
-                input.advance_to_end_of_time()?;
-            }
-            checkpoint_state(input, env, cps, barrier, Duration::ZERO).await?;
-            if synchronous {
-                // Nothing is emitted after a synchronous savepoint's barrier.
-                cps.suspended = Some((barrier.id, drain));
-            }
-            Ok(())
-        }
-        TaskMessage::NotifyComplete(id) => {
-            input.lifecycle(&mut Lifecycle::NotifyComplete(id))?;
-            // Later deltas extend this checkpoint's chains: the older ones are not needed.
-            if let Ok(mut chains) = env.chains.lock() {
-                for by_checkpoint in chains.values_mut() {
-                    if by_checkpoint.contains_key(&id) {
-                        by_checkpoint.retain(|c, _| *c >= id);
-                    }
-                }
-            }
-            // After a synchronous savepoint the sources end their input (with or without drain:
-            // they emitted nothing after its barrier), and the job finishes normally.
-            if cps.suspended.is_some_and(|(sid, _)| sid == id) {
-                cps.suspended = None;
-                cps.end_now = true;
-            }
-            Ok(())
-        }
+    let event = match msg {
+        TaskMessage::Trigger(barrier, drain) => StepEvent::Triggered { barrier, drain },
+        TaskMessage::NotifyComplete(id) => StepEvent::NotifyComplete(id),
+        TaskMessage::NotifyAborted(id) => StepEvent::NotifyAborted(id),
         TaskMessage::Splits(assignment) => {
             cps.awaiting_splits = false;
-            input.assigned(assignment)
+            return input.assigned(assignment);
         }
-        TaskMessage::JobFinished => Ok(()),
-        TaskMessage::NotifyAborted(id) => {
-            if let Some((sid, drain)) = cps.suspended
-                && sid == id
-            {
-                if drain {
-                    // Event time already went to the end: resuming would make every later record
-                    // late. Fail, and restart from the latest checkpoint (as Flink does).
-                    return Err(TaskError::Operator {
-                        operator: env.name.clone(),
-                        message: format!(
-                            "the drained stop-with-savepoint {id} failed after event time was advanced to the end"
-                        ),
-                    });
-                }
-                debug!(checkpoint = id.0, "synchronous savepoint aborted; resuming");
-                cps.suspended = None;
-            }
-            input.on_abort_notified(id, actions);
-            if cps.pending_unaligned.as_ref().is_some_and(|p| p.id == id) {
-                cps.pending_unaligned = None;
-            }
-            if cps.last.is_none_or(|l| l < id) {
-                cps.aborted.insert(id);
-            }
-            input.lifecycle(&mut Lifecycle::NotifyAborted(id))
-        }
-    }
+        TaskMessage::JobFinished => return Ok(()),
+    };
+    step(event, input, env, cps, actions).await
 }
 
+/// Carries out the barrier handler's actions: a completed barrier or an abort in alignment
+/// goes to the checkpoint steps.
 pub(super) async fn run_actions(
     input: &mut dyn TaskInput,
     env: &TaskEnv,
@@ -339,34 +275,21 @@ pub(super) async fn run_actions(
     actions: &mut Vec<HandlerAction>,
 ) -> Result<(), TaskError> {
     for action in std::mem::take(actions) {
-        match action {
+        let event = match action {
             HandlerAction::Trigger { barrier, alignment } => {
-                checkpoint_state(input, env, cps, barrier, alignment).await?
+                StepEvent::BarrierReached { barrier, alignment }
             }
-            HandlerAction::Abort { id, reason } => {
-                if cps.pending_unaligned.as_ref().is_some_and(|p| p.id == id) {
-                    cps.pending_unaligned = None;
-                    env.report(TaskEvent::Decline {
-                        id,
-                        reason: CheckpointFailureReason::AbortedInAlignment(reason.to_string()),
-                    })
-                    .await?;
-                } else if cps.last.is_none_or(|l| l < id) {
-                    cps.last = Some(id);
-                    input.lifecycle(&mut Lifecycle::EmitCancelMarker(id))?;
-                    env.report(TaskEvent::Decline {
-                        id,
-                        reason: CheckpointFailureReason::AbortedInAlignment(reason.to_string()),
-                    })
-                    .await?;
-                }
-            }
+            HandlerAction::Abort { id, reason } => StepEvent::AbortedInAlignment {
+                id,
+                reason: reason.to_string(),
+            },
             HandlerAction::Block(_)
             | HandlerAction::UnblockAll
             | HandlerAction::PersistInFlight(_)
             | HandlerAction::BarrierReached(_)
-            | HandlerAction::InFlightComplete(_) => {}
-        }
+            | HandlerAction::InFlightComplete(_) => continue,
+        };
+        step(event, input, env, cps, actions).await?;
     }
     if cps.pending_unaligned.is_some() {
         finish_unaligned(input, env, cps);

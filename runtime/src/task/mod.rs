@@ -25,6 +25,7 @@ mod checkpoint;
 mod guard;
 mod input;
 mod mailbox;
+mod steps;
 
 pub(crate) use guard::panic_message;
 pub(crate) use input::{NetworkInput, SourceInput, TaskInput};
