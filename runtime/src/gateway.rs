@@ -4,13 +4,12 @@
 
 use crate::deploy::{BuildContext, build_task};
 use crate::error::{JobError, TaskError};
-use crate::operator::{Cancellation, ProcessingTimeService, RestoreContext};
-use crate::spec::JobSpec;
+use crate::operator::{Cancellation, ProcessingTimeService};
+use crate::spec::{JobSpec, TaskDeployment, TaskSettings};
 use crate::task::{
     JobMetrics, Targets, TaskEnv, TaskEvent, TaskMessage, TaskReport, panic_message, run_task,
 };
 use futures::FutureExt;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -21,7 +20,6 @@ use tokio::task::JoinHandle;
 use tracing::warn;
 use weir_checkpoint::CheckpointStorage;
 use weir_checkpoint::coordinator::TaskKey;
-use weir_core::config::CheckpointingMode;
 use weir_core::ids::JobId;
 use weir_network::Transport;
 
@@ -65,28 +63,6 @@ impl Drop for TaskRuntime {
             r.shutdown_background();
         }
     }
-}
-
-/// The settings every subtask of a job runs with, whichever process it is in.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct TaskSettings {
-    pub batch_size: usize,
-    pub mode: CheckpointingMode,
-    pub snapshot_compression: weir_state::Compression,
-    /// Incremental keyed snapshots: the chain limit, or `None` for full snapshots.
-    pub incremental: Option<u32>,
-    /// The [`name`](weir_state::StateBackend::name) of the job's state backend: every process
-    /// builds its own from the same program, and a task manager whose job has another refuses
-    /// the deployment.
-    pub state_backend: String,
-}
-
-/// One subtask to run: which, its attempt, and the state it restores.
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct TaskDeployment {
-    pub task: TaskKey,
-    pub attempt: u32,
-    pub restore: RestoreContext,
 }
 
 /// What every subtask a process runs for one job shares.

@@ -3,8 +3,9 @@
 //! messages, and stops subtasks only through it.
 
 use crate::error::JobError;
-use crate::gateway::{ProcessTasks, Running, TaskDeployment, TaskRuntime, TaskSettings};
+use crate::gateway::{ProcessTasks, Running, TaskRuntime};
 use crate::spec::JobSpec;
+use crate::spec::{TaskDeployment, TaskSettings};
 use crate::task::{JobMetrics, Targets, TaskMessage, TaskReport};
 use async_trait::async_trait;
 use std::sync::Arc;

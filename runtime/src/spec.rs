@@ -1,14 +1,19 @@
-//! The plain data of a job: what to run ([`JobSpec`]: graph, configuration, typed factories)
-//! and how it ended ([`JobResult`], [`JobStatus`]). The job master, the gateways and cluster
-//! mode all use it; it uses none of them.
+//! The plain data of a job: what to run ([`JobSpec`]: graph, configuration, typed factories),
+//! what a process is told to run ([`TaskSettings`], [`TaskDeployment`]), and how it ended
+//! ([`JobResult`], [`JobStatus`]). The job master, the task hosts and cluster mode all use it;
+//! it uses none of them.
 
 use crate::config::JobConfig;
 use crate::deploy::{EnumeratorFactory, NodeFactory};
+use crate::operator::RestoreContext;
+use serde::{Deserialize, Serialize};
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use weir_checkpoint::coordinator::CheckpointStats;
+use weir_checkpoint::coordinator::TaskKey;
+use weir_core::config::CheckpointingMode;
 use weir_core::graph::JobGraph;
 use weir_core::ids::{JobId, NodeId};
 
@@ -76,4 +81,26 @@ pub(crate) struct JobSpec {
     pub enumerators: HashMap<NodeId, EnumeratorFactory>,
     /// Handles whose published values the job manager gathers in cluster mode.
     pub results: Vec<Arc<dyn crate::sink::SharedResult>>,
+}
+
+/// The settings every subtask of a job runs with, whichever process it is in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TaskSettings {
+    pub batch_size: usize,
+    pub mode: CheckpointingMode,
+    pub snapshot_compression: weir_state::Compression,
+    /// Incremental keyed snapshots: the chain limit, or `None` for full snapshots.
+    pub incremental: Option<u32>,
+    /// The [`name`](weir_state::StateBackend::name) of the job's state backend: every process
+    /// builds its own from the same program, and a task manager whose job has another refuses
+    /// the deployment.
+    pub state_backend: String,
+}
+
+/// One subtask to run: which, its attempt, and the state it restores.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct TaskDeployment {
+    pub task: TaskKey,
+    pub attempt: u32,
+    pub restore: RestoreContext,
 }

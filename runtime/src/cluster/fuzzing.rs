@@ -6,9 +6,9 @@
 
 use super::protocol::{self, Deploy, FromTaskManager, ToTaskManager};
 use crate::error::TaskError;
-use crate::gateway::{TaskDeployment, TaskSettings};
 use crate::operator::{RestoreContext, RestoredKeyed, RestoredOperatorState};
 use crate::source::SplitAssignment;
+use crate::spec::{TaskDeployment, TaskSettings};
 use crate::task::{TaskEvent, TaskMessage, TaskReport};
 use std::collections::HashMap;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! subtasks, carried inside the control plane's RPC calls as postcard with a version byte, so that
 //! its types stay the runtime's own and a mismatched peer is named rather than misread.
 
-use crate::gateway::{TaskDeployment, TaskSettings};
+use crate::spec::{TaskDeployment, TaskSettings};
 use crate::task::{TaskMessage, TaskReport};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
