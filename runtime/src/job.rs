@@ -1,6 +1,6 @@
 //! [`JobClient`]: how a program talks to its running job (cancel, trigger a checkpoint or a
 //! savepoint, stop with a savepoint, read the checkpoint statistics). The job master it talks to
-//! is [`crate::master`].
+//! is the `master` module.
 
 use crate::error::JobError;
 use std::path::PathBuf;

@@ -9,7 +9,8 @@
 
 use crate::StateError;
 use crate::format::{Compression, StateKind};
-use crate::heap::{HeapKeyedStateBackend, TtlClock};
+use crate::heap::HeapKeyedStateBackend;
+use crate::keyed::TtlClock;
 use crate::keyed::{
     KeyedSnapshot, KeyedStateBackend, RestorePart, StateKey, StateOptions, StateValue, ValueState,
 };

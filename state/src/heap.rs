@@ -18,9 +18,10 @@ use crate::format::{
     Compression, EntryEncoder, MAX_STATES, SERIALIZER_VERSION, SectionWriter, SnapshotHeader,
     StateKind, StateMeta,
 };
+pub use crate::keyed::TtlClock;
 use crate::keyed::{
     Expiry, ExpiryFn, KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart,
-    SnapshotScope, StateKey, StateOptions, StateValue, ValueState,
+    SnapshotScope, StateKey, StateOptions, StateValue, ValueState, wall_clock_ms,
 };
 use crate::restored::{self, Group, PendingState, Restored, incompatible};
 use hashbrown::hash_map::EntryRef;
@@ -426,15 +427,6 @@ struct Incremental {
     /// Whether changes are tracked: from the first incremental snapshot on, so that a backend
     /// that never takes one (checkpointing off, savepoints only) keeps no change sets.
     tracking: bool,
-}
-
-/// A processing-time clock in ms since the Unix epoch (TTL's time provider).
-pub type TtlClock = Arc<dyn Fn() -> i64 + Send + Sync>;
-
-pub(crate) fn wall_clock_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl<K> fmt::Debug for HeapKeyedStateBackend<K> {

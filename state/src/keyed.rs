@@ -1352,3 +1352,13 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
     /// subsumed).
     fn start_new_chain(&mut self) {}
 }
+
+/// A processing-time clock in ms since the Unix epoch (TTL's time provider).
+pub type TtlClock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// Wall-clock time in ms since the Unix epoch: the default [`TtlClock`].
+pub(crate) fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

@@ -3,7 +3,7 @@
 //! registered with its types, and then decodes them (key groups in parallel for a large state).
 //!
 //! The heap backend decodes them into its tables; the store backend
-//! ([`crate::store`]) into its [`KeyedStore`](crate::store::KeyedStore). Either writes a state
+//! (`store`) into its `KeyedStore`. Either writes a state
 //! that is never registered back into its snapshots as the bytes it read.
 
 use crate::StateError;
@@ -461,51 +461,7 @@ impl Restored {
                     header.key_group_range, part.handle.key_group_range
                 )));
             }
-            for meta in &header.states {
-                if meta.key_type != key_type {
-                    return Err(incompatible(
-                        &meta.name,
-                        format!(
-                            "the snapshot's keys are of type `{}`, this backend's are `{key_type}`",
-                            meta.key_type
-                        ),
-                    ));
-                }
-                match pending.get(&meta.name) {
-                    Some(p) => {
-                        if p.kind != meta.kind
-                            || p.value_type != meta.value_type
-                            || p.serializer_version != meta.serializer_version
-                        {
-                            return Err(incompatible(
-                                &meta.name,
-                                format!(
-                                    "the snapshots disagree: one holds a {} state of `{}` \
-                                     (serializer {}), another a {} state of `{}` (serializer {})",
-                                    p.kind,
-                                    p.value_type,
-                                    p.serializer_version,
-                                    meta.kind,
-                                    meta.value_type,
-                                    meta.serializer_version
-                                ),
-                            ));
-                        }
-                    }
-                    None => {
-                        pending.insert(
-                            meta.name.clone(),
-                            Arc::new(PendingState {
-                                kind: meta.kind,
-                                key_type: meta.key_type.clone(),
-                                value_type: meta.value_type.clone(),
-                                serializer_version: meta.serializer_version,
-                                groups: vec![Vec::new(); n],
-                            }),
-                        );
-                    }
-                }
-            }
+            admit_states(&header, key_type, n, &mut pending)?;
             if pending.len() > MAX_STATES {
                 return Err(StateError::TooManyStates {
                     name: pending.keys().next_back().cloned().unwrap_or_default(),
@@ -594,6 +550,62 @@ impl Restored {
         self.owned = self.pending.is_empty();
         Ok(())
     }
+}
+
+/// Adds the states `header` holds to `pending` (with `n` key groups each), checking their key
+/// type and that snapshots of one restore agree on each state's kind and value type.
+fn admit_states(
+    header: &SnapshotHeader,
+    key_type: &str,
+    n: usize,
+    pending: &mut BTreeMap<String, Arc<PendingState>>,
+) -> Result<(), StateError> {
+    for meta in &header.states {
+        if meta.key_type != key_type {
+            return Err(incompatible(
+                &meta.name,
+                format!(
+                    "the snapshot's keys are of type `{}`, this backend's are `{key_type}`",
+                    meta.key_type
+                ),
+            ));
+        }
+        match pending.get(&meta.name) {
+            Some(p) => {
+                if p.kind != meta.kind
+                    || p.value_type != meta.value_type
+                    || p.serializer_version != meta.serializer_version
+                {
+                    return Err(incompatible(
+                        &meta.name,
+                        format!(
+                            "the snapshots disagree: one holds a {} state of `{}` \
+                             (serializer {}), another a {} state of `{}` (serializer {})",
+                            p.kind,
+                            p.value_type,
+                            p.serializer_version,
+                            meta.kind,
+                            meta.value_type,
+                            meta.serializer_version
+                        ),
+                    ));
+                }
+            }
+            None => {
+                pending.insert(
+                    meta.name.clone(),
+                    Arc::new(PendingState {
+                        kind: meta.kind,
+                        key_type: meta.key_type.clone(),
+                        value_type: meta.value_type.clone(),
+                        serializer_version: meta.serializer_version,
+                        groups: vec![Vec::new(); n],
+                    }),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks that a restored state can be registered as a `kind` state of `value_type`.

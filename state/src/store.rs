@@ -23,10 +23,9 @@ use crate::format::{
     Compression, MAX_STATES, SERIALIZER_VERSION, SectionWriter, SnapshotHeader, StateKind,
     StateMeta,
 };
-use crate::heap::{TtlClock, wall_clock_ms};
 use crate::keyed::{
     Expiry, ExpiryFn, KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart, StateKey,
-    StateOptions, StateValue, ValueState,
+    StateOptions, StateValue, TtlClock, ValueState, wall_clock_ms,
 };
 use crate::restored::{self, PendingState, Restored, incompatible};
 use rustc_hash::FxHashMap;

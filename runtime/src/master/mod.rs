@@ -233,47 +233,19 @@ impl<'s> JobMaster<'s> {
         };
         let targets = Arc::new(Targets::default());
         let chain_epoch = Arc::new(AtomicU64::new(0));
-        let host: Box<dyn TaskHost + 's> = match &config.cluster {
-            Some(ClusterRole::JobManager(options)) => {
-                if config.checkpoint.is_enabled() && storage_root.is_none() {
-                    return Err(JobError::Invalid(format!(
-                        "cluster mode needs checkpoint storage every process reaches (a directory \
-                         or s3://bucket/prefix), not {:?}",
-                        config.storage
-                    )));
-                }
-                let gateway = RemoteGateway::start(
-                    options,
-                    graph_fingerprint(job),
-                    metrics.clone(),
-                    started,
-                    spec.results.clone(),
-                )
-                .await?;
-                info!(addr = %gateway.local_addr(), "job manager listening");
-                Box::new(RemoteHost {
-                    gateway,
-                    job,
-                    job_id,
-                    settings,
-                    storage_root: storage_root.clone(),
-                    chain_epoch: chain_epoch.clone(),
-                })
-            }
-            _ => Box::new(LocalHost {
-                spec,
-                settings,
-                transport: transport.clone(),
-                job_id,
-                storage: storage.clone(),
-                started,
-                metrics: metrics.clone(),
-                targets: targets.clone(),
-                chain_epoch: chain_epoch.clone(),
-                runtime: TaskRuntime::new()?,
-                running: None,
-            }),
-        };
+        let host = task_host(HostParts {
+            spec,
+            settings,
+            transport: transport.clone(),
+            job_id,
+            storage: storage.clone(),
+            storage_root: storage_root.clone(),
+            started,
+            metrics: metrics.clone(),
+            targets: targets.clone(),
+            chain_epoch: chain_epoch.clone(),
+        })
+        .await?;
         let next_checkpoint_id = if config.checkpoint.is_enabled() {
             first_checkpoint_id(&*storage, job_id).await?
         } else {
@@ -569,6 +541,78 @@ impl<'s> JobMaster<'s> {
         let epoch = self.chain_epoch.fetch_add(1, Ordering::AcqRel) + 1;
         self.host.chain_epoch_raised(epoch);
     }
+}
+
+/// What [`task_host`] builds a host from.
+struct HostParts<'s> {
+    spec: &'s JobSpec,
+    settings: TaskSettings,
+    transport: Arc<dyn Transport>,
+    job_id: JobId,
+    storage: Arc<dyn CheckpointStorage>,
+    storage_root: Option<String>,
+    started: Instant,
+    metrics: Arc<JobMetrics>,
+    targets: Arc<Targets>,
+    chain_epoch: Arc<AtomicU64>,
+}
+
+/// Where the subtasks run: on task managers when this process is a job manager, else here.
+async fn task_host(parts: HostParts<'_>) -> Result<Box<dyn TaskHost + '_>, JobError> {
+    let HostParts {
+        spec,
+        settings,
+        transport,
+        job_id,
+        storage,
+        storage_root,
+        started,
+        metrics,
+        targets,
+        chain_epoch,
+    } = parts;
+    let (config, job) = (&spec.config, &spec.job);
+    Ok(match &config.cluster {
+        Some(ClusterRole::JobManager(options)) => {
+            if config.checkpoint.is_enabled() && storage_root.is_none() {
+                return Err(JobError::Invalid(format!(
+                    "cluster mode needs checkpoint storage every process reaches (a directory \
+                         or s3://bucket/prefix), not {:?}",
+                    config.storage
+                )));
+            }
+            let gateway = RemoteGateway::start(
+                options,
+                graph_fingerprint(job),
+                metrics.clone(),
+                started,
+                spec.results.clone(),
+            )
+            .await?;
+            info!(addr = %gateway.local_addr(), "job manager listening");
+            Box::new(RemoteHost {
+                gateway,
+                job,
+                job_id,
+                settings,
+                storage_root: storage_root.clone(),
+                chain_epoch: chain_epoch.clone(),
+            })
+        }
+        _ => Box::new(LocalHost {
+            spec,
+            settings,
+            transport: transport.clone(),
+            job_id,
+            storage: storage.clone(),
+            started,
+            metrics: metrics.clone(),
+            targets: targets.clone(),
+            chain_epoch: chain_epoch.clone(),
+            runtime: TaskRuntime::new()?,
+            running: None,
+        }),
+    })
 }
 
 /// Where the job restores from at start (`restore_from`), and the claim on those checkpoints'

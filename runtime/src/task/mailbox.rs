@@ -149,10 +149,7 @@ pub(super) async fn run(
                 Step::Records(n) => {
                     if first_record && n > 0 {
                         first_record = false;
-                        let us = env.started.elapsed().as_micros() as u64;
-                        if let Ok(mut v) = env.metrics.first_record_us.lock() {
-                            v.push((env.generation, us));
-                        }
+                        note_first_record(env);
                     }
                     count_records(env, n);
                     if cps.pending_unaligned.is_some() {
@@ -174,17 +171,7 @@ pub(super) async fn run(
                     run_actions(input, env, &mut cps, &mut actions).await?;
                     output_pending = true;
                 }
-                Step::End => {
-                    // End of input may complete an alignment first.
-                    run_actions(input, env, &mut cps, &mut actions).await?;
-                    checkpoint::step(StepEvent::InputEnded, input, env, &mut cps, &mut actions)
-                        .await?;
-                    input.lifecycle(&mut Lifecycle::EndInput)?;
-                    poll_fn(|cx| input.poll_flush(cx)).await?;
-                    debug!("input ended; task finished");
-                    env.report(TaskEvent::Finished).await?;
-                    return wait_for_job_end(input, env, &mut cps, &mut actions).await;
-                }
+                Step::End => return end_of_input(input, env, &mut cps, &mut actions).await,
                 Step::NeedSplits => {
                     cps.awaiting_splits = true;
                     env.report(TaskEvent::SplitRequest).await?;
@@ -234,6 +221,31 @@ pub(super) async fn wait_for_job_end(
             }
             Some(msg) => handle_message(msg, input, env, cps, actions).await?,
         }
+    }
+}
+
+/// The input ended: the alignment it may complete, the final flush, the report, then the wait
+/// for the job's end (notifications still come, and the end lets sinks commit).
+async fn end_of_input(
+    input: &mut dyn TaskInput,
+    env: &mut TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+    actions: &mut Vec<HandlerAction>,
+) -> Result<(), TaskError> {
+    run_actions(input, env, cps, actions).await?;
+    checkpoint::step(StepEvent::InputEnded, input, env, cps, actions).await?;
+    input.lifecycle(&mut Lifecycle::EndInput)?;
+    poll_fn(|cx| input.poll_flush(cx)).await?;
+    debug!("input ended; task finished");
+    env.report(TaskEvent::Finished).await?;
+    wait_for_job_end(input, env, cps, actions).await
+}
+
+/// The generation's first record here: when (a recovery ends with it).
+fn note_first_record(env: &TaskEnv) {
+    let us = env.started.elapsed().as_micros() as u64;
+    if let Ok(mut v) = env.metrics.first_record_us.lock() {
+        v.push((env.generation, us));
     }
 }
 
