@@ -381,12 +381,14 @@ fn reduce_job(
     dir: &Path,
     records: u64,
     thresholds: Vec<u64>,
+    backend: Arc<dyn weir_runtime::StateBackend>,
 ) -> (
     StreamEnvironment,
     LatestHandle<u64, (i64, i64)>,
     Arc<Failures>,
 ) {
     let env = environment(dir, 2, 25);
+    env.set_state_backend(backend);
     let failures = Failures::at(thresholds);
     let handle = inject(
         env.from_generator(Some(records), |i| i).uid("source"),
@@ -404,16 +406,32 @@ fn reduce_job(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reduce_under_failures_equals_failure_free_run() {
+    reduce_under_failures(Arc::new(weir_runtime::HeapStateBackend)).await;
+}
+
+/// The same with the reduce's state in a store of bytes (`KeyedStore`), failures and restores
+/// included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reduce_on_a_store_backend_under_failures_equals_failure_free_run() {
+    reduce_under_failures(Arc::new(weir_runtime::MemoryStoreStateBackend)).await;
+}
+
+async fn reduce_under_failures(backend: Arc<dyn weir_runtime::StateBackend>) {
     let seed = test_seed();
     let mut rng = SplitMix(seed);
     let records = 300_000;
     let dir = tempfile::tempdir().unwrap();
 
-    let (env, clean, _) = reduce_job(&dir.path().join("clean"), records, Vec::new());
+    let (env, clean, _) = reduce_job(
+        &dir.path().join("clean"),
+        records,
+        Vec::new(),
+        backend.clone(),
+    );
     env.execute().bounded().await.unwrap();
     let thresholds = rng.thresholds(3, records);
     let ctx = format!("seed={seed} thresholds={thresholds:?}");
-    let (env, faulty, _) = reduce_job(&dir.path().join("faulty"), records, thresholds);
+    let (env, faulty, _) = reduce_job(&dir.path().join("faulty"), records, thresholds, backend);
     let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.restarts, 3, "{ctx}");
     assert_resumed(&r, records, &ctx);

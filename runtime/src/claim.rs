@@ -196,22 +196,25 @@ pub(crate) async fn leave_if_empty(
     let result = async {
         let mut listing = DirListing::of(job, &storage.list_files(&format!("{job}/")).await?);
         listing.add_checkpoints(job, &storage.list_checkpoints(job).await?);
-        if listing == DirListing::default() {
-            keeper.forget(job).await;
-            forgotten = true;
-            crate::lease::retrying(|| discard_dir(storage, job, generation)).await?;
+        if listing != DirListing::default() {
+            return Ok(false);
         }
-        Ok::<_, CheckpointError>(())
+        keeper.forget(job).await;
+        forgotten = true;
+        crate::lease::retrying(|| discard_dir(storage, job, generation)).await
     }
     .await;
-    if let Err(e) = result {
+    if let Err(e) = &result {
         warn!(%job, error = %e, "cannot remove the empty job directory");
-        // The keeper no longer holds the lock: give it up here, as its release would have.
-        if forgotten
-            && let Err(e) = crate::lease::retrying(|| storage.release_lock(job, generation)).await
-        {
-            warn!(%job, error = %e, "cannot give the job directory up");
-        }
+    }
+    // The keeper no longer holds the lock, and the directory is not (all) gone: as when a retry
+    // found an older lock generation after the first attempt deleted ours. Give every lock of
+    // this generation and older up here, as the keeper's release would have (idempotent).
+    if forgotten
+        && !matches!(result, Ok(true))
+        && let Err(e) = crate::lease::retrying(|| storage.release_lock(job, generation)).await
+    {
+        warn!(%job, error = %e, "cannot give the job directory up");
     }
 }
 

@@ -238,6 +238,17 @@ pub(crate) async fn take_job_directory(
     }
 }
 
+/// How long [`LeaseKeeper::release`] waits for a round of renewals under way.
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+/// A keeper dropped without [`release`](LeaseKeeper::release) (a run whose setup failed after
+/// it took the directory releases it; this is the backstop) stops renewing at least.
+impl Drop for LeaseKeeper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Runs `op` until it succeeds, at most 4 times, 20 ms apart and doubling: a storage's transient
 /// errors (a dropped connection, a busy server) should not leave a lock behind a run.
 pub(crate) async fn retrying<T, F, Fut>(mut op: F) -> Result<T, CheckpointError>
@@ -347,16 +358,20 @@ impl LeaseKeeper {
 
     /// Stops renewing and releases every lock still held (each its own generation and older,
     /// so a successor's lock stays).
-    pub async fn release(self) {
+    pub async fn release(mut self) {
         // A round of renewals under way holds `held` across its requests: waiting for it means
         // no renewal is in flight when the locks go (a late one would recreate a deleted lock
-        // file), and aborting while holding it means none starts after.
+        // file), and aborting while holding it means none starts after. A round stuck on a
+        // storage that does not answer is not waited for longer than a third of the lease: it
+        // is dropped (its request with it), and the locks go anyway.
         let mutex = self.held.clone();
-        let guard = mutex.lock().await;
+        let guard = tokio::time::timeout(RELEASE_WAIT, mutex.lock()).await.ok();
         self.task.abort();
-        let _ = self.task.await;
-        let held: Vec<Held> = guard.clone();
-        drop(guard);
+        let _ = (&mut self.task).await;
+        let held: Vec<Held> = match guard {
+            Some(guard) => guard.clone(),
+            None => mutex.lock().await.clone(),
+        };
         for (storage, job, generation) in held {
             if let Err(e) = retrying(|| storage.release_lock(job, generation)).await {
                 warn!(%job, error = %e, "cannot give the job directory up");

@@ -233,6 +233,34 @@ async fn a_second_run_with_the_same_job_id_is_refused_while_the_first_holds_it()
     assert_eq!(totals, expected(40_000, 1));
 }
 
+/// A run whose setup fails after it took its job directory (here: a restore point that does not
+/// exist) gives the directory up as a run that ended would: no lock is left, none is renewed
+/// behind it, and the same id runs at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_setup_fails_gives_its_directory_up() {
+    let root = tempfile::tempdir().unwrap();
+    let id = JobId(0xbad_5e7);
+    let dir = root.path().join(id.to_string());
+    let mut failing = Run::new(root.path(), 3);
+    failing.job_id = Some(id);
+    failing.from = Some(root.path().join("no-such-checkpoint"));
+    let err = failing.execute().bounded().await.unwrap_err().to_string();
+    assert!(err.contains("no-such-checkpoint"), "{err}");
+    // Twice the lease: a renewal left running would have rewritten the lock by now.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        !dir.join("_lock").exists(),
+        "the failed run left its lock: {:?}",
+        std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
+    assert!(!dir.exists(), "the failed run left an empty job directory");
+    let mut again = Run::new(root.path(), 3);
+    again.job_id = Some(id);
+    let (result, totals) = again.execute().bounded().await.unwrap();
+    assert_eq!(result.job_id, id);
+    assert_eq!(totals, expected(40_000, 3));
+}
+
 /// A run with a fixed job id whose earlier run was killed (its lock left, no longer renewed)
 /// takes the directory over after one lease, runs exactly, and gives it up at the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,13 @@
 //! the store when another key of the state is accessed, and before every snapshot, scan and
 //! cleanup. A store's failure inside an access that cannot return an error (a read or write of
 //! a record's state) panics with the store's error, which fails the task; the job then restarts
-//! from its latest checkpoint, as a RocksDB exception fails a Flink task.
+//! from its latest checkpoint, as a RocksDB exception fails a Flink task. So does a key or value
+//! type that does not round-trip through the codec (postcard: for example a value whose
+//! `Serialize` skips fields): the panic names the type. The heap meets such a type only in its
+//! snapshots.
+//!
+//! A restored state is decoded (key groups in parallel), then put into the store when it is
+//! registered: a restore holds one state's restored entries in memory at a time.
 
 use crate::StateError;
 use crate::format::{
@@ -241,9 +247,11 @@ struct Cell<V> {
     default: Option<V>,
     expiry: Option<ExpiryFn<V>>,
     cleanup_full_snapshot: bool,
-    /// TTL's incremental cleanup: the next key group (by index) and the entries owed.
+    /// TTL's incremental cleanup: the next key group (by index), the entries owed, and each
+    /// key group's number of entries at its last check.
     cleanup_cursor: usize,
     cleanup_budget: usize,
+    group_sizes: Vec<Option<usize>>,
     /// Whether `key`, `key_group` and `value` hold an entry.
     cached: bool,
     key: Vec<u8>,
@@ -276,7 +284,11 @@ impl<V: StateValue> ErasedCell for Cell<V> {
         match &self.value {
             Some(v) => {
                 let mut bytes = Vec::new();
-                codec::encode_into("state value", v, &mut bytes)?;
+                codec::encode_into(
+                    &format!("state value of type `{}`", type_name::<V>()),
+                    v,
+                    &mut bytes,
+                )?;
                 store.put(id, self.key_group, &self.key, &bytes)?;
             }
             None => store.delete(id, self.key_group, &self.key)?,
@@ -359,7 +371,29 @@ fn misuse(what: String) -> ! {
 #[inline(never)]
 #[track_caller]
 fn store_failed(e: StateError) -> ! {
-    panic!("the keyed-state store failed: {e}")
+    panic!("keyed state in the store failed: {e}")
+}
+
+/// A key or value whose type does not go through the state codec (postcard) both ways. The heap
+/// keeps values as they are and encodes them only in snapshots; a store encodes them on every
+/// access, so such a type fails here first.
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn codec_failed<T>(what: &str, e: CoreError) -> ! {
+    panic!(
+        "a state {what} of type `{}` does not round-trip through the state codec (postcard): {e}",
+        type_name::<T>()
+    )
+}
+
+/// Decodes a stored value, naming its type on failure.
+fn decode_value<V: StateValue>(bytes: &[u8]) -> Result<V, StateError> {
+    codec::decode(
+        &format!("state value of type `{}`", type_name::<V>()),
+        bytes,
+    )
+    .map_err(StateError::from)
 }
 
 impl<K: StateKey> StoreKeyedStateBackend<K> {
@@ -437,7 +471,7 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
         self.check_key_group(key_group);
         self.key_buf.clear();
         if let Err(e) = codec::encode_into("state key", key, &mut self.key_buf) {
-            store_failed(e.into());
+            codec_failed::<K>("key", e);
         }
         let id = state.id;
         let Some(registered) = self.states.get_mut(usize::from(id)) else {
@@ -462,7 +496,7 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
             match store.get(id, key_group, &self.key_buf, &mut self.value_buf) {
                 Ok(true) => match codec::decode::<V>("state value", &self.value_buf) {
                     Ok(v) => cell.value = Some(v),
-                    Err(e) => store_failed(e.into()),
+                    Err(e) => codec_failed::<V>("value", e),
                 },
                 Ok(false) => {}
                 Err(e) => store_failed(e),
@@ -528,8 +562,9 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
         self.flush_all()?;
         for kg in self.range.iter() {
             self.store.scan(state.id, kg, &mut |k, v| {
-                let key: K = codec::decode("state key", k)?;
-                let value: V = codec::decode("state value", v)?;
+                let key: K =
+                    codec::decode(&format!("state key of type `{}`", type_name::<K>()), k)?;
+                let value: V = decode_value(v)?;
                 f(&key, &value);
                 Ok(())
             })?;
@@ -599,6 +634,7 @@ impl<K: StateKey> KeyedStateBackend<K> for StoreKeyedStateBackend<K> {
                 cleanup_full_snapshot: options.cleanup_full_snapshot,
                 cleanup_cursor: 0,
                 cleanup_budget: 0,
+                group_sizes: Vec::new(),
                 cached: false,
                 key: Vec::new(),
                 key_group: 0,
@@ -758,30 +794,39 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
         now_ms: i64,
     ) -> Result<(), StateError> {
         let id = state.id;
-        let Some(registered) = self.states.get_mut(usize::from(id)) else {
-            return Ok(());
-        };
-        registered.cell.flush(self.store.as_mut(), id)?;
-        registered.cell.forget();
-        let Some(cell) = registered.cell.as_any_mut().downcast_mut::<Cell<V>>() else {
+        let groups = self.range.len() as usize;
+        let Some(cell) = self
+            .states
+            .get_mut(usize::from(id))
+            .and_then(|r| r.cell.as_any_mut().downcast_mut::<Cell<V>>())
+        else {
             return Ok(());
         };
         let Some(expiry) = cell.expiry.clone() else {
             return Ok(());
         };
-        let groups = self.range.len() as usize;
         if groups == 0 {
             return Ok(());
+        }
+        if cell.group_sizes.len() != groups {
+            cell.group_sizes = vec![None; groups];
         }
         cell.cleanup_budget = cell.cleanup_budget.saturating_add(budget);
         for _ in 0..groups {
             let index = cell.cleanup_cursor % groups;
+            // As the heap does: a key group is checked once the owed entries cover it. Its size
+            // is known from its last check, so the store is not scanned to find it out.
+            if cell.group_sizes[index].is_some_and(|n| cell.cleanup_budget < n.max(1)) {
+                return Ok(());
+            }
             let kg = self.range.start + index as u32;
+            // The scan must see the latest value of the entry the cell holds.
+            ErasedCell::flush(cell, self.store.as_mut(), id)?;
             let mut count = 0usize;
             let mut changes: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
             self.store.scan(id, kg, &mut |k, v| {
                 count += 1;
-                let value: V = codec::decode("state value", v)?;
+                let value: V = decode_value(v)?;
                 match expiry(&value, now_ms) {
                     Expiry::Keep => {}
                     Expiry::Drop => changes.push((k.to_vec(), None)),
@@ -795,10 +840,17 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
             })?;
             let cost = count.max(1);
             if cell.cleanup_budget < cost {
+                cell.group_sizes[index] = Some(count);
                 return Ok(());
             }
             cell.cleanup_budget -= cost;
             cell.cleanup_cursor = (index + 1) % groups;
+            let dropped = changes.iter().filter(|(_, v)| v.is_none()).count();
+            cell.group_sizes[index] = Some(count - dropped);
+            if !changes.is_empty() {
+                // The store changes under the cell's entry.
+                ErasedCell::forget(cell);
+            }
             for (key, value) in changes {
                 match value {
                     Some(v) => self.store.put(id, kg, &key, &v)?,

@@ -160,7 +160,10 @@ pub(crate) async fn run_job(spec: JobSpec, client: JobClient) -> Result<JobResul
         .unwrap_or_else(|| fresh_job_id(&spec.config.job_name));
     let span = info_span!("job", name = %spec.config.job_name, id = %job_id);
     async move {
-        let mut master = JobMaster::start(&spec, job_id, client).await?;
+        // Taken first: a failed setup drops it, so that a client's request fails at once
+        // instead of waiting for an answer.
+        let commands = client.take_commands();
+        let mut master = JobMaster::start(&spec, job_id, client, commands).await?;
         // The job runs in here, so that task managers hear of its end however it ends.
         let result = master.run().await;
         master.close(&result).await;
@@ -177,6 +180,7 @@ impl<'s> JobMaster<'s> {
         spec: &'s JobSpec,
         job_id: JobId,
         client: JobClient,
+        commands: Option<mpsc::Receiver<Command>>,
     ) -> Result<JobMaster<'s>, JobError> {
         let started = Instant::now();
         let epoch_wall_ms = wall_ms();
@@ -206,8 +210,55 @@ impl<'s> JobMaster<'s> {
             k.hold(storage.clone(), job_id, generation).await;
             keeper = Some((k, generation));
         }
-        let (restore, claim) =
-            restore_points(config, job_id, &lock_content, keeper.as_ref()).await?;
+        let setup = Setup {
+            spec,
+            job_id,
+            started,
+            epoch_wall_ms,
+            fingerprint,
+            storage: storage.clone(),
+            lock_content,
+            client,
+            commands,
+        };
+        match Self::assemble(setup, keeper.as_ref()).await {
+            Ok(mut master) => {
+                if let Some((k, generation)) = keeper {
+                    master.own_generation = generation;
+                    master.keeper = Some(k);
+                }
+                Ok(master)
+            }
+            Err(e) => {
+                // The directory was taken: give it up as a run that ended would.
+                if let Some((k, generation)) = keeper {
+                    crate::claim::leave_if_empty(&*storage, job_id, generation, &k).await;
+                    k.release().await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The rest of the setup, once the job directory is held: the restore candidates (and a
+    /// claim on them), the transport, where the subtasks run, and the first checkpoint id.
+    async fn assemble(
+        setup: Setup<'s>,
+        keeper: Option<&(LeaseKeeper, u64)>,
+    ) -> Result<JobMaster<'s>, JobError> {
+        let Setup {
+            spec,
+            job_id,
+            started,
+            epoch_wall_ms,
+            fingerprint,
+            storage,
+            lock_content,
+            client,
+            commands,
+        } = setup;
+        let (config, job) = (&spec.config, &spec.job);
+        let (restore, claim) = restore_points(config, job_id, &lock_content, keeper).await?;
         let own: Arc<dyn Transport> = Arc::new(LocalTransport::new(ChannelConfig {
             buffers_per_channel: config.buffers_per_channel,
         }));
@@ -274,14 +325,14 @@ impl<'s> JobMaster<'s> {
             fingerprint,
             storage,
             storage_root,
-            own_generation: keeper.as_ref().map_or(0, |(_, generation)| *generation),
-            keeper: keeper.map(|(k, _)| k),
+            own_generation: 0,
+            keeper: None,
             claim,
             restore,
             transport,
             metrics,
             host,
-            commands: client.take_commands(),
+            commands,
             client,
             targets,
             stopped_with: None,
@@ -541,6 +592,19 @@ impl<'s> JobMaster<'s> {
         let epoch = self.chain_epoch.fetch_add(1, Ordering::AcqRel) + 1;
         self.host.chain_epoch_raised(epoch);
     }
+}
+
+/// What the setup has once the job directory is held (see [`JobMaster::assemble`]).
+struct Setup<'s> {
+    spec: &'s JobSpec,
+    job_id: JobId,
+    started: Instant,
+    epoch_wall_ms: u64,
+    fingerprint: JobFingerprint,
+    storage: Arc<dyn CheckpointStorage>,
+    lock_content: LockContent,
+    client: JobClient,
+    commands: Option<mpsc::Receiver<Command>>,
 }
 
 /// What [`task_host`] builds a host from.
