@@ -93,11 +93,12 @@ async fn gc_lists_and_deletes_only_what_no_complete_checkpoint_needs() {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
-                std::fs::write(
-                    &lock,
-                    format!("process 2 on h\nlease_ms 200\nrenewal {n}\n"),
-                )
-                .unwrap();
+                // Written aside and renamed over, as a storage replaces a file: a reader never
+                // sees it half written (a truncated lock reads as held by nobody named).
+                let tmp = lock.with_extension("tmp");
+                std::fs::write(&tmp, format!("process 2 on h\nlease_ms 200\nrenewal {n}\n"))
+                    .unwrap();
+                std::fs::rename(&tmp, &lock).unwrap();
                 std::thread::sleep(Duration::from_millis(20));
             }
         })
