@@ -251,11 +251,11 @@ impl BarrierAligner {
         let unaligned = self.current.is_some_and(|c| c.unaligned);
         if !self.received[channel] {
             self.received[channel] = true;
-            out.push(if unaligned {
-                HandlerAction::BarrierReached(channel)
-            } else {
-                HandlerAction::Block(channel)
-            });
+            if unaligned {
+                out.push(HandlerAction::BarrierReached(channel));
+            } else if !weir_core::sim::mutated(weir_core::sim::Mutation::UnblockBeforeAligned) {
+                out.push(HandlerAction::Block(channel));
+            }
         }
         self.maybe_complete(now, out);
     }

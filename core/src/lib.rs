@@ -13,6 +13,7 @@
 //! - [`fingerprint`]: what a checkpoint records of its job (operators, source settings).
 //! - [`identity`]: the identity frame at the head of every state file, and file digests.
 //! - [`codec`]: postcard encoding and the versioned, checksummed file envelope.
+//! - [`sim`]: the hooks through which a deterministic simulation steers a job.
 //! - [`error`]: the errors of this crate.
 //!
 //! Architecture invariant: no tokio, no I/O, no threads. Everything here is data and arithmetic.
@@ -31,6 +32,7 @@ pub mod ids;
 pub mod keygroup;
 pub mod panic;
 pub mod partition;
+pub mod sim;
 pub mod splitmix;
 
 pub use error::CoreError;

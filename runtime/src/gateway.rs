@@ -10,13 +10,14 @@ use crate::task::{
     JobMetrics, Targets, TaskEnv, TaskEvent, TaskMessage, TaskReport, panic_message, run_task,
 };
 use futures::FutureExt;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::warn;
 use weir_checkpoint::CheckpointStorage;
 use weir_checkpoint::coordinator::TaskKey;
@@ -38,7 +39,17 @@ pub(crate) struct TaskRuntime {
 
 impl TaskRuntime {
     /// A multi-threaded runtime with a worker per core, its threads named `weir-task`.
+    /// Under a simulation (`weir_core::sim`), the subtasks run on the simulation's own
+    /// single-threaded runtime, the caller's, so that one seed gives one schedule.
     pub fn new() -> Result<TaskRuntime, JobError> {
+        if weir_core::sim::active()
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            return Ok(TaskRuntime {
+                runtime: None,
+                handle,
+            });
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .thread_name("weir-task")
             .enable_all()
@@ -82,7 +93,7 @@ pub(crate) struct ProcessTasks<'a> {
 
 /// One generation's subtasks running in this process.
 pub(crate) struct Running {
-    mailboxes: HashMap<TaskKey, mpsc::Sender<TaskMessage>>,
+    mailboxes: BTreeMap<TaskKey, mpsc::Sender<TaskMessage>>,
     /// Each subtask's name and handle.
     handles: Vec<(String, JoinHandle<()>)>,
     uploads: Arc<AtomicUsize>,
@@ -101,7 +112,7 @@ impl ProcessTasks<'_> {
         let job = &self.spec.job;
         let uploads = Arc::new(AtomicUsize::new(0));
         let cancellation = Cancellation::default();
-        let mut mailboxes = HashMap::new();
+        let mut mailboxes = BTreeMap::new();
         let mut handles = Vec::new();
         for TaskDeployment {
             task: key,

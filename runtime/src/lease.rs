@@ -296,17 +296,17 @@ impl LeaseKeeper {
             tick.tick().await;
             // When each lock was last renewed: one not renewed for a whole lease may have been
             // judged abandoned and taken over, so its holder stops.
-            let mut renewed: BTreeMap<JobId, std::time::Instant> = BTreeMap::new();
+            let mut renewed: BTreeMap<JobId, tokio::time::Instant> = BTreeMap::new();
             loop {
                 tick.tick().await;
                 content.renewal += 1;
                 let now = dirs.lock().await;
                 for (storage, job, generation) in now.iter() {
                     let (job, generation) = (*job, *generation);
-                    let since = *renewed.entry(job).or_insert_with(std::time::Instant::now);
+                    let since = *renewed.entry(job).or_insert_with(tokio::time::Instant::now);
                     match storage.renew_lock(job, generation, &content.render()).await {
                         Ok(()) => {
-                            renewed.insert(job, std::time::Instant::now());
+                            renewed.insert(job, tokio::time::Instant::now());
                         }
                         Err(CheckpointError::LockLost { path, by }) => {
                             let _ = tx.send(Some((path, by)));

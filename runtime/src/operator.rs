@@ -193,11 +193,9 @@ impl Default for ProcessingTimeService {
 }
 
 impl ProcessingTimeService {
-    /// Wall-clock time now, in ms since the Unix epoch.
+    /// Wall-clock time now, in ms since the Unix epoch (virtual under a simulation).
     pub fn now_ms() -> i64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64)
+        weir_core::sim::wall_clock().as_millis() as i64
     }
 
     /// Asks to be woken at `at_ms` (or earlier, if another timer is due first).

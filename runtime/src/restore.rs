@@ -350,6 +350,10 @@ pub(crate) async fn load_first_good(
             // A checkpoint that does not fit the job is a user error, not corruption.
             Err(e @ JobError::Restore { .. }) => return Err(e),
             Err(e) => {
+                weir_core::sim::observe(weir_core::sim::Observed::Unusable {
+                    checkpoint: location.dir.clone(),
+                    reason: e.to_string(),
+                });
                 if older_remain {
                     warn!(checkpoint = %location.dir, error = %e, "checkpoint unusable; falling back to the previous complete checkpoint");
                 } else {

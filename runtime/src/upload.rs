@@ -142,7 +142,7 @@ pub(crate) async fn upload(
         base,
         format_version: 0,
     };
-    let serialized = tokio::task::spawn_blocking(move || -> Result<Vec<Serialized>, String> {
+    let serialize = move || -> Result<Vec<Serialized>, String> {
         let mut out = Vec::with_capacity(parts.len());
         for (p, base) in parts.into_iter().zip(bases) {
             let mut chain = None;
@@ -186,15 +186,19 @@ pub(crate) async fn upload(
             });
         }
         Ok(out)
-    })
-    .await
-    .map_err(|e| {
-        if e.is_cancelled() {
-            "snapshot serialization was cancelled: the job is shutting down".to_string()
-        } else {
-            format!("snapshot serialization panicked: {e}")
-        }
-    })??;
+    };
+    // Off the runtime's threads; under a simulation, in line, as it has one thread only.
+    let serialized = if weir_core::sim::active() {
+        serialize()?
+    } else {
+        tokio::task::spawn_blocking(serialize).await.map_err(|e| {
+            if e.is_cancelled() {
+                "snapshot serialization was cancelled: the job is shutting down".to_string()
+            } else {
+                format!("snapshot serialization panicked: {e}")
+            }
+        })??
+    };
 
     let mut snapshot = TaskStateSnapshot::default();
     if !in_flight.is_empty() {
@@ -206,10 +210,7 @@ pub(crate) async fn upload(
         let who = identity(head_operator, StateFileKind::ChannelState, None, None);
         let (bytes, _) = file.finish(who)?;
         let name = format!("v{}-{}-g{generation}-channels", task.vertex.0, task.subtask);
-        let stream = storage
-            .write_state(&location, &name, bytes)
-            .await
-            .map_err(|e| e.to_string())?;
+        let stream = write_file(&*storage, &location, &name, bytes, false).await?;
         snapshot.in_flight =
             Some(weir_core::channel_state::ChannelStateHandle { stream, sections });
     }
@@ -267,10 +268,7 @@ async fn write_parts(
                     "v{}-{}-g{generation}-{short}-keyed",
                     task.vertex.0, task.subtask
                 );
-                let stream = storage
-                    .write_state(location, &name, buf)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let stream = write_file(storage, location, &name, buf, false).await?;
                 state.keyed.push(layout.into_handle(stream));
             }
             (Some((layout, buf)), Some(mut chain)) => {
@@ -280,10 +278,7 @@ async fn write_parts(
                     "v{}-{}-g{generation}-{short}-c{}-keyed",
                     task.vertex.0, task.subtask, id.0
                 );
-                let stream = storage
-                    .write_shared_state(location, &name, buf)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let stream = write_file(storage, location, &name, buf, true).await?;
                 if matches!(stream, StreamStateHandle::File { .. }) {
                     new_shared.push(stream.clone());
                 }
@@ -298,10 +293,7 @@ async fn write_parts(
                 "v{}-{}-g{generation}-{short}-op",
                 task.vertex.0, task.subtask
             );
-            let stream = storage
-                .write_state(location, &name, buf)
-                .await
-                .map_err(|e| e.to_string())?;
+            let stream = write_file(storage, location, &name, buf, false).await?;
             state.operator.push(OperatorStateHandle { states, stream });
         }
         if !state.is_empty() {
@@ -309,4 +301,41 @@ async fn write_parts(
         }
     }
     Ok(())
+}
+
+/// Writes one state file into `location` (or, `shared`, beside it) and returns its handle.
+///
+/// Under a simulation acting out `Mutation::AckBeforeDurable`, a write that failed is
+/// acknowledged anyway, with the handle it would have had: the deliberate bug of acknowledging
+/// state that is not durable.
+async fn write_file(
+    storage: &dyn CheckpointStorage,
+    location: &CheckpointLocation,
+    name: &str,
+    bytes: bytes::Bytes,
+    shared: bool,
+) -> Result<StreamStateHandle, String> {
+    let mutated = weir_core::sim::mutated(weir_core::sim::Mutation::AckBeforeDurable);
+    let kept = mutated.then(|| bytes.clone());
+    let written = if shared {
+        storage.write_shared_state(location, name, bytes).await
+    } else {
+        storage.write_state(location, name, bytes).await
+    };
+    match (written, kept) {
+        (Ok(handle), _) => Ok(handle),
+        (Err(_), Some(bytes)) => Ok(StreamStateHandle::File {
+            path: if shared {
+                format!(
+                    "{}{name}",
+                    weir_checkpoint::storage::SHARED_DIR_FROM_LOCATION
+                )
+            } else {
+                name.to_string()
+            },
+            size: bytes.len() as u64,
+            digest: weir_core::identity::Digest::of(&bytes),
+        }),
+        (Err(e), None) => Err(e.to_string()),
+    }
 }

@@ -12,6 +12,8 @@
 //! - `chaos`: the heavy `#[ignore]`d scenarios, in release mode.
 //! - `mutants`: the exactly-once and restore tests under each deliberate bug (`weir_mutant`),
 //!   which must mostly fail.
+//! - `chaos sim [args]`: the deterministic simulation (`weir-sim`): seeded schedules of whole
+//!   jobs under faults, checked for exactly-once.
 //! - `chaos fuzz [args]`: every decoder fuzzed (`weir-fuzz`, 10M mutated inputs by default) in
 //!   the `fuzz` profile (release, with overflow checks); args go to `weir-fuzz`.
 //!
@@ -53,6 +55,11 @@ use your own); ci and test install iproute2 with apt-get when it is missing and 
   chaos         cargo test --workspace --release -- --ignored
   mutants       the exactly-once and restore tests under each deliberate bug (a restore that
                 loads nothing, a dropped state handle): fails unless most of them fail
+  chaos sim [--seeds N] [--first-seed S] [--mutation NAME] [--trace] [--threads T]
+                the deterministic simulation: seeds S..S+N (default 0..100), each a whole job on
+                one thread under seeded faults and virtual time, checked for exactly-once; a
+                failing seed prints its replay command and trace; --mutation acts out a
+                deliberate protocol bug (debug build)
   chaos fuzz [args]
                 every decoder fuzzed: 10M mutated inputs in release (profile `fuzz`, overflow
                 checks on); args go to weir-fuzz: --inputs N, --seconds S, --seed S,
@@ -84,6 +91,7 @@ fn run(args: &[String]) -> Result<()> {
         Some("chaos") => match rest.first().map(String::as_str) {
             None => chaos(&root),
             Some("fuzz") => fuzz(&root, rest.get(1..).unwrap_or_default()),
+            Some("sim") => sim(&root, rest.get(1..).unwrap_or_default()),
             Some(other) => bail!("unknown chaos scenario `{other}`\n\n{}", usage()),
         },
         Some("-h" | "--help" | "help") => {
@@ -238,6 +246,19 @@ fn fuzz(root: &Path, extra: &[String]) -> Result<()> {
     ])
     .args(extra);
     println!("chaos fuzz: every decoder, on mutated valid encodings (release, overflow checks on)");
+    run_cmd(cmd)
+}
+
+/// `chaos sim`: seeds of the deterministic simulation (`weir-sim`), in release, or in debug when
+/// a deliberate bug is selected (`--mutation`, which exists in debug builds only).
+fn sim(root: &Path, extra: &[String]) -> Result<()> {
+    let mut cmd = cargo(root);
+    cmd.args(["run", "--package", "weir-sim", "--bin", "weir-sim"]);
+    if !extra.iter().any(|a| a == "--mutation") {
+        cmd.arg("--release");
+    }
+    cmd.arg("--").args(extra);
+    println!("chaos sim: whole jobs on one thread under seeded faults and virtual time");
     run_cmd(cmd)
 }
 

@@ -40,6 +40,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "weir-runtime",
         ],
     ),
+    // Runs whole jobs under seeded faults: the runtime's public API, the storage it wraps in
+    // faults, and the hooks in core.
+    (
+        "weir-sim",
+        &["weir-core", "weir-checkpoint", "weir-runtime"],
+    ),
     ("xtask", &[]),
 ];
 

@@ -11,12 +11,12 @@ use futures::prelude::*;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 use tarpc::context::Context;
 use tarpc::server::{BaseChannel, Channel};
 use tarpc::tokio_serde::formats::Bincode;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 /// How long the job manager waits after failing to accept a connection.
@@ -120,7 +120,7 @@ impl Outboxes {
             };
             // `notify_one` keeps a permit when nobody waits, so a post between the check and
             // here is not missed.
-            if tokio::time::timeout_at(deadline.into(), ready.notified())
+            if tokio::time::timeout_at(deadline, ready.notified())
                 .await
                 .is_err()
             {
@@ -379,7 +379,7 @@ async fn detect_losses(service: Service) {
                         .started
                         .checked_add(d.saturating_add(service.config.interval / 10));
                     match at {
-                        Some(at) => tokio::time::sleep_until(at.into()).await,
+                        Some(at) => tokio::time::sleep_until(at).await,
                         None => std::future::pending().await,
                     }
                 }

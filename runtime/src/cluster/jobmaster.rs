@@ -18,9 +18,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{debug, info, info_span, warn};
 use weir_checkpoint::CheckpointStorage;
 use weir_checkpoint::coordinator::TaskKey;
@@ -228,10 +229,7 @@ impl RemoteGateway {
             if until(&lock(&self.state)) {
                 return true;
             }
-            if tokio::time::timeout_at(deadline.into(), notified)
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return until(&lock(&self.state));
             }
         }

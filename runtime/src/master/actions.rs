@@ -27,7 +27,14 @@ impl JobMaster<'_> {
                         timestamp_ms,
                         options,
                         tasks,
-                    } => self.trigger(g, id, timestamp_ms, options, tasks).await,
+                    } => {
+                        weir_core::sim::record(format_args!(
+                            "trigger {:?} {id} on {} tasks",
+                            options.kind,
+                            tasks.len()
+                        ));
+                        self.trigger(g, id, timestamp_ms, options, tasks).await
+                    }
                     CoordinatorAction::TriggerFinished {
                         id,
                         timestamp_ms,
@@ -57,6 +64,7 @@ impl JobMaster<'_> {
                     CoordinatorAction::NotifyAborted { id, reason, tasks } => {
                         let span = g.spans.remove(&id).unwrap_or_else(tracing::Span::none);
                         span.in_scope(|| info!(%reason, "checkpoint aborted"));
+                        weir_core::sim::record(format_args!("checkpoint {id} aborted: {reason}"));
                         g.coordinator_states.remove(&id);
                         self.clear_target(id);
                         if let Some(mut t) = g.requested.remove(&id)
@@ -183,6 +191,17 @@ impl JobMaster<'_> {
                     CheckpointLocation::for_checkpoint(self.job_id, id),
                 )
             });
+        if weir_core::sim::mutated(weir_core::sim::Mutation::NotifyBeforeMetadata) {
+            // The deliberate bug: the tasks commit before the checkpoint is complete.
+            for t in acks.keys() {
+                self.host.send(*t, TaskMessage::NotifyComplete(id));
+            }
+        }
+        if weir_core::sim::mutated(weir_core::sim::Mutation::RestoreWithoutMetadata) {
+            // The deliberate bug's first half: the master keeps what it would write, to restore
+            // from it whether or not `_metadata` is ever written.
+            self.unwritten = Some((storage.clone(), location.clone(), metadata.clone()));
+        }
         let tx = self.finalize_tx.clone();
         let generation = self.generation;
         tokio::spawn(async move {

@@ -9,7 +9,7 @@ use crate::job::Command;
 use crate::source::SplitAssignment;
 use crate::task::{TaskEvent, TaskMessage, TaskReport};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use weir_checkpoint::CheckpointError;
 use weir_checkpoint::coordinator::{CheckpointFailureReason, TaskKey};
@@ -71,18 +71,21 @@ impl JobMaster<'_> {
     pub(super) async fn next_event(&mut self, g: &mut Generation) -> MasterEvent {
         let wake = g.coordinator.next_wakeup();
         let started = self.started;
+        // In order, not at random: one seed of a simulation is one schedule. Reports come
+        // first, as the coordinator's decisions depend most on them.
         tokio::select! {
+            biased;
             report = g.reports.recv() => MasterEvent::Report(report),
             _ = async {
                 match &g.echo {
-                    Some((_, at)) => tokio::time::sleep_until((*at).into()).await,
+                    Some((_, at)) => tokio::time::sleep_until(*at).await,
                     None => std::future::pending().await,
                 }
             } => MasterEvent::EchoTimedOut,
             Some(f) = self.finalize_rx.recv() => MasterEvent::Finalized(f),
             _ = async {
                 match wake {
-                    Some(w) => tokio::time::sleep_until((started + w).into()).await,
+                    Some(w) => tokio::time::sleep_until(started + w).await,
                     None => std::future::pending().await,
                 }
             } => MasterEvent::CoordinatorTimer,
@@ -274,6 +277,7 @@ impl JobMaster<'_> {
             // Savepoints belong to the user: not retained, never discarded.
             Ok(_) if !is_checkpoint => g.coordinator.finalized(f.id, Ok(()), now, &mut g.actions),
             Ok(cp) => {
+                weir_core::sim::observe(weir_core::sim::Observed::Completed(f.id.0));
                 g.coordinator.finalized(f.id, Ok(()), now, &mut g.actions);
                 let subsumed = self.store.add(cp);
                 // Claim mode: the restored checkpoint goes once this run retains as many of its

@@ -29,7 +29,9 @@ use crate::host::{LocalHost, TaskHost};
 use crate::job::{Command, JobClient};
 use crate::lease::{LeaseKeeper, LockContent};
 use crate::restart::RestartTracker;
-use crate::restore::{RestoreChecks, candidates_at, load_first_good, one_jobs_candidates};
+use crate::restore::{
+    RestoreChecks, RestorePoint, assign, candidates_at, load_first_good, one_jobs_candidates,
+};
 use crate::source::SplitEnumerator;
 use crate::spec::{JobResult, JobSpec};
 use crate::spec::{TaskDeployment, TaskSettings};
@@ -38,8 +40,9 @@ use snapshots::{Finalized, Target, fresh_job_id, lock_holder, wall_ms};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::{Instrument, info, info_span, warn};
 use weir_checkpoint::coordinator::{
     CheckpointCoordinator, CheckpointStats, CoordinatorAction, CoordinatorSetup, TaskKey,
@@ -114,6 +117,13 @@ pub(crate) struct JobMaster<'s> {
     /// Discards of subsumed or aborted checkpoints run beside the job; they are awaited before
     /// it returns, so a process that exits right after leaves nothing behind.
     discards: tokio::task::JoinSet<()>,
+    /// Under a simulation acting out `Mutation::RestoreWithoutMetadata` only: the `_metadata`
+    /// last built, whether written or not.
+    unwritten: Option<(
+        Arc<dyn CheckpointStorage>,
+        CheckpointLocation,
+        CheckpointMetadata,
+    )>,
 }
 
 /// What the generations' coordinators counted, summed.
@@ -142,7 +152,7 @@ pub(crate) struct Generation {
     /// briefly for the root cause before failing with it.
     echo: Option<(String, Instant)>,
     /// Snapshots a client asked for.
-    requested: HashMap<CheckpointId, Target>,
+    requested: BTreeMap<CheckpointId, Target>,
     /// The sources' count when this generation started (the record-count trigger's base).
     records_base: u64,
     records_poll: Option<tokio::time::Interval>,
@@ -345,6 +355,7 @@ impl<'s> JobMaster<'s> {
             generation: 0,
             first_running: None,
             restored_from: None,
+            unwritten: None,
             since_restore_base: 0,
             totals: Totals::default(),
             failures: Vec::new(),
@@ -435,7 +446,7 @@ impl<'s> JobMaster<'s> {
             spans: HashMap::new(),
             finalizing: BTreeSet::new(),
             echo: None,
-            requested: HashMap::new(),
+            requested: BTreeMap::new(),
             records_base,
             records_poll: self
                 .config
@@ -453,32 +464,58 @@ impl<'s> JobMaster<'s> {
     async fn load_restore_point(
         &mut self,
     ) -> Result<Option<(Option<CheckpointMetadata>, RestoreContexts)>, JobError> {
-        let Some((storage, locations)) = &self.restore else {
+        let newest = self.store.retained().last().map(|c| c.id);
+        let unwritten = self
+            .unwritten
+            .take()
+            .filter(|(_, _, m)| self.generation > 1 && newest.is_none_or(|n| m.checkpoint_id > n));
+        if unwritten.is_none()
+            && let None = &self.restore
+        {
+            weir_core::sim::observe(weir_core::sim::Observed::StartedEmpty);
             return Ok(Some((None, HashMap::new())));
-        };
+        }
         let checks = RestoreChecks {
             fingerprint: &self.fingerprint,
             allow_non_restored_state: self.config.allow_non_restored_state,
             allow_changed_sources: self.config.allow_changed_sources,
         };
-        let (point, contexts) =
-            match load_first_good(storage.clone(), locations, self.job, &checks).await {
-                Ok(found) => found,
-                // During a failover, a restore that fails (a transient storage error) is one
-                // more failure for the restart strategy; at job start it is the user's.
-                Err(e) if decide::restore_failure_is_retried(self.generation, &e) => {
-                    let delay = decide::restart_or_give_up(
-                        &mut self.restart,
-                        &self.config.restart_strategy(),
-                        self.started.elapsed(),
-                        format!("restoring failed: {e}"),
-                    )?;
-                    warn!(error = %e, ?delay, "restoring failed; restarting again");
-                    tokio::time::sleep(delay).await;
-                    return Ok(None);
-                }
-                Err(e) => return Err(e),
-            };
+        let found = match (unwritten, &self.restore) {
+            // `Mutation::RestoreWithoutMetadata`: the deliberate bug's second half.
+            (Some((storage, location, metadata)), _) => {
+                weir_core::sim::observe(weir_core::sim::Observed::Restored(
+                    metadata.checkpoint_id.0,
+                ));
+                let point = RestorePoint {
+                    storage,
+                    location,
+                    metadata,
+                };
+                let contexts = assign(&point, self.job, checks.allow_non_restored_state).await;
+                contexts.map(|c| (point, c))
+            }
+            (None, Some((storage, locations))) => {
+                load_first_good(storage.clone(), locations, self.job, &checks).await
+            }
+            (None, None) => return Ok(Some((None, HashMap::new()))),
+        };
+        let (point, contexts) = match found {
+            Ok(found) => found,
+            // During a failover, a restore that fails (a transient storage error) is one
+            // more failure for the restart strategy; at job start it is the user's.
+            Err(e) if decide::restore_failure_is_retried(self.generation, &e) => {
+                let delay = decide::restart_or_give_up(
+                    &mut self.restart,
+                    &self.config.restart_strategy(),
+                    self.started.elapsed(),
+                    format!("restoring failed: {e}"),
+                )?;
+                warn!(error = %e, ?delay, "restoring failed; restarting again");
+                tokio::time::sleep(delay).await;
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
         self.next_checkpoint_id = self
             .next_checkpoint_id
             .max(point.metadata.checkpoint_id.0 + 1);
@@ -493,6 +530,9 @@ impl<'s> JobMaster<'s> {
             contexts
         };
         info!(checkpoint = %point.describe(), "restoring");
+        weir_core::sim::observe(weir_core::sim::Observed::Restored(
+            point.metadata.checkpoint_id.0,
+        ));
         self.since_restore_base = self.metrics.source_records.load(Ordering::Relaxed);
         if self.restored_from.is_none() {
             self.restored_from = Some(point.describe());

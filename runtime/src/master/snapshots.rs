@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 use weir_checkpoint::coordinator::TaskKey;
@@ -60,10 +60,7 @@ pub(crate) fn savepoint_target(
     };
     let root = target.location();
     let storage = build_storage(&target).map_err(|e| e.to_string())?;
-    let nonce = std::time::SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
+    let nonce = weir_core::sim::wall_clock().as_nanos() as u64;
     let name = format!(
         "savepoint-{}-{:012x}",
         &job_id.to_string()[..6],
@@ -125,10 +122,7 @@ pub(crate) fn discard_shared(
 
 /// Wall-clock time in ms since the Unix epoch.
 pub(crate) fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    weir_core::sim::wall_clock().as_millis() as u64
 }
 
 /// The `_metadata` of checkpoint `id` from its acknowledgements.
@@ -197,9 +191,13 @@ pub(crate) fn build_metadata(
 /// wall clock, the process and a counter, hashed.
 pub(crate) fn fresh_job_id(name: &str) -> JobId {
     static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    let nanos = weir_core::sim::wall_clock().as_nanos();
+    if weir_core::sim::active() {
+        // A simulation replays bit for bit: its clock alone names the run.
+        return JobId(weir_core::ids::stable_hash128(
+            format!("{name}\0{nanos}").as_bytes(),
+        ));
+    }
     let run = RUNS.fetch_add(1, Ordering::Relaxed);
     let seed = format!("{name}\0{nanos}\0{}\0{run}", std::process::id());
     JobId(weir_core::ids::stable_hash128(seed.as_bytes()))

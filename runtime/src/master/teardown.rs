@@ -8,7 +8,8 @@ use crate::gateway::TEARDOWN_WAIT;
 use crate::spec::{JobResult, JobStatus};
 use crate::task::TaskEvent;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::{info, warn};
 use weir_checkpoint::coordinator::{CheckpointStatus, CoordinatorAction};
 use weir_checkpoint::storage::CheckpointLocation;
@@ -72,8 +73,7 @@ impl JobMaster<'_> {
     async fn finish_finalizing(&mut self, g: &mut Generation) {
         let give_up = Instant::now() + FINALIZE_WAIT;
         while !g.finalizing.is_empty() {
-            let Ok(Some(f)) =
-                tokio::time::timeout_at(give_up.into(), self.finalize_rx.recv()).await
+            let Ok(Some(f)) = tokio::time::timeout_at(give_up, self.finalize_rx.recv()).await
             else {
                 break;
             };
@@ -99,6 +99,7 @@ impl JobMaster<'_> {
                     g.coordinator.finalized(f.id, Ok(()), now, &mut ignored);
                 }
                 Ok(cp) => {
+                    weir_core::sim::observe(weir_core::sim::Observed::Completed(f.id.0));
                     g.coordinator.finalized(f.id, Ok(()), now, &mut ignored);
                     for old in self.store.add(cp) {
                         self.discard_checkpoint(old.id, old.location, false);
@@ -132,7 +133,7 @@ impl JobMaster<'_> {
             Outcome::Fatal(e) => return Err(e),
             Outcome::Failed(cause) => cause,
         };
-        for (_, mut t) in requested.drain() {
+        for (_, mut t) in std::mem::take(&mut requested) {
             if let Some(reply) = t.reply.take() {
                 let _ = reply.send(Err(format!("the job failed: {cause}")));
             }
@@ -145,6 +146,7 @@ impl JobMaster<'_> {
             cause.clone(),
         )?;
         warn!(%cause, restart = self.restart.restarts(), ?delay, "restarting the job");
+        weir_core::sim::record(format_args!("failover after {cause}"));
         self.failures.push((self.generation + 1, failed_at));
         self.execution.restart_all();
         if !delay.is_zero() {
@@ -161,7 +163,7 @@ impl JobMaster<'_> {
     async fn ended(
         &mut self,
         status: JobStatus,
-        mut requested: std::collections::HashMap<weir_core::ids::CheckpointId, super::Target>,
+        mut requested: std::collections::BTreeMap<weir_core::ids::CheckpointId, super::Target>,
     ) -> Result<JobResult, JobError> {
         if let Some(path) = &self.stopped_with {
             info!(savepoint = %path, "job stopped with a savepoint");
@@ -184,7 +186,7 @@ impl JobMaster<'_> {
                 );
             }
         }
-        for (_, mut t) in requested.drain() {
+        for (_, mut t) in std::mem::take(&mut requested) {
             if let Some(reply) = t.reply.take() {
                 let _ = reply.send(Err("the job ended before the snapshot completed".into()));
             }

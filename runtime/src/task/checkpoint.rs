@@ -7,7 +7,8 @@ use super::*;
 use crate::error::TaskError;
 use crate::operator::{Lifecycle, OperatorSnapshotParts};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 use weir_checkpoint::barrier::HandlerAction;
 use weir_checkpoint::coordinator::{CheckpointFailureReason, SubtaskCheckpointMetrics};
@@ -151,12 +152,10 @@ async fn snapshot(
     hold: bool,
 ) -> Result<(), TaskError> {
     let id = barrier.id;
+    super::mailbox::simulated_failure(weir_core::sim::FaultPoint::BeforeSnapshot, env)?;
     let mut output = Vec::new();
     let start_delay = if emit_barrier {
-        let wall_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let wall_ms = super::mailbox::wall_clock().as_millis() as u64;
         // Step 1: prepare; step 2: the barrier goes out ahead of anything emitted after it.
         // An unaligned barrier overtakes what is queued (step 3: that becomes output channel
         // state).
@@ -185,6 +184,7 @@ async fn snapshot(
         async_duration: Duration::ZERO,
         state_size: 0,
     };
+    super::mailbox::simulated_failure(weir_core::sim::FaultPoint::AfterSnapshot, env)?;
     let parts = FrozenParts::new(env, parts);
     if hold {
         cps.pending_unaligned = Some(PendingSnapshot {
@@ -266,6 +266,7 @@ pub(super) fn spawn_upload(
     let chains = env.chains.clone();
     let (job_id, head_operator) = (env.job_id, env.head_operator);
     let guard = UploadGuard::new(&env.uploads);
+    let name = env.name.clone();
     tokio::spawn(async move {
         let _guard = guard;
         let async_start = Instant::now();
@@ -307,10 +308,41 @@ pub(super) fn spawn_upload(
                 }
             }
         };
+        let event = match simulated_upload(event, &name).await {
+            Some(event) => event,
+            None => return,
+        };
         let _ = reports.send(TaskReport {
             generation,
             task,
             event,
         });
     });
+}
+
+/// What a simulation makes of an upload's report: the task fails during its upload, or its
+/// acknowledgement is late or lost (`None`). Outside a simulation, the report as it is.
+async fn simulated_upload(event: TaskEvent, task: &str) -> Option<TaskEvent> {
+    use weir_core::sim::{Delivery, FaultPoint, Message};
+    if !weir_core::sim::active() {
+        return Some(event);
+    }
+    if weir_core::sim::fail_at(FaultPoint::Upload, task) {
+        weir_core::sim::record(format_args!("{task} fails at Upload"));
+        return Some(TaskEvent::Failed(TaskError::Operator {
+            operator: task.to_string(),
+            message: "simulated failure at Upload".into(),
+        }));
+    }
+    if let TaskEvent::Acknowledge { id, .. } = &event {
+        match weir_core::sim::deliver(Message::Acknowledge, task) {
+            Delivery::Now => {}
+            Delivery::Late(by) => tokio::time::sleep(by).await,
+            Delivery::Lost => {
+                weir_core::sim::record(format_args!("{task}: acknowledgement of {id:?} lost"));
+                return None;
+            }
+        }
+    }
+    Some(event)
 }

@@ -229,7 +229,14 @@ impl<T: Data> NetworkInput<T> {
             .as_ref()
             .is_some_and(|r| r.all_reached && r.persist.iter().all(|p| *p == Persist::Off));
         if done && let Some(r) = self.recorder.take() {
-            let sections = r.sections.into_iter().filter(|s| s.records > 0).collect();
+            let mut sections: Vec<ChannelSection> =
+                r.sections.into_iter().filter(|s| s.records > 0).collect();
+            if weir_core::sim::mutated(weir_core::sim::Mutation::DropInFlight) {
+                // The deliberate bug: one channel's in-flight data is not persisted.
+                if let Some(first) = sections.first().map(|s| s.channel) {
+                    sections.retain(|s| s.channel != first);
+                }
+            }
             self.completed = Some((r.id, sections));
         }
     }

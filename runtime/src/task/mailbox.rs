@@ -12,9 +12,11 @@ use crate::operator::{Lifecycle, OpResult, RestoreContext};
 use std::future::poll_fn;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::{Instrument, debug};
 use weir_checkpoint::barrier::HandlerAction;
+use weir_core::sim::{Delivery, FaultPoint, Message};
 
 pub(super) enum Wake {
     Message(Option<TaskMessage>),
@@ -67,6 +69,9 @@ pub(super) async fn run(
         awaiting_splits: false,
         pending_unaligned: None,
     };
+    if restore.checkpoint.is_some() {
+        simulated_failure(FaultPoint::Restore, env)?;
+    }
     input.lifecycle(&mut Lifecycle::Open(&mut restore))?;
     drop(restore);
     env.report(TaskEvent::Running).await?;
@@ -80,6 +85,10 @@ pub(super) async fn run(
     loop {
         // One relaxed load per step (a batch): a task that never waits still stops here.
         env.cancellation.check()?;
+        // A simulation's lever on the schedule (one thread-local read otherwise).
+        if let Some(pause) = weir_core::sim::pause(&env.name) {
+            tokio::time::sleep(pause).await;
+        }
         let now = wall_clock();
         let suspended = cps.steps.is_suspended() || cps.awaiting_splits;
         let end_now = std::mem::take(&mut cps.end_now);
@@ -152,6 +161,7 @@ pub(super) async fn run(
                         note_first_record(env);
                     }
                     count_records(env, n);
+                    simulated_failure(FaultPoint::Records, env)?;
                     if cps.pending_unaligned.is_some() {
                         finish_unaligned(input, env, &mut cps);
                     }
@@ -178,6 +188,7 @@ pub(super) async fn run(
                 }
                 Step::Idle => {
                     tokio::select! {
+                        biased;
                         m = env.mailbox.recv() => {
                             match m {
                                 None => return Err(TaskError::MasterGone),
@@ -193,12 +204,10 @@ pub(super) async fn run(
     }
 }
 
-/// Wall-clock time since the Unix epoch: the clock of barrier timestamps, which the barrier
-/// handlers compare with.
+/// Wall-clock time since the Unix epoch (a simulation's virtual time under one): the clock of
+/// barrier timestamps, which the barrier handlers compare with.
 pub(super) fn wall_clock() -> Duration {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
+    weir_core::sim::wall_clock()
 }
 
 /// The longest a task runs records before it yields its worker thread.
@@ -265,6 +274,18 @@ pub(super) async fn handle_message(
     cps: &mut SubtaskCheckpoints,
     actions: &mut Vec<HandlerAction>,
 ) -> Result<(), TaskError> {
+    let simulated = match &msg {
+        TaskMessage::NotifyComplete(_) => Some(Message::NotifyComplete),
+        TaskMessage::NotifyAborted(_) => Some(Message::NotifyAborted),
+        _ => None,
+    };
+    if let Some(message) = simulated {
+        match weir_core::sim::deliver(message, &env.name) {
+            Delivery::Now => {}
+            Delivery::Late(by) => tokio::time::sleep(by).await,
+            Delivery::Lost => return Ok(()),
+        }
+    }
     let event = match msg {
         TaskMessage::Trigger(barrier, drain) => StepEvent::Triggered { barrier, drain },
         TaskMessage::NotifyComplete(id) => StepEvent::NotifyComplete(id),
@@ -295,8 +316,12 @@ pub(super) async fn run_actions(
                 id,
                 reason: reason.to_string(),
             },
-            HandlerAction::Block(_)
-            | HandlerAction::UnblockAll
+            HandlerAction::Block(_) => {
+                // A channel waits for the others' barriers: the task is aligning.
+                simulated_failure(FaultPoint::Alignment, env)?;
+                continue;
+            }
+            HandlerAction::UnblockAll
             | HandlerAction::PersistInFlight(_)
             | HandlerAction::BarrierReached(_)
             | HandlerAction::InFlightComplete(_) => continue,
@@ -305,6 +330,18 @@ pub(super) async fn run_actions(
     }
     if cps.pending_unaligned.is_some() {
         finish_unaligned(input, env, cps);
+    }
+    Ok(())
+}
+
+/// Fails the task at `point` when a simulation says so (never otherwise).
+pub(super) fn simulated_failure(point: FaultPoint, env: &TaskEnv) -> Result<(), TaskError> {
+    if weir_core::sim::fail_at(point, &env.name) {
+        weir_core::sim::record(format_args!("{} fails at {point:?}", env.name));
+        return Err(TaskError::Operator {
+            operator: env.name.clone(),
+            message: format!("simulated failure at {point:?}"),
+        });
     }
     Ok(())
 }

@@ -1,0 +1,133 @@
+//! The invariants every schedule must keep, judged against values computed without the
+//! engine: the committed output, the restore points, and the files of retained checkpoints.
+
+use crate::simulator::SeededSimulator;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+use weir_checkpoint::CheckpointStorage;
+use weir_checkpoint::storage::faults::INJECTED_FAULT;
+use weir_core::sim::Observed;
+
+/// The sink's committed output of the keyed sum over `records` records `(i % keys, 1)`.
+///
+/// Exactly once: each key's running sums, in commit order, are exactly `1, 2, …, n` where `n`
+/// counts the records of that key (no gap, no duplicate, nothing else), which is also the
+/// failure-free output. At least once: nothing is lost (each key's sums reach `n`; a recovery
+/// may count records twice).
+pub fn output(
+    committed: &[(u64, i64)],
+    records: u64,
+    keys: u64,
+    exactly_once: bool,
+) -> Vec<String> {
+    let mut by_key: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+    for (k, sum) in committed {
+        by_key.entry(*k).or_default().push(*sum);
+    }
+    let mut violations = Vec::new();
+    for k in 0..keys {
+        let expected = records / keys + u64::from(k < records % keys);
+        let sums = by_key.remove(&k).unwrap_or_default();
+        if exactly_once {
+            if let Some(bad) = first_difference(&sums, expected) {
+                violations.push(format!(
+                    "exactly-once: key {k} committed {} sums, expected 1..={expected}; {bad}",
+                    sums.len()
+                ));
+            }
+        } else if sums.iter().max().copied().unwrap_or(0) < expected as i64 {
+            violations.push(format!(
+                "at-least-once: key {k} committed at most {:?}, expected {expected}: records lost",
+                sums.iter().max()
+            ));
+        }
+    }
+    if let Some((k, _)) = by_key.first_key_value() {
+        violations.push(format!("the sink committed key {k}, which no record has"));
+    }
+    violations
+}
+
+/// Where `sums` first differs from `1..=n`, in words.
+fn first_difference(sums: &[i64], n: u64) -> Option<String> {
+    for (i, s) in sums.iter().enumerate() {
+        let want = i as i64 + 1;
+        if *s != want {
+            let what = if *s < want { "a duplicate" } else { "a gap" };
+            return Some(format!(
+                "{what}: sum {s} where {want} was due (position {i})"
+            ));
+        }
+    }
+    match (sums.len() as u64).cmp(&n) {
+        std::cmp::Ordering::Less => Some(format!("it stops at {}: records lost", sums.len())),
+        std::cmp::Ordering::Greater => Some(format!(
+            "it goes on to {}: records counted twice",
+            sums.len()
+        )),
+        std::cmp::Ordering::Equal => None,
+    }
+}
+
+/// Every restore is from a checkpoint that completed (its `_metadata` was written) before it,
+/// or from nothing only while none had completed; a checkpoint a restore passes over failed
+/// only by an injected storage fault, never by damage.
+pub fn restores(observed: &[(Duration, Observed)]) -> Vec<String> {
+    let mut completed = BTreeSet::new();
+    let mut violations = Vec::new();
+    for (at, event) in observed {
+        match event {
+            Observed::Completed(id) => {
+                completed.insert(*id);
+            }
+            Observed::Restored(id) if !completed.contains(id) => violations.push(format!(
+                "at {at:?}, a deployment restored checkpoint {id}, which never completed"
+            )),
+            // A fault the simulation injected is a reason to fall back; damage is not.
+            Observed::Unusable { checkpoint, reason } if !reason.contains(INJECTED_FAULT) => {
+                violations.push(format!(
+                    "at {at:?}, the restore found {checkpoint} unusable: {reason}"
+                ))
+            }
+            Observed::StartedEmpty if !completed.is_empty() => violations.push(format!(
+                "at {at:?}, a deployment started empty although checkpoints {completed:?} had \
+                 completed"
+            )),
+            _ => {}
+        }
+    }
+    violations
+}
+
+/// Every checkpoint still retained (its `_metadata` present) reads whole: each file it names
+/// exists and matches its digest.
+pub async fn retained_checkpoints(
+    storage: &dyn CheckpointStorage,
+    sim: &SeededSimulator,
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    let job = crate::scenario::Scenario::from_seed(sim.seed()).job_id();
+    let listed = match storage.list_checkpoints(job).await {
+        Ok(l) => l,
+        Err(e) => return vec![format!("cannot list the checkpoints: {e}")],
+    };
+    for listing in listed.iter().filter(|l| l.complete) {
+        let location = &listing.location;
+        let metadata = match storage.read_metadata(location).await {
+            Ok(m) => m,
+            Err(e) => {
+                violations.push(format!("checkpoint {}: {e}", listing.id.0));
+                continue;
+            }
+        };
+        for handle in metadata.handles() {
+            if let Err(e) = storage.read_state(location, handle, None).await {
+                violations.push(format!(
+                    "completed checkpoint {} references a file it cannot read: {e}",
+                    listing.id.0
+                ));
+            }
+        }
+    }
+    violations
+}

@@ -1,0 +1,140 @@
+//! A scenario: the job's settings and the fault rates, all drawn from one seed.
+
+use std::time::Duration;
+use weir_core::ids::JobId;
+use weir_core::splitmix::{SplitMix, splitmix64};
+
+/// How barriers are handled in a scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Barriers {
+    /// Aligned exactly-once barriers.
+    Aligned,
+    /// Unaligned checkpoints: barriers overtake in-flight data, which is persisted.
+    Unaligned,
+    /// Aligned first, unaligned once the alignment takes longer than a timeout.
+    Alternating,
+    /// Barriers tracked, never aligned: records may count twice after a recovery.
+    AtLeastOnce,
+}
+
+/// Everything a seed decides before the job starts.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// The seed.
+    pub seed: u64,
+    /// The barrier handling.
+    pub barriers: Barriers,
+    /// Records the source emits, over its two subtasks.
+    pub records: u64,
+    /// Distinct keys.
+    pub keys: u64,
+    /// Records per batch.
+    pub batch_size: usize,
+    /// Checkpoint interval (virtual time).
+    pub interval: Duration,
+    /// Checkpoint timeout.
+    pub timeout: Duration,
+    /// Concurrent checkpoints allowed.
+    pub max_concurrent: u32,
+    /// Checkpoint failures tolerated before the job fails over (`None`: any number).
+    pub tolerable_failures: Option<u32>,
+    /// Faults are injected until this virtual time; after it the job must finish.
+    pub faults_until: Duration,
+    /// The most task failures injected.
+    pub max_failures: u32,
+    /// Per mille: a task failure at a checkpoint step (before or after the synchronous
+    /// snapshot, during upload, alignment or restore).
+    pub step_failure: u64,
+    /// Per 100,000: a task failure after a batch of records.
+    pub record_failure: u64,
+    /// Per mille: a lost acknowledgement or notification.
+    pub message_loss: u64,
+    /// Per mille: a late acknowledgement or notification.
+    pub message_delay: u64,
+    /// Storage write and read fault rates.
+    pub storage_faults: (f64, f64),
+    /// The longest storage operation (each waits a seeded time up to it).
+    pub storage_delay: Duration,
+    /// Per mille: a task pauses before a step (the lever on the interleaving).
+    pub pause: u64,
+    /// The longest pause.
+    pub max_pause: Duration,
+}
+
+impl Scenario {
+    /// The scenario of `seed`.
+    pub fn from_seed(seed: u64) -> Scenario {
+        let mut r = SplitMix(splitmix64(seed ^ 0x5EED_5CE7_A210));
+        let barriers = match r.below(4) {
+            0 => Barriers::Aligned,
+            1 => Barriers::Unaligned,
+            2 => Barriers::Alternating,
+            _ => Barriers::AtLeastOnce,
+        };
+        let calm = r.below(10) == 0;
+        Scenario {
+            seed,
+            barriers,
+            records: 1_000 + r.below(3_000),
+            keys: 2 + r.below(12),
+            batch_size: 8 + r.below(40) as usize,
+            interval: ms(3 + r.below(15)),
+            timeout: ms(40 + r.below(400)),
+            max_concurrent: 1 + r.below(3) as u32,
+            tolerable_failures: match r.below(3) {
+                0 => None,
+                n => Some(n as u32 - 1),
+            },
+            faults_until: ms(if calm { 0 } else { 20 + r.below(300) }),
+            max_failures: r.below(5) as u32,
+            step_failure: r.below(60),
+            record_failure: r.below(400),
+            message_loss: r.below(80),
+            message_delay: r.below(150),
+            storage_faults: (r.below(8) as f64 / 100.0, r.below(5) as f64 / 100.0),
+            storage_delay: ms(r.below(6)),
+            pause: 100 + r.below(600),
+            max_pause: ms(1 + r.below(4)),
+        }
+    }
+
+    /// The job id of the scenario's run (fixed, so that a replay writes the same files).
+    pub fn job_id(&self) -> JobId {
+        JobId(u128::from(self.seed) << 64 | 0x5111)
+    }
+
+    /// One line naming the scenario, for the trace.
+    pub fn describe(&self) -> String {
+        format!(
+            "seed {} · {:?} · {} records over {} keys, batches of {} · checkpoint every {:?} \
+             (timeout {:?}, {} concurrent, tolerating {}) · faults until {:?}: ≤{} task failures, steps {}‰, \
+             records {}/100k, messages lost {}‰ late {}‰, storage writes {:.0}% reads {:.0}% \
+             (≤{:?}) · pauses {}‰ ≤{:?}",
+            self.seed,
+            self.barriers,
+            self.records,
+            self.keys,
+            self.batch_size,
+            self.interval,
+            self.timeout,
+            self.max_concurrent,
+            self.tolerable_failures
+                .map_or("any failures".to_string(), |n| format!("{n} failures")),
+            self.faults_until,
+            self.max_failures,
+            self.step_failure,
+            self.record_failure,
+            self.message_loss,
+            self.message_delay,
+            self.storage_faults.0 * 100.0,
+            self.storage_faults.1 * 100.0,
+            self.storage_delay,
+            self.pause,
+            self.max_pause,
+        )
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
