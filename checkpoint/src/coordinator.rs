@@ -357,6 +357,8 @@ pub struct CheckpointCoordinator {
     records_at_last_trigger: u64,
     refusals: VecDeque<(Duration, TriggerRefusal)>,
     refused: u64,
+    /// Set while [`trigger_final`](Self::trigger_final) checks its trigger.
+    final_requested: bool,
 }
 
 impl CheckpointCoordinator {
@@ -382,6 +384,7 @@ impl CheckpointCoordinator {
             records_at_last_trigger: 0,
             refusals: VecDeque::new(),
             refused: 0,
+            final_requested: false,
         }
     }
 
@@ -523,6 +526,22 @@ impl CheckpointCoordinator {
         self.try_trigger(kind, now, out)
     }
 
+    /// The final checkpoint (Flink's FLIP-147): taken once every subtask finished, each
+    /// snapshotting its final state, so that what sinks commit at the job's end is covered by
+    /// a completed checkpoint (a run killed before the job ended resumes from it, not from an
+    /// earlier one whose successors' output is committed). Not held back by the min pause;
+    /// refused while `max_concurrent` checkpoints are pending or a stop is in progress.
+    pub fn trigger_final(
+        &mut self,
+        now: Duration,
+        out: &mut Vec<CoordinatorAction>,
+    ) -> Result<CheckpointId, TriggerRefusal> {
+        self.final_requested = true;
+        let result = self.check_and_trigger(SnapshotKind::Checkpoint, now, out);
+        self.final_requested = false;
+        result
+    }
+
     fn try_trigger(
         &mut self,
         kind: SnapshotKind,
@@ -560,11 +579,12 @@ impl CheckpointCoordinator {
                 return Err(TriggerRefusal::NotAllTasksRunning(*t));
             }
         }
-        if self
-            .setup
-            .tasks_to_wait_for
-            .iter()
-            .all(|t| self.finished.contains(t))
+        if !self.final_requested
+            && self
+                .setup
+                .tasks_to_wait_for
+                .iter()
+                .all(|t| self.finished.contains(t))
         {
             return Err(TriggerRefusal::AllTasksFinished);
         }
@@ -575,7 +595,9 @@ impl CheckpointCoordinator {
             if self.pending.len() >= max {
                 return Err(TriggerRefusal::TooManyConcurrent(self.pending.len()));
             }
-            if let Some(last) = self.last_completion {
+            if let Some(last) = self.last_completion
+                && !self.final_requested
+            {
                 let earliest = last + self.setup.config.min_pause;
                 if now < earliest {
                     return Err(TriggerRefusal::MinPause(earliest));
@@ -755,10 +777,16 @@ impl CheckpointCoordinator {
             s.status = CheckpointStatus::Completed;
             s.end_to_end = Some(duration);
         }
-        out.push(CoordinatorAction::NotifyComplete {
-            id,
-            tasks: self.setup.tasks_to_wait_for.clone(),
-        });
+        // An intermediate savepoint commits no side effects (Flink 1.15, FLINK-25191): a
+        // failover restores from checkpoints only, so sinks that committed on a savepoint would
+        // repeat that output after one (found by the simulation, seed 262). A stop-with-savepoint
+        // does commit: the job ends on it.
+        let tasks = if p.kind == SnapshotKind::Savepoint {
+            Vec::new()
+        } else {
+            self.setup.tasks_to_wait_for.clone()
+        };
+        out.push(CoordinatorAction::NotifyComplete { id, tasks });
         // Older pending checkpoints are subsumed (savepoints are not).
         let older: Vec<CheckpointId> = self
             .pending
@@ -1313,6 +1341,72 @@ mod tests {
             !out.iter()
                 .any(|a| matches!(a, CoordinatorAction::NotifyAborted { .. })),
             "the pending savepoint 1 must not be subsumed: {out:?}"
+        );
+    }
+
+    #[test]
+    fn an_intermediate_savepoint_notifies_no_task_and_a_stop_does() {
+        // Sinks commit on a notification; a failover restores from checkpoints only, so what a
+        // savepoint committed would be committed again after one (FLINK-25191).
+        let mut c = coordinator(CheckpointConfig {
+            max_concurrent: 2,
+            ..periodic(1000)
+        });
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.trigger(SnapshotKind::Savepoint, ms(1), &mut out).unwrap();
+        ack_all(&mut c, 1, 2, &mut out);
+        out.clear();
+        c.finalized(CheckpointId(1), Ok(()), ms(3), &mut out);
+        assert!(
+            matches!(&out[..], [CoordinatorAction::NotifyComplete { id: CheckpointId(1), tasks }] if tasks.is_empty()),
+            "{out:?}"
+        );
+        c.trigger(SnapshotKind::SynchronousSavepoint, ms(4), &mut out)
+            .unwrap();
+        ack_all(&mut c, 2, 5, &mut out);
+        out.clear();
+        c.finalized(CheckpointId(2), Ok(()), ms(6), &mut out);
+        assert!(
+            matches!(&out[..], [CoordinatorAction::NotifyComplete { id: CheckpointId(2), tasks }] if tasks.len() == 3),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn the_final_checkpoint_starts_once_every_task_finished() {
+        let mut c = coordinator(CheckpointConfig {
+            min_pause: ms(1000),
+            ..periodic(10)
+        });
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        c.tick(ms(10), &mut out);
+        ack_all(&mut c, 1, 11, &mut out);
+        c.finalized(CheckpointId(1), Ok(()), ms(12), &mut out);
+        for t in [key(0, 0), key(1, 0), key(1, 1)] {
+            c.task_finished(t, ms(13), &mut out);
+        }
+        out.clear();
+        assert_eq!(
+            c.trigger(SnapshotKind::Checkpoint, ms(14), &mut out),
+            Err(TriggerRefusal::AllTasksFinished)
+        );
+        // The final one is not held back by the min pause, and every finished task snapshots.
+        let id = c.trigger_final(ms(14), &mut out).unwrap();
+        assert_eq!(id, CheckpointId(2));
+        assert!(
+            matches!(&out[..], [CoordinatorAction::Trigger { id: CheckpointId(2), tasks, .. }] if tasks.len() == 3),
+            "{out:?}"
+        );
+        // Ordinary triggers are still refused, and a second final one waits for the first.
+        assert_eq!(
+            c.trigger(SnapshotKind::Checkpoint, ms(15), &mut out),
+            Err(TriggerRefusal::AllTasksFinished)
+        );
+        assert_eq!(
+            c.trigger_final(ms(15), &mut out),
+            Err(TriggerRefusal::TooManyConcurrent(1))
         );
     }
 

@@ -67,4 +67,10 @@ impl CheckpointError {
             _ => None,
         }
     }
+
+    /// Whether the storage said the error is temporary (a retry may succeed): a timeout, a
+    /// throttled or interrupted request, an injected fault.
+    pub fn is_temporary(&self) -> bool {
+        matches!(self, CheckpointError::Storage { source, .. } if source.is_temporary())
+    }
 }

@@ -119,8 +119,8 @@ pub trait Simulator {
 /// What a job master reports to a simulation as it happens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Observed {
-    /// Checkpoint `id`'s `_metadata` was written: it is complete.
-    Completed(u64),
+    /// Checkpoint or savepoint `id`'s `_metadata` was written: it is complete.
+    Completed(u64, crate::element::SnapshotKind),
     /// A deployment restores from checkpoint or savepoint `id`.
     Restored(u64),
     /// A deployment starts with no state.

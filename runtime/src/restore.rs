@@ -138,6 +138,14 @@ fn under_root(storage: &Arc<dyn CheckpointStorage>, location: &str) -> Option<St
     match parts.as_slice() {
         [job] if is_job(job) => Some(format!("{rel}/")),
         [job, chk] if is_job(job) && is_chk(chk) => Some(format!("{rel}/")),
+        // Any other directory under the root (a savepoint's): it holds `_metadata` or nothing.
+        parts
+            if parts
+                .iter()
+                .all(|p| !p.is_empty() && *p != "." && *p != "..") =>
+        {
+            Some(format!("{rel}/"))
+        }
         _ => None,
     }
 }
@@ -349,6 +357,11 @@ pub(crate) async fn load_first_good(
             Ok(found) => return Ok(found),
             // A checkpoint that does not fit the job is a user error, not corruption.
             Err(e @ JobError::Restore { .. }) => return Err(e),
+            // A storage error the storage calls temporary says nothing of the checkpoint: the
+            // restore is retried (by the restart strategy), never moved to an older checkpoint,
+            // whose successors' transactions sinks may have committed (found by the simulation,
+            // seed 95).
+            Err(e) if matches!(&e, JobError::Storage(c) if c.is_temporary()) => return Err(e),
             Err(e) => {
                 weir_core::sim::observe(weir_core::sim::Observed::Unusable {
                     checkpoint: location.dir.clone(),
@@ -486,7 +499,12 @@ async fn verify_keyed_frames(point: &RestorePoint) -> Result<(), JobError> {
             for h in &state.keyed {
                 let frame = verify::read_keyed_frame(&*point.storage, &point.location, h)
                     .await
-                    .map_err(|reason| corrupt(file_of(point, &h.stream), reason))?;
+                    .map_err(|e| match e {
+                        verify::FrameError::Temporary(e) => JobError::Storage(e),
+                        verify::FrameError::Damaged(reason) => {
+                            corrupt(file_of(point, &h.stream), reason)
+                        }
+                    })?;
                 frames.push(frame);
             }
             verify::check_keyed_frames(meta, op.operator_id, subtask, &state.keyed, &frames)

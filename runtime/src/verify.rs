@@ -76,25 +76,40 @@ pub(crate) async fn read_keyed_frame(
     storage: &dyn CheckpointStorage,
     location: &CheckpointLocation,
     h: &KeyedStateHandle,
-) -> Result<FileIdentity, String> {
+) -> Result<FileIdentity, FrameError> {
     let len = h.header.0;
     if len > weir_core::identity::MAX_IDENTITY_FRAME_LEN {
-        return Err(format!(
+        return Err(FrameError::Damaged(format!(
             "the handle puts the header at byte {len}, after more room than an identity frame \
              may take"
-        ));
+        )));
     }
-    let bytes = storage
+    let bytes = match storage
         .read_state(location, &h.stream, Some((0, len)))
         .await
-        .map_err(|e| crate::error::reason_of(&e))?;
-    let (identity, offset) = weir_core::identity::open_frame(&bytes).map_err(|e| e.to_string())?;
+    {
+        Ok(bytes) => bytes,
+        // A read the storage may retry says nothing of the file.
+        Err(e) if e.is_temporary() => return Err(FrameError::Temporary(e)),
+        Err(e) => return Err(FrameError::Damaged(crate::error::reason_of(&e))),
+    };
+    let (identity, offset) =
+        weir_core::identity::open_frame(&bytes).map_err(|e| FrameError::Damaged(e.to_string()))?;
     if offset as u64 != len {
-        return Err(format!(
+        return Err(FrameError::Damaged(format!(
             "the identity frame ends at byte {offset}, but the handle puts the header at {len}"
-        ));
+        )));
     }
     Ok(identity)
+}
+
+/// Why a keyed file's identity frame could not be read.
+#[derive(Debug)]
+pub(crate) enum FrameError {
+    /// The storage failed in a way it calls temporary: nothing is known of the file.
+    Temporary(weir_checkpoint::CheckpointError),
+    /// The file is missing or damaged.
+    Damaged(String),
 }
 
 /// Checks the identity frames of one subtask's keyed handles: a self-contained snapshot of

@@ -13,8 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
+use weir_checkpoint::OpendalCheckpointStorage;
+use weir_checkpoint::storage::faults::{FaultInjectingStorage, OpKind};
 use weir_core::ids::JobId;
-use weir_runtime::{JobError, JobResult, StreamEnvironment};
+use weir_runtime::{JobError, JobResult, StorageConfig, StreamEnvironment};
 
 const KEYS: u64 = 20;
 
@@ -342,15 +344,20 @@ async fn a_root_resumes_the_latest_checkpoint_of_the_same_job_across_its_runs() 
     );
 }
 
-/// A run that retained no checkpoint (it ended before its first) leaves no job directory behind,
-/// not even an empty one or its lock.
+/// A run that retained no checkpoint (every one it tried, the final ones included, failed to
+/// write) leaves no job directory behind, not even an empty one or its lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_without_checkpoints_leaves_no_job_directory() {
     let root = tempfile::tempdir().unwrap();
+    let storage = FaultInjectingStorage::new(
+        Arc::new(OpendalCheckpointStorage::fs(root.path()).unwrap()),
+        3,
+    );
+    storage.set_fault_rate(OpKind::Write, 1.0).unwrap();
     let env = StreamEnvironment::new();
     env.set_parallelism(2)
         .enable_checkpointing(Duration::from_secs(3600))
-        .set_checkpoint_dir(root.path());
+        .set_checkpoint_storage(StorageConfig::Custom(Arc::new(storage)));
     let totals = env
         .from_generator(Some(1_000), |i| i % KEYS)
         .map(|k: u64| (k, 1i64))
@@ -362,6 +369,10 @@ async fn a_run_without_checkpoints_leaves_no_job_directory() {
         .expect("bounded")
         .unwrap();
     assert_eq!(r.checkpoints_completed, 0);
+    assert!(
+        r.checkpoints_failed >= 3,
+        "the final checkpoint was tried: {r:?}"
+    );
     assert_eq!(totals.get().values().sum::<i64>(), 1_000);
     assert_eq!(job_dirs(root.path()), Vec::<PathBuf>::new());
 }

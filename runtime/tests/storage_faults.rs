@@ -267,16 +267,18 @@ fn fail_over_once(
     }
 }
 
-/// The newest checkpoint fails to read during the restore (one read fault): the job restores
-/// from the one before, which is retained, and the totals are exact.
+/// The newest checkpoint fails to read during the restore (one read fault, which the storage
+/// calls temporary): the restore is retried from the same checkpoint, never moved to the one
+/// before (whose successors' transactions sinks may have committed: the deterministic
+/// simulation found such a fallback committing output twice, seed 95), and the totals are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_fault_during_restore_falls_back_to_the_previous_checkpoint() {
+async fn a_transient_read_fault_during_restore_is_retried_from_the_same_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let storage = faulty_fs(tmp.path(), 8, 0.0);
     let env = environment(&storage);
     env.checkpoint_config().num_retained = 2;
     env.set_restart_strategy(RestartStrategy::FixedDelay {
-        attempts: 1,
+        attempts: 2,
         delay: Duration::ZERO,
     });
     let s = storage.clone();
@@ -295,25 +297,26 @@ async fn a_read_fault_during_restore_falls_back_to_the_previous_checkpoint() {
         .await
         .unwrap_or_else(|e| panic!("the job failed: {e}"));
     eprintln!("{}", summary(&r, &storage, start.elapsed()));
-    assert_eq!(r.restarts, 1);
+    // The task failure, then the failed restore: two restarts.
+    assert_eq!(r.restarts, 2);
     let injected = storage.injected();
     assert_eq!(injected.len(), 1, "{injected:?}");
-    // The one fault was on reading a complete checkpoint; the run restored from an older one.
+    // The one fault was on reading the newest complete checkpoint; the run restored from it.
     let failed = checkpoint_in(&injected[0].path)
         .unwrap_or_else(|| panic!("the fault was not on a checkpoint's file: {injected:?}"));
     let restored = r.restored_from.as_deref().map(checkpoint_in);
     let restored = restored
         .flatten()
         .unwrap_or_else(|| panic!("no restore: {r:?}"));
-    assert!(
-        restored < failed,
-        "the read of chk-{failed} failed, yet the run restored from chk-{restored}"
+    assert_eq!(
+        restored, failed,
+        "the read of chk-{failed} failed once, and the run restored from chk-{restored}"
     );
     assert!(
         ["read_metadata", "read_state"].contains(&injected[0].operation),
         "{injected:?}"
     );
-    support::assert_restored(&r, RECORDS, "fallback");
+    support::assert_restored(&r, RECORDS, "retried");
     assert_eq!(totals.get(), expected(RECORDS));
 }
 

@@ -1,11 +1,11 @@
 //! The invariants every schedule must keep, judged against values computed without the
 //! engine: the committed output, the restore points, and the files of retained checkpoints.
 
-use crate::simulator::SeededSimulator;
+use crate::scenario::Scenario;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use weir_checkpoint::CheckpointStorage;
-use weir_checkpoint::storage::faults::INJECTED_FAULT;
+use weir_core::element::SnapshotKind;
 use weir_core::sim::Observed;
 
 /// The sink's committed output of the keyed sum over `records` records `(i % keys, 1)`.
@@ -69,28 +69,39 @@ fn first_difference(sums: &[i64], n: u64) -> Option<String> {
     }
 }
 
-/// Every restore is from a checkpoint that completed (its `_metadata` was written) before it,
-/// or from nothing only while none had completed; a checkpoint a restore passes over failed
-/// only by an injected storage fault, never by damage.
+/// Every restore is from a checkpoint or savepoint that completed (its `_metadata` was
+/// written) before it, and never from an older one than the newest complete checkpoint (the
+/// sinks may have committed its transactions; intermediate savepoints commit none and are not
+/// failover restore points); a deployment starts empty only while no checkpoint completed; and
+/// no restore passes a checkpoint over (no file is damaged in a simulation, and a transient
+/// storage fault is retried, not a reason to fall back).
 pub fn restores(observed: &[(Duration, Observed)]) -> Vec<String> {
     let mut completed = BTreeSet::new();
+    // The newest checkpoint whose completion sinks commit on.
+    let mut committed: Option<u64> = None;
     let mut violations = Vec::new();
     for (at, event) in observed {
         match event {
-            Observed::Completed(id) => {
+            Observed::Completed(id, kind) => {
                 completed.insert(*id);
+                if *kind != SnapshotKind::Savepoint {
+                    committed = committed.max(Some(*id));
+                }
             }
             Observed::Restored(id) if !completed.contains(id) => violations.push(format!(
                 "at {at:?}, a deployment restored checkpoint {id}, which never completed"
             )),
-            // A fault the simulation injected is a reason to fall back; damage is not.
-            Observed::Unusable { checkpoint, reason } if !reason.contains(INJECTED_FAULT) => {
+            Observed::Restored(id) if committed.is_some_and(|c| *id < c) => {
                 violations.push(format!(
-                    "at {at:?}, the restore found {checkpoint} unusable: {reason}"
+                    "at {at:?}, a deployment restored checkpoint {id}, older than the newest \
+                     complete checkpoint {committed:?}, whose output sinks may have committed"
                 ))
             }
-            Observed::StartedEmpty if !completed.is_empty() => violations.push(format!(
-                "at {at:?}, a deployment started empty although checkpoints {completed:?} had \
+            Observed::Unusable { checkpoint, reason } => violations.push(format!(
+                "at {at:?}, the restore found {checkpoint} unusable: {reason}"
+            )),
+            Observed::StartedEmpty if committed.is_some() => violations.push(format!(
+                "at {at:?}, a deployment started empty although checkpoint {committed:?} had \
                  completed"
             )),
             _ => {}
@@ -103,14 +114,17 @@ pub fn restores(observed: &[(Duration, Observed)]) -> Vec<String> {
 /// exists and matches its digest.
 pub async fn retained_checkpoints(
     storage: &dyn CheckpointStorage,
-    sim: &SeededSimulator,
+    scenario: &Scenario,
 ) -> Vec<String> {
     let mut violations = Vec::new();
-    let job = crate::scenario::Scenario::from_seed(sim.seed()).job_id();
-    let listed = match storage.list_checkpoints(job).await {
-        Ok(l) => l,
-        Err(e) => return vec![format!("cannot list the checkpoints: {e}")],
-    };
+    // Both processes' job directories (a resumed job is a new job).
+    let mut listed = Vec::new();
+    for process in 0..2 {
+        match storage.list_checkpoints(scenario.job_id_of(process)).await {
+            Ok(l) => listed.extend(l),
+            Err(e) => return vec![format!("cannot list the checkpoints: {e}")],
+        }
+    }
     for listing in listed.iter().filter(|l| l.complete) {
         let location = &listing.location;
         let metadata = match storage.read_metadata(location).await {

@@ -7,11 +7,15 @@
 //!
 //! - [`scenario`]: the job's settings and fault rates a seed draws.
 //! - [`simulator`]: the seeded decisions, the virtual wall clock and the trace.
+//! - [`savepoints`]: the `sim://` scheme a run's savepoints go to.
+//! - [`external`]: the external system the job's sink commits to, outliving its processes.
 //! - [`check`]: the invariants (exactly-once output, complete restore points, intact files).
 #![warn(missing_docs)]
 
 pub mod check;
+pub mod external;
 mod run;
+pub mod savepoints;
 pub mod scenario;
 pub mod simulator;
 

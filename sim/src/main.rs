@@ -14,6 +14,9 @@ struct Args {
     mutation: Option<Mutation>,
     trace: bool,
     threads: usize,
+    /// Print each seed's digest (one line per seed) instead of checking: for replays across
+    /// processes.
+    digest: bool,
 }
 
 fn parse() -> Result<Args> {
@@ -22,6 +25,7 @@ fn parse() -> Result<Args> {
         first: 0,
         mutation: None,
         trace: false,
+        digest: false,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let mut it = std::env::args().skip(1);
@@ -52,6 +56,7 @@ fn parse() -> Result<Args> {
                 args.threads = value("--threads")?.parse().context("--threads: a count")?
             }
             "--trace" => args.trace = true,
+            "--digest" => args.digest = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -64,6 +69,16 @@ fn parse() -> Result<Args> {
 
 fn main() -> Result<()> {
     let args = parse()?;
+    if args.digest {
+        for seed in args.first..args.first.saturating_add(args.seeds) {
+            let o = weir_sim::run_seed(seed, args.mutation);
+            println!(
+                "seed {seed} digest {:016x} decisions {}",
+                o.digest, o.decisions
+            );
+        }
+        return Ok(());
+    }
     let started = Instant::now();
     let report = weir_sim::run_seeds(args.first, args.seeds, args.mutation, args.threads);
     let elapsed = started.elapsed();

@@ -2,19 +2,28 @@
 //! paused clock and the seeded simulator installed, then judged by the invariants.
 
 use crate::check;
+use crate::external::{self, External};
+use crate::savepoints;
 use crate::scenario::{Barriers, Scenario};
 use crate::simulator::SeededSimulator;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use weir_checkpoint::CheckpointStorage;
+use weir_checkpoint::storage::CheckpointLocation;
 use weir_checkpoint::storage::OpendalCheckpointStorage;
 use weir_checkpoint::storage::faults::{FaultInjectingStorage, OpKind, SleepFn};
-use weir_core::sim::Mutation;
+use weir_core::element::SnapshotKind;
+use weir_core::ids::JobId;
+use weir_core::sim::{Mutation, Observed, Simulator};
 use weir_core::splitmix::SplitMix;
 use weir_runtime::{
-    CheckpointingMode, JobClient, RestartStrategy, StorageConfig, StreamEnvironment,
+    CheckpointingMode, JobClient, MemoryStoreStateBackend, RestartStrategy, StorageConfig,
+    StreamEnvironment,
 };
+
+/// The root of a run's checkpoint storage, as paths name it.
+pub const ROOT: &str = "memory://weir-sim";
 
 /// Once faults stop, the job must finish within this much virtual time.
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(60);
@@ -66,31 +75,6 @@ impl Outcome {
 /// Runs seed `seed`, acting out `mutation` if given.
 pub fn run_seed(seed: u64, mutation: Option<Mutation>) -> Outcome {
     let scenario = Scenario::from_seed(seed);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build();
-    let runtime = match runtime {
-        Ok(r) => r,
-        Err(e) => {
-            return Outcome {
-                scenario,
-                mutation,
-                violations: vec![format!("cannot start the simulation's runtime: {e}")],
-                trace: Vec::new(),
-                digest: 0,
-                decisions: 0,
-                virtual_time: Duration::ZERO,
-                failures: 0,
-                restarts: 0,
-                checkpoints: 0,
-            };
-        }
-    };
-    runtime.block_on(simulate(scenario, mutation))
-}
-
-async fn simulate(scenario: Scenario, mutation: Option<Mutation>) -> Outcome {
     let sim = Rc::new(SeededSimulator::new(scenario.clone(), mutation));
     let _installed = weir_core::sim::install(sim.clone());
     sim.note(scenario.describe());
@@ -98,76 +82,11 @@ async fn simulate(scenario: Scenario, mutation: Option<Mutation>) -> Outcome {
         sim.note(format_args!("acting out the deliberate bug {}", m.name()));
     }
     let mut violations = Vec::new();
-    let (inner, faulty) = match storage(&scenario) {
-        Ok(s) => s,
-        Err(e) => {
-            violations.push(format!("cannot build the storage: {e}"));
-            return outcome(&sim, scenario, mutation, violations, 0, 0);
-        }
-    };
-    let env = StreamEnvironment::new();
-    configure(&env, &scenario, faulty.clone());
-    let keys = scenario.keys;
-    let committed = env
-        .from_generator(Some(scenario.records), move |i| (i % keys, 1i64))
-        .key_by(|t: &(u64, i64)| &t.0)
-        .sum()
-        .collect();
-    let client = JobClient::default();
-    // Faults stop at their deadline: the storage's too.
-    let calm = {
-        let faulty = faulty.clone();
-        let until = scenario.faults_until;
-        tokio::spawn(async move {
-            tokio::time::sleep(until).await;
-            let _ = faulty.set_fault_rate(OpKind::Write, 0.0);
-            let _ = faulty.set_fault_rate(OpKind::Read, 0.0);
-        })
-    };
-    let deadline = scenario.faults_until + LIVENESS_BOUND;
-    let result = tokio::time::timeout(deadline, env.execute_with(client.clone())).await;
-    calm.abort();
-    let (restarts, checkpoints) = match &result {
-        Ok(Ok(r)) => (r.restarts, r.checkpoints_completed),
-        _ => (0, 0),
-    };
-    match result {
-        Err(_) => {
-            client.cancel();
-            violations.push(format!(
-                "liveness: the job did not finish within {LIVENESS_BOUND:?} of virtual time \
-                 after faults stopped (at {:?})",
-                scenario.faults_until
-            ));
-        }
-        Ok(Err(e)) => violations.push(format!("the job failed: {e}")),
-        Ok(Ok(r)) => {
-            sim.note(format_args!(
-                "job {:?}: {} restarts, {} checkpoints completed, {} failed",
-                r.status, r.restarts, r.checkpoints_completed, r.checkpoints_failed
-            ));
-            let exactly_once = scenario.barriers != Barriers::AtLeastOnce;
-            violations.extend(check::output(
-                &committed.records(),
-                scenario.records,
-                scenario.keys,
-                exactly_once,
-            ));
-        }
+    let mut totals = (0, 0);
+    match simulate(&sim, &scenario, &mut totals) {
+        Ok(v) => violations.extend(v),
+        Err(e) => violations.push(e),
     }
-    violations.extend(check::restores(&sim.observed()));
-    violations.extend(check::retained_checkpoints(&*inner, &sim).await);
-    outcome(&sim, scenario, mutation, violations, restarts, checkpoints)
-}
-
-fn outcome(
-    sim: &SeededSimulator,
-    scenario: Scenario,
-    mutation: Option<Mutation>,
-    violations: Vec<String>,
-    restarts: u32,
-    checkpoints: u64,
-) -> Outcome {
     for v in &violations {
         sim.note(format_args!("VIOLATION: {v}"));
     }
@@ -180,9 +99,229 @@ fn outcome(
         decisions: sim.decisions(),
         virtual_time: sim.now(),
         failures: sim.failures(),
-        restarts,
-        checkpoints,
+        restarts: totals.0,
+        checkpoints: totals.1,
     }
+}
+
+/// How one process's run of the job ended.
+enum Ended {
+    /// The job finished.
+    Finished,
+    /// It was stopped with a savepoint, at this path.
+    Stopped(String),
+    /// Its process was killed.
+    Killed,
+}
+
+/// The runtime of one process of the run: one thread, a paused clock.
+fn process_runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .map_err(|e| format!("cannot start the simulation's runtime: {e}"))
+}
+
+/// Runs the job, in one process or, after a kill or a stop with a savepoint, two (the second
+/// resumes the first), and checks the invariants. `Err`: the run could not be set up.
+fn simulate(
+    sim: &Rc<SeededSimulator>,
+    scenario: &Scenario,
+    totals: &mut (u32, u64),
+) -> Result<Vec<String>, String> {
+    let (inner, faulty) = storage(scenario)?;
+    savepoints::serve(faulty.clone());
+    let mut violations = Vec::new();
+    let committed = External::new();
+    let mut resume: Option<Option<String>> = None;
+    for process in 0..2u32 {
+        let runtime = process_runtime()?;
+        let env = StreamEnvironment::new();
+        let job_id = scenario.job_id_of(process);
+        configure(&env, scenario, faulty.clone(), job_id);
+        if let Some(Some(path)) = &resume {
+            env.restore_from(path);
+        }
+        let keys = scenario.keys;
+        let sums = env
+            .from_generator(Some(scenario.records), move |i| (i % keys, 1i64))
+            .key_by(|t: &(u64, i64)| &t.0)
+            .sum();
+        external::sink(sums, &committed);
+        let first = process == 0;
+        let ended = runtime.block_on(async {
+            sim.enter();
+            let ended = drive(sim, scenario, env, first, &faulty, totals).await;
+            sim.leave();
+            ended
+        });
+        // Dropping the runtime drops every task of the process, as a kill would.
+        drop(runtime);
+        match ended {
+            Ok(Ended::Finished) => break,
+            Ok(Ended::Stopped(path)) => {
+                sim.note(format_args!("resuming from the savepoint {path}"));
+                resume = Some(Some(path));
+            }
+            Ok(Ended::Killed) => {
+                // A user resumes from the newest restore point the killed job left: a complete
+                // checkpoint in its directory or a savepoint it took, whichever is newer. What
+                // it completed is complete, observed or not: its `_metadata` was written.
+                let points =
+                    process_runtime()?.block_on(restore_points(&*inner, scenario.job_id()))?;
+                for (id, kind, _) in &points {
+                    sim.observe(Observed::Completed(*id, *kind));
+                }
+                resume = Some(
+                    points
+                        .into_iter()
+                        .max_by_key(|(id, _, _)| *id)
+                        .map(|(_, _, path)| path),
+                );
+                sim.note(format_args!("resuming from {:?}", resume.clone().flatten()));
+            }
+            Err(v) => {
+                violations.push(v);
+                break;
+            }
+        }
+    }
+    let exactly_once = scenario.barriers != Barriers::AtLeastOnce;
+    if violations.is_empty() {
+        violations.extend(committed.conflicts());
+        violations.extend(check::output(
+            &committed.records(),
+            scenario.records,
+            scenario.keys,
+            exactly_once,
+        ));
+    }
+    violations.extend(check::restores(&sim.observed()));
+    let retained = process_runtime()?.block_on(check::retained_checkpoints(&*inner, scenario));
+    violations.extend(retained);
+    Ok(violations)
+}
+
+/// Runs one process's job until it ends, is stopped with a savepoint or killed, with the
+/// scenario's savepoints and storage faults on its clock. `Err`: a violation.
+async fn drive(
+    sim: &SeededSimulator,
+    scenario: &Scenario,
+    env: StreamEnvironment,
+    first: bool,
+    faulty: &Arc<FaultInjectingStorage>,
+    totals: &mut (u32, u64),
+) -> Result<Ended, String> {
+    let client = JobClient::default();
+    let until = |at: Duration| at.saturating_sub(sim.now());
+    // Faults stop at their deadline: the storage's too.
+    let calm = {
+        let faulty = faulty.clone();
+        let wait = until(scenario.faults_until);
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let _ = faulty.set_fault_rate(OpKind::Write, 0.0);
+            let _ = faulty.set_fault_rate(OpKind::Read, 0.0);
+        })
+    };
+    let mut plans = Vec::new();
+    if first {
+        if let Some(at) = scenario.savepoint_at {
+            let (client, wait) = (client.clone(), until(at));
+            plans.push(tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                let _ = client.trigger_savepoint(Some(savepoints::DIR.into())).await;
+            }));
+        }
+        if let Some(at) = scenario.stop_at {
+            let (client, wait) = (client.clone(), until(at));
+            plans.push(tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                let _ = client
+                    .stop_with_savepoint(Some(savepoints::DIR.into()), false)
+                    .await;
+            }));
+        }
+    }
+    let deadline = until(scenario.faults_until) + LIVENESS_BOUND;
+    let kill = scenario.kill_at.filter(|_| first).map(until);
+    let job = tokio::time::timeout(deadline, env.execute_with(client.clone()));
+    let result = tokio::select! {
+        biased;
+        r = job => Some(r),
+        _ = async {
+            match kill {
+                Some(k) => tokio::time::sleep(k).await,
+                None => std::future::pending().await,
+            }
+        } => None,
+    };
+    calm.abort();
+    plans.iter().for_each(|p| p.abort());
+    let Some(result) = result else {
+        sim.note("the process is killed");
+        return Ok(Ended::Killed);
+    };
+    match result {
+        Err(_) => {
+            client.cancel();
+            Err(format!(
+                "liveness: the job did not finish within {LIVENESS_BOUND:?} of virtual time \
+                 after faults stopped (at {:?})",
+                scenario.faults_until
+            ))
+        }
+        Ok(Err(e)) => Err(format!("the job failed: {e}")),
+        Ok(Ok(r)) => {
+            sim.note(format_args!(
+                "job {:?}: {} restarts, {} checkpoints completed, {} failed",
+                r.status, r.restarts, r.checkpoints_completed, r.checkpoints_failed
+            ));
+            totals.0 += r.restarts;
+            totals.1 += r.checkpoints_completed;
+            Ok(match r.savepoint {
+                Some(path) => Ended::Stopped(path),
+                None => Ended::Finished,
+            })
+        }
+    }
+}
+
+/// Every complete checkpoint and savepoint of `job` in `storage`: its id, kind and path.
+async fn restore_points(
+    storage: &dyn CheckpointStorage,
+    job: JobId,
+) -> Result<Vec<(u64, SnapshotKind, String)>, String> {
+    let failed = |e: weir_checkpoint::CheckpointError| format!("cannot list restore points: {e}");
+    let mut points: Vec<(u64, SnapshotKind, String)> = storage
+        .list_checkpoints(job)
+        .await
+        .map_err(failed)?
+        .into_iter()
+        .filter(|c| c.complete)
+        .map(|c| {
+            let path = storage.location_path(&c.location);
+            (c.id.0, SnapshotKind::Checkpoint, path)
+        })
+        .collect();
+    for file in storage.list_files("").await.map_err(failed)? {
+        let Some(dir) = file.strip_suffix("_metadata") else {
+            continue;
+        };
+        if !dir.starts_with("savepoint-") {
+            continue;
+        }
+        let location = CheckpointLocation {
+            dir: dir.to_string(),
+        };
+        let metadata = storage.read_metadata(&location).await.map_err(failed)?;
+        if metadata.job_id == job {
+            let path = storage.location_path(&location);
+            points.push((metadata.checkpoint_id.0, metadata.kind, path));
+        }
+    }
+    Ok(points)
 }
 
 /// The checkpoint storage: opendal's memory service, every state file a file (nothing inlined
@@ -191,10 +330,13 @@ fn outcome(
 fn storage(
     scenario: &Scenario,
 ) -> Result<(Arc<dyn CheckpointStorage>, Arc<FaultInjectingStorage>), String> {
+    let memory = OpendalCheckpointStorage::memory()
+        .map_err(|e| e.to_string())?
+        .operator()
+        .clone();
+    // A root with a name, so that a resume finds paths under it (`memory://` alone has none).
     let inner: Arc<dyn CheckpointStorage> = Arc::new(
-        OpendalCheckpointStorage::memory()
-            .map_err(|e| e.to_string())?
-            .with_inline_threshold(0),
+        OpendalCheckpointStorage::from_operator(memory, ROOT.to_string()).with_inline_threshold(0),
     );
     let delays = Arc::new(Mutex::new(SplitMix(scenario.seed ^ 0xD1A7_5EED)));
     let sleep: SleepFn = Arc::new(move |max: Duration| {
@@ -213,7 +355,12 @@ fn storage(
 }
 
 /// The job's settings from the scenario.
-fn configure(env: &StreamEnvironment, s: &Scenario, storage: Arc<FaultInjectingStorage>) {
+fn configure(
+    env: &StreamEnvironment,
+    s: &Scenario,
+    storage: Arc<FaultInjectingStorage>,
+    job_id: JobId,
+) {
     env.set_job_name("weir-sim")
         .set_parallelism(2)
         .enable_checkpointing(s.interval)
@@ -226,8 +373,13 @@ fn configure(env: &StreamEnvironment, s: &Scenario, storage: Arc<FaultInjectingS
             attempts: u32::MAX,
             delay: Duration::from_millis(5),
         });
+    if s.state_backend == "memory-store" {
+        env.set_state_backend(MemoryStoreStateBackend);
+    }
     let mut c = env.config_mut();
-    c.job_id = Some(s.job_id());
+    c.job_id = Some(job_id);
+    c.incremental = s.incremental;
+    c.checkpoint.num_retained = s.retained;
     c.batch_size = s.batch_size;
     c.storage = StorageConfig::Custom(storage);
     c.checkpoint.timeout = s.timeout;

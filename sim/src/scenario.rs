@@ -55,6 +55,19 @@ pub struct Scenario {
     pub storage_faults: (f64, f64),
     /// The longest storage operation (each waits a seeded time up to it).
     pub storage_delay: Duration,
+    /// When the process running the job is killed (its runtime dropped, nothing cleaned up);
+    /// the job is then resumed from its job directory's latest complete checkpoint.
+    pub kill_at: Option<Duration>,
+    /// When a savepoint is taken beside the checkpoints.
+    pub savepoint_at: Option<Duration>,
+    /// When the job is stopped with a savepoint; it is then resumed from that savepoint.
+    pub stop_at: Option<Duration>,
+    /// Incremental keyed snapshots (shared files, chains of deltas).
+    pub incremental: bool,
+    /// The keyed state backend: `heap` or `memory-store`.
+    pub state_backend: &'static str,
+    /// Completed checkpoints retained.
+    pub retained: u32,
     /// Per mille: a task pauses before a step (the lever on the interleaving).
     pub pause: u64,
     /// The longest pause.
@@ -95,12 +108,28 @@ impl Scenario {
             storage_delay: ms(r.below(6)),
             pause: 100 + r.below(600),
             max_pause: ms(1 + r.below(4)),
+            kill_at: (r.below(5) == 0).then(|| ms(5 + r.below(120))),
+            savepoint_at: (r.below(4) == 0).then(|| ms(5 + r.below(120))),
+            stop_at: (r.below(5) == 0).then(|| ms(5 + r.below(150))),
+            incremental: r.below(2) == 0,
+            state_backend: if r.below(3) == 0 {
+                "memory-store"
+            } else {
+                "heap"
+            },
+            retained: 1 + r.below(3) as u32,
         }
     }
 
-    /// The job id of the scenario's run (fixed, so that a replay writes the same files).
+    /// The job id of the scenario's first process (fixed, so that a replay writes the same
+    /// files).
     pub fn job_id(&self) -> JobId {
-        JobId(u128::from(self.seed) << 64 | 0x5111)
+        self.job_id_of(0)
+    }
+
+    /// The job id of the scenario's `process`-th process (a resumed job is a new job).
+    pub fn job_id_of(&self, process: u32) -> JobId {
+        JobId((u128::from(self.seed) << 64) | (0x5111 + u128::from(process)))
     }
 
     /// One line naming the scenario, for the trace.
@@ -109,7 +138,8 @@ impl Scenario {
             "seed {} · {:?} · {} records over {} keys, batches of {} · checkpoint every {:?} \
              (timeout {:?}, {} concurrent, tolerating {}) · faults until {:?}: ≤{} task failures, steps {}‰, \
              records {}/100k, messages lost {}‰ late {}‰, storage writes {:.0}% reads {:.0}% \
-             (≤{:?}) · pauses {}‰ ≤{:?}",
+             (≤{:?}) · pauses {}‰ ≤{:?} · kill at {:?}, savepoint at {:?}, stop at {:?} · \
+             {} backend{}, {} retained",
             self.seed,
             self.barriers,
             self.records,
@@ -131,6 +161,16 @@ impl Scenario {
             self.storage_delay,
             self.pause,
             self.max_pause,
+            self.kill_at,
+            self.savepoint_at,
+            self.stop_at,
+            self.state_backend,
+            if self.incremental {
+                ", incremental"
+            } else {
+                ""
+            },
+            self.retained,
         )
     }
 }

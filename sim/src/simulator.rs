@@ -17,7 +17,10 @@ const EPOCH_START: Duration = Duration::from_secs(1_790_000_000);
 pub struct SeededSimulator {
     scenario: Scenario,
     rng: RefCell<SplitMix>,
-    start: Instant,
+    /// When the current runtime's clock started, while one runs.
+    start: Cell<Option<Instant>>,
+    /// Virtual time of the runtimes before the current one (a killed process's).
+    offset: Cell<Duration>,
     mutation: Option<Mutation>,
     failures: Cell<u32>,
     trace: RefCell<Vec<String>>,
@@ -30,13 +33,13 @@ pub struct SeededSimulator {
 }
 
 impl SeededSimulator {
-    /// A simulator for `scenario`, its virtual time starting now (call it inside the run's
-    /// runtime, whose clock is paused).
+    /// A simulator for `scenario`; its clock runs while a runtime is entered.
     pub fn new(scenario: Scenario, mutation: Option<Mutation>) -> SeededSimulator {
         SeededSimulator {
             rng: RefCell::new(SplitMix(splitmix64(scenario.seed))),
             scenario,
-            start: Instant::now(),
+            start: Cell::new(None),
+            offset: Cell::new(Duration::ZERO),
             mutation,
             failures: Cell::new(0),
             trace: RefCell::new(Vec::new()),
@@ -52,9 +55,24 @@ impl SeededSimulator {
         self.scenario.seed
     }
 
-    /// Virtual time since the run started.
+    /// Virtual time since the run started, over every runtime (process) it used.
     pub fn now(&self) -> Duration {
-        Instant::now().saturating_duration_since(self.start)
+        let current = self.start.get().map_or(Duration::ZERO, |s| {
+            Instant::now().saturating_duration_since(s)
+        });
+        self.offset.get() + current
+    }
+
+    /// A runtime (a process of the run) starts: its paused clock goes on from the last one's
+    /// end. Call it inside the runtime.
+    pub fn enter(&self) {
+        self.start.set(Some(Instant::now()));
+    }
+
+    /// The runtime ends (or its process is killed). Call it inside the runtime.
+    pub fn leave(&self) {
+        self.offset.set(self.now());
+        self.start.set(None);
     }
 
     /// Whether faults may still be injected.

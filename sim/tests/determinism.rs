@@ -1,5 +1,6 @@
 //! One seed, one schedule: a seed replayed gives the same decisions at the same virtual times
-//! (the digest), the same trace and the same outcome, in this process and on another thread.
+//! (the digest), the same trace and the same outcome, in this process, on another thread and in
+//! another process.
 
 use weir_sim::run_seed;
 
@@ -34,4 +35,37 @@ fn different_seeds_give_different_schedules() {
     let digests: std::collections::BTreeSet<u64> =
         (0..20).map(|seed| run_seed(seed, None).digest).collect();
     assert_eq!(digests.len(), 20);
+}
+
+#[test]
+fn a_seed_replays_in_another_process() {
+    let seeds = [85u64, 262, 2446];
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_weir-sim"));
+    let out = command
+        .args(["--digest", "--seeds", "1", "--first-seed"])
+        .arg(seeds[0].to_string())
+        .output()
+        .expect("weir-sim runs");
+    assert!(out.status.success(), "{out:?}");
+    let mut printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    for seed in &seeds[1..] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_weir-sim"))
+            .args(["--digest", "--seeds", "1", "--first-seed"])
+            .arg(seed.to_string())
+            .output()
+            .expect("weir-sim runs");
+        assert!(out.status.success(), "{out:?}");
+        printed.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    let here: String = seeds
+        .iter()
+        .map(|&seed| {
+            let o = run_seed(seed, None);
+            format!(
+                "seed {seed} digest {:016x} decisions {}\n",
+                o.digest, o.decisions
+            )
+        })
+        .collect();
+    assert_eq!(printed, here);
 }

@@ -15,7 +15,12 @@ fn first_failing(mutation: Mutation) -> Option<(u64, Vec<String>)> {
 }
 
 fn found(mutation: Mutation) {
-    const { assert!(MUTATIONS_BUILT_IN, "weir-sim enables weir-core's `mutations`") };
+    const {
+        assert!(
+            MUTATIONS_BUILT_IN,
+            "weir-sim enables weir-core's `mutations`"
+        )
+    };
     match first_failing(mutation) {
         Some((seed, violations)) => {
             println!("{} found by seed {seed}: {violations:?}", mutation.name());

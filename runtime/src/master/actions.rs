@@ -246,6 +246,10 @@ impl JobMaster<'_> {
             if t.kind == SnapshotKind::SynchronousSavepoint {
                 // The sources now end their input; the job finishes normally.
                 self.stopped_with = Some(path);
+                g.stop_notified = Some((
+                    id,
+                    tokio::time::Instant::now() + super::event_loop::STOP_NOTIFY_AGAIN,
+                ));
             }
         }
     }

@@ -61,9 +61,15 @@ pub(crate) fn admit_acknowledgement(
 /// Whether a restore that failed with `error` while deploying generation `generation` is one
 /// more failure for the restart strategy (a failover's transient storage error), rather than
 /// the end of the job (at job start the restore point is the user's; a damaged or incompatible
-/// checkpoint is a [`JobError::Restore`] whatever the generation).
+/// checkpoint is a [`JobError::Restore`] whatever the generation). A storage error the storage
+/// calls temporary is retried even at job start: a resume after a crash must not fail for good
+/// on one throttled read (found by the simulation, seed 20).
 pub(crate) fn restore_failure_is_retried(generation: u64, error: &JobError) -> bool {
-    generation > 1 && !matches!(error, JobError::Restore { .. })
+    match error {
+        JobError::Restore { .. } => false,
+        JobError::Storage(e) if e.is_temporary() => true,
+        _ => generation > 1,
+    }
 }
 
 /// For each restart, from the failure (`failures`: the generation deployed after it, and when
@@ -224,6 +230,15 @@ mod tests {
         );
         assert!(restore_failure_is_retried(2, &storage));
         assert!(!restore_failure_is_retried(2, &damaged));
+        let temporary = JobError::Storage(weir_checkpoint::CheckpointError::Storage {
+            path: "chk-3/_metadata".into(),
+            source: opendal::Error::new(opendal::ErrorKind::Unexpected, "throttled")
+                .set_temporary(),
+        });
+        assert!(
+            restore_failure_is_retried(1, &temporary),
+            "a temporary error, even at start"
+        );
     }
 
     #[test]

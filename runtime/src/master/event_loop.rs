@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use weir_checkpoint::CheckpointError;
-use weir_checkpoint::coordinator::{CheckpointFailureReason, TaskKey};
+use weir_checkpoint::coordinator::{CheckpointFailureReason, TaskKey, TriggerRefusal};
 use weir_checkpoint::storage::CheckpointLocation;
 use weir_core::element::SnapshotKind;
 use weir_core::graph::ExecutionState;
@@ -23,6 +23,8 @@ pub(super) enum MasterEvent {
     Report(Option<TaskReport>),
     /// A failure that only echoed another waited long enough for its root cause.
     EchoTimedOut,
+    /// Time to send a completed stop-with-savepoint's notification again.
+    StopNotifyAgain,
     /// A `_metadata` write finished.
     Finalized(Finalized),
     /// The coordinator's next timer (periodic trigger, timeout) is due.
@@ -38,6 +40,13 @@ pub(super) enum MasterEvent {
     /// Another run took the job directory over.
     LeaseLost(CheckpointError),
 }
+
+/// How long after a completed stop-with-savepoint its notification goes again to the subtasks
+/// that have not finished.
+pub(super) const STOP_NOTIFY_AGAIN: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Final checkpoints tried before a job whose storage keeps failing ends without one.
+const FINAL_ATTEMPTS: u32 = 3;
 
 /// What the loop does after an event.
 pub(super) enum Step {
@@ -64,6 +73,37 @@ impl JobMaster<'_> {
             if let Some(outcome) = outcome {
                 return outcome;
             }
+            match g.final_checkpoint {
+                // The final checkpoint completed (and its notifications went out).
+                Some(Some(id)) if g.coordinator.latest_completed() >= Some(id) => {
+                    return Outcome::Finished;
+                }
+                // Aborted: again, or, after FINAL_ATTEMPTS, the end without one.
+                Some(Some(id)) if !g.coordinator.pending_ids().contains(&id) => {
+                    if g.final_attempts >= FINAL_ATTEMPTS {
+                        warn!(
+                            attempts = g.final_attempts,
+                            "the final checkpoint keeps failing; the job ends without one, so a \
+                             process killed before it ended would resume from an older checkpoint"
+                        );
+                        return Outcome::Finished;
+                    }
+                    g.final_checkpoint = Some(None);
+                }
+                _ => {}
+            }
+            if g.final_checkpoint == Some(None) {
+                match self.trigger_final(g) {
+                    Step::End(outcome) => return outcome,
+                    Step::Act => {
+                        let outcome = self.carry_out_actions(g).await;
+                        if let Some(outcome) = outcome {
+                            return outcome;
+                        }
+                    }
+                    Step::Skip => {}
+                }
+            }
         }
     }
 
@@ -82,6 +122,12 @@ impl JobMaster<'_> {
                     None => std::future::pending().await,
                 }
             } => MasterEvent::EchoTimedOut,
+            _ = async {
+                match &g.stop_notified {
+                    Some((_, at)) => tokio::time::sleep_until(*at).await,
+                    None => std::future::pending().await,
+                }
+            } => MasterEvent::StopNotifyAgain,
             Some(f) = self.finalize_rx.recv() => MasterEvent::Finalized(f),
             _ = async {
                 match wake {
@@ -119,6 +165,15 @@ impl JobMaster<'_> {
                 Step::End(Outcome::Failed("every task ended without reporting".into()))
             }
             MasterEvent::Report(Some(report)) => self.handle_report(report, g),
+            MasterEvent::StopNotifyAgain => {
+                if let Some((id, _)) = g.stop_notified {
+                    for t in self.all.iter().filter(|t| !g.finished.contains(t)) {
+                        self.host.send(*t, TaskMessage::NotifyComplete(id));
+                    }
+                    g.stop_notified = Some((id, Instant::now() + STOP_NOTIFY_AGAIN));
+                }
+                Step::Skip
+            }
             MasterEvent::EchoTimedOut => {
                 let cause = g.echo.take().map(|(c, _)| c).unwrap_or_default();
                 warn!(%cause, "task failed");
@@ -225,7 +280,13 @@ impl JobMaster<'_> {
                 g.finished.insert(task);
                 g.coordinator.task_finished(task, now, &mut g.actions);
                 if g.finished.len() == self.all.len() {
-                    return Step::End(Outcome::Finished);
+                    if !self.config.checkpoint.is_enabled() {
+                        return Step::End(Outcome::Finished);
+                    }
+                    // FLIP-147: the job ends with a checkpoint of every subtask's final state,
+                    // before the sinks commit what they hold for the end.
+                    g.final_checkpoint = Some(None);
+                    return self.trigger_final(g);
                 }
             }
             TaskEvent::Failed(e) => {
@@ -242,6 +303,28 @@ impl JobMaster<'_> {
             }
         }
         Step::Act
+    }
+
+    /// Triggers the final checkpoint if it may start now; a refusal that waits for a pending
+    /// checkpoint is retried after the next event, any other ends the job without one.
+    fn trigger_final(&mut self, g: &mut Generation) -> Step {
+        let now = self.started.elapsed();
+        match g.coordinator.trigger_final(now, &mut g.actions) {
+            Ok(id) => {
+                debug!(
+                    checkpoint = id.0,
+                    "every task finished: the final checkpoint"
+                );
+                g.final_checkpoint = Some(Some(id));
+                g.final_attempts += 1;
+                Step::Act
+            }
+            Err(TriggerRefusal::TooManyConcurrent(_)) => Step::Skip,
+            Err(refusal) => {
+                debug!(%refusal, "every task finished; no final checkpoint");
+                Step::End(Outcome::Finished)
+            }
+        }
     }
 
     /// A source reader asks for splits: its enumerator's answer goes straight back.
@@ -269,15 +352,18 @@ impl JobMaster<'_> {
         }
         g.finalizing.remove(&f.id);
         let now = self.started.elapsed();
-        let is_checkpoint = g
+        let kind = g
             .requested
             .get(&f.id)
-            .is_none_or(|t| t.kind == SnapshotKind::Checkpoint);
+            .map_or(SnapshotKind::Checkpoint, |t| t.kind);
+        let is_checkpoint = kind == SnapshotKind::Checkpoint;
+        if f.result.is_ok() {
+            weir_core::sim::observe(weir_core::sim::Observed::Completed(f.id.0, kind));
+        }
         match f.result {
             // Savepoints belong to the user: not retained, never discarded.
             Ok(_) if !is_checkpoint => g.coordinator.finalized(f.id, Ok(()), now, &mut g.actions),
             Ok(cp) => {
-                weir_core::sim::observe(weir_core::sim::Observed::Completed(f.id.0));
                 g.coordinator.finalized(f.id, Ok(()), now, &mut g.actions);
                 let subsumed = self.store.add(cp);
                 // Claim mode: the restored checkpoint goes once this run retains as many of its

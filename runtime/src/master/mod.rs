@@ -151,6 +151,10 @@ pub(crate) struct Generation {
     /// A failure that is only the echo of another (an upstream gone, a consumer gone): wait
     /// briefly for the root cause before failing with it.
     echo: Option<(String, Instant)>,
+    /// A stop-with-savepoint completed: its id and when its notification is sent again to the
+    /// subtasks that have not finished (a notification lost in a full mailbox must not leave
+    /// a source suspended for ever).
+    stop_notified: Option<(CheckpointId, Instant)>,
     /// Snapshots a client asked for.
     requested: BTreeMap<CheckpointId, Target>,
     /// The sources' count when this generation started (the record-count trigger's base).
@@ -158,6 +162,12 @@ pub(crate) struct Generation {
     records_poll: Option<tokio::time::Interval>,
     running: BTreeSet<TaskKey>,
     finished: BTreeSet<TaskKey>,
+    /// Once every subtask finished (with checkpointing on): the final checkpoint, `None` until
+    /// it is triggered. The job ends when it completes.
+    final_checkpoint: Option<Option<CheckpointId>>,
+    /// Final checkpoints triggered: after [`FINAL_ATTEMPTS`] that failed the job ends without
+    /// one (its storage is down), as it did before FLIP-147.
+    final_attempts: u32,
     /// The coordinator's decisions not carried out yet.
     actions: Vec<CoordinatorAction>,
 }
@@ -446,6 +456,7 @@ impl<'s> JobMaster<'s> {
             spans: HashMap::new(),
             finalizing: BTreeSet::new(),
             echo: None,
+            stop_notified: None,
             requested: BTreeMap::new(),
             records_base,
             records_poll: self
@@ -455,6 +466,8 @@ impl<'s> JobMaster<'s> {
                 .map(|_| tokio::time::interval(snapshots::RECORDS_POLL)),
             running: BTreeSet::new(),
             finished: BTreeSet::new(),
+            final_checkpoint: None,
+            final_attempts: 0,
             actions: Vec::new(),
         }))
     }
@@ -735,8 +748,7 @@ async fn restore_points(
         StorageConfig::Custom(s) => Some(s),
         _ => None,
     };
-    let (s, listings) = candidates_at(path, custom).await?;
-    let locations = one_jobs_candidates(&*s, path, listings).await?;
+    let (s, locations) = listed_candidates(path, custom).await?;
     let Some((k, _)) = keeper.filter(|_| config.claim_mode == ClaimMode::Claim) else {
         return Ok((Some((s, locations)), None));
     };
@@ -746,9 +758,34 @@ async fn restore_points(
     }
     // Watching the leases took a while: a running job's retention may have deleted what was
     // listed, and new checkpoints may exist. List again.
-    let (s, listings) = candidates_at(path, custom).await?;
-    let locations = one_jobs_candidates(&*s, path, listings).await?;
+    let (s, locations) = listed_candidates(path, custom).await?;
     Ok((Some((s, locations)), Some(claim)))
+}
+
+/// The complete checkpoints at the user's restore path, newest first. A storage error the
+/// storage calls temporary is retried (three times, backing off): a resume must not fail for
+/// good on one throttled listing (found by the simulation, seed 2181).
+async fn listed_candidates(
+    path: &std::path::Path,
+    custom: Option<&Arc<dyn CheckpointStorage>>,
+) -> Result<RestorePoints, JobError> {
+    let mut attempt = 0;
+    loop {
+        let listed = match candidates_at(path, custom).await {
+            Ok((s, listings)) => one_jobs_candidates(&*s, path, listings)
+                .await
+                .map(|locations| (s, locations)),
+            Err(e) => Err(e),
+        };
+        match listed {
+            Err(JobError::Storage(e)) if e.is_temporary() && attempt < 3 => {
+                attempt += 1;
+                warn!(error = %e, attempt, "cannot list the restore path's checkpoints; retrying");
+                tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The first checkpoint id of this run: past every checkpoint already in the job's directory (a

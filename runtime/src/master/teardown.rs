@@ -82,9 +82,8 @@ impl JobMaster<'_> {
             }
             let mut ignored = Vec::new();
             let target = g.requested.remove(&f.id);
-            let is_checkpoint = target
-                .as_ref()
-                .is_none_or(|t| t.kind == SnapshotKind::Checkpoint);
+            let kind = target.as_ref().map_or(SnapshotKind::Checkpoint, |t| t.kind);
+            let is_checkpoint = kind == SnapshotKind::Checkpoint;
             if let Some(mut t) = target
                 && let Some(reply) = t.reply.take()
             {
@@ -94,12 +93,14 @@ impl JobMaster<'_> {
                 });
             }
             let now = self.started.elapsed();
+            if f.result.is_ok() {
+                weir_core::sim::observe(weir_core::sim::Observed::Completed(f.id.0, kind));
+            }
             match f.result {
                 Ok(_) if !is_checkpoint => {
                     g.coordinator.finalized(f.id, Ok(()), now, &mut ignored);
                 }
                 Ok(cp) => {
-                    weir_core::sim::observe(weir_core::sim::Observed::Completed(f.id.0));
                     g.coordinator.finalized(f.id, Ok(()), now, &mut ignored);
                     for old in self.store.add(cp) {
                         self.discard_checkpoint(old.id, old.location, false);

@@ -149,6 +149,19 @@ impl CheckpointSteps {
                     hold: false,
                 });
             }
+            // The coordinator triggers nothing while a stop is in progress: a newer trigger
+            // means the stop was aborted and its notification lost (found by the simulation,
+            // seed 2446). Resume (as on the abort), then take the new checkpoint.
+            StepEvent::Triggered { barrier, drain }
+                if self.suspended.is_some_and(|(sid, _)| barrier.id > sid) =>
+            {
+                if let Some((sid, _)) = self.suspended {
+                    self.aborted(sid, out);
+                }
+                if self.suspended.is_none() {
+                    self.on(StepEvent::Triggered { barrier, drain }, chain_epoch, out);
+                }
+            }
             StepEvent::Triggered { barrier, .. } if self.suspended.is_some() => {
                 out.push(StepAction::Decline {
                     id: barrier.id,
@@ -447,9 +460,10 @@ mod tests {
                     barrier: sp,
                     drain: false,
                 },
-                // A trigger while suspended is declined: the task is closing.
+                // A trigger while suspended (one triggered before the stop: the coordinator
+                // triggers nothing newer while it stops) is declined: the task is closing.
                 StepEvent::Triggered {
-                    barrier: aligned(7),
+                    barrier: aligned(5),
                     drain: false,
                 },
                 StepEvent::NotifyComplete(CheckpointId(6)),
@@ -458,7 +472,7 @@ mod tests {
         assert_eq!(out[0], snapshot(sp, false));
         assert_eq!(out[1], Suspend);
         assert!(
-            matches!(&out[2], Decline { id, reason: CheckpointFailureReason::Declined { reason, .. } } if *id == CheckpointId(7) && reason.contains("closing"))
+            matches!(&out[2], Decline { id, reason: CheckpointFailureReason::Declined { reason, .. } } if *id == CheckpointId(5) && reason.contains("closing"))
         );
         assert_eq!(out[3..], [NotifyComplete(CheckpointId(6)), EndInput]);
         assert!(!s.is_suspended());
@@ -488,6 +502,37 @@ mod tests {
             "{out:?}"
         );
         assert_eq!(out.len(), 4, "nothing after the failure: {out:?}");
+    }
+
+    #[test]
+    fn a_newer_trigger_resumes_a_stop_whose_abort_was_lost() {
+        let sp = barrier(
+            2,
+            SnapshotKind::SynchronousSavepoint,
+            AlignmentType::Aligned,
+        );
+        let mut s = CheckpointSteps::new(None, TASK, true, 0);
+        let trigger = |barrier| StepEvent::Triggered {
+            barrier,
+            drain: false,
+        };
+        // The abort of savepoint 2 never came; checkpoint 3's trigger did.
+        let out = run(&mut s, vec![trigger(sp), trigger(aligned(3))]);
+        assert_eq!(
+            out,
+            vec![
+                snapshot(sp, false),
+                Suspend,
+                Resume,
+                NotifyAborted(CheckpointId(2)),
+                snapshot(aligned(3), false),
+            ]
+        );
+        assert!(!s.is_suspended());
+        // An older or repeated trigger while suspended is still declined.
+        let mut s = CheckpointSteps::new(None, TASK, true, 0);
+        let out = run(&mut s, vec![trigger(sp), trigger(aligned(1))]);
+        assert!(matches!(&out[2], Decline { .. }), "{out:?}");
     }
 
     #[test]
