@@ -54,6 +54,15 @@ impl Committer<(u64, i64)> for External {
             .committed
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let shown = if transaction == weir_runtime::sink::FINAL_TRANSACTION {
+            "the final transaction".to_string()
+        } else {
+            format!("transaction {transaction}")
+        };
+        weir_core::sim::record(format_args!(
+            "subtask {subtask} of the sink commits {shown}: {} records",
+            records.len()
+        ));
         match c.0.get(&(subtask, transaction)) {
             // A replay may interleave its keys otherwise: the same records, in another order.
             Some(done) if !same_records(done, &records) => {

@@ -226,6 +226,8 @@ async fn drive(
         })
     };
     let mut plans = Vec::new();
+    // The savepoint a stop completed with, as its caller learns it.
+    let stopped: Arc<Mutex<Option<String>>> = Arc::default();
     if first {
         if let Some(at) = scenario.savepoint_at {
             let (client, wait) = (client.clone(), until(at));
@@ -235,12 +237,15 @@ async fn drive(
             }));
         }
         if let Some(at) = scenario.stop_at {
-            let (client, wait) = (client.clone(), until(at));
+            let (client, wait, stopped) = (client.clone(), until(at), stopped.clone());
             plans.push(tokio::spawn(async move {
                 tokio::time::sleep(wait).await;
-                let _ = client
+                if let Ok(path) = client
                     .stop_with_savepoint(Some(savepoints::DIR.into()), false)
-                    .await;
+                    .await
+                {
+                    *stopped.lock().unwrap_or_else(PoisonError::into_inner) = Some(path);
+                }
             }));
         }
     }
@@ -272,7 +277,21 @@ async fn drive(
                 scenario.faults_until
             ))
         }
-        Ok(Err(e)) => Err(format!("the job failed: {e}")),
+        Ok(Err(e)) => {
+            let stopped = stopped
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            match stopped {
+                // The job failed after its stop completed: as the error says, the user
+                // resumes from the stop's savepoint.
+                Some(path) if e.to_string().contains(&path) => {
+                    sim.note(format_args!("the job failed after its stop: {e}"));
+                    Ok(Ended::Stopped(path))
+                }
+                _ => Err(format!("the job failed: {e}")),
+            }
+        }
         Ok(Ok(r)) => {
             sim.note(format_args!(
                 "job {:?}: {} restarts, {} checkpoints completed, {} failed",

@@ -183,7 +183,8 @@ pub trait CheckpointStorage: Send + Sync + 'static {
         location: &CheckpointLocation,
     ) -> Result<CheckpointMetadata, CheckpointError>;
 
-    /// Deletes a location and everything in it.
+    /// Deletes a location and everything in it, its `_metadata` first: a discard cut short (a
+    /// killed process) must never leave a complete checkpoint whose files are gone.
     async fn discard(&self, location: &CheckpointLocation) -> Result<(), CheckpointError>;
 
     /// Every `chk-<n>` of `job`, complete or not, sorted by id.

@@ -672,6 +672,15 @@ impl CheckpointStorage for OpendalCheckpointStorage {
                 self.description
             )));
         }
+        // `_metadata` first: from then on the checkpoint is incomplete, so a discard cut short
+        // (a killed process) never leaves a complete checkpoint whose files are gone (found by
+        // the deterministic simulation, seed 12211).
+        let metadata = format!("{dir}{METADATA_FILE}");
+        match self.op.delete(&metadata).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(self.storage_err(&metadata)(e)),
+        }
         match self.op.delete_with(&dir).recursive(true).await {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::NotFound => {}

@@ -2,7 +2,8 @@
 //! at once and only returns what happened; the `handle_*` methods decide what it means.
 
 use super::snapshots::{
-    Finalized, Outcome, ROOT_CAUSE_WAIT, Target, discard_shared, savepoint_target,
+    Finalized, Outcome, ROOT_CAUSE_WAIT, Target, discard_shared, discard_shared_now,
+    savepoint_target,
 };
 use super::{Generation, JobMaster, decide};
 use crate::job::Command;
@@ -390,13 +391,20 @@ impl JobMaster<'_> {
         warn_on_error: bool,
     ) {
         let files = self.registry.release(id);
-        discard_shared(&mut self.discards, &self.storage, self.job_id, files);
         let storage = self.storage.clone();
+        let job_id = self.job_id;
+        // The checkpoint first (its `_metadata` first of all), then the shared files only it
+        // referenced: a discard cut short never leaves a complete checkpoint whose shared files
+        // are gone (found by the deterministic simulation, seed 12211).
         self.discards.spawn(async move {
-            if let Err(e) = storage.discard(&location).await
-                && warn_on_error
-            {
-                warn!(checkpoint = id.0, error = %e, "cannot discard subsumed checkpoint");
+            match storage.discard(&location).await {
+                Ok(()) => discard_shared_now(&storage, job_id, files).await,
+                Err(e) => {
+                    if warn_on_error {
+                        warn!(checkpoint = id.0, error = %e, "cannot discard subsumed checkpoint");
+                    }
+                    // Its `_metadata` may remain: keep what it references.
+                }
             }
         });
     }
@@ -421,7 +429,12 @@ impl JobMaster<'_> {
                 return Step::Skip;
             }
             SnapshotKind::Checkpoint => None,
-            _ => match savepoint_target(self.config, dir, self.job_id) {
+            _ => match savepoint_target(
+                self.config,
+                dir,
+                self.job_id,
+                g.coordinator.next_checkpoint_id(),
+            ) {
                 Ok(t) => Some(t),
                 Err(e) => {
                     let _ = reply.send(Err(e));

@@ -44,11 +44,16 @@ pub(crate) type SavepointTarget = (
 );
 
 /// A new savepoint directory `savepoint-<job-id prefix>-<random>/` under `dir` (or the configured
-/// savepoint directory).
+/// savepoint directory). The random part hashes the clock, the whole job id and `id`, the
+/// checkpoint id the savepoint is about to get: two savepoints in the same clock tick (a
+/// simulation's clock ticks in milliseconds) or of two jobs with one prefix never share a
+/// directory (found by the deterministic simulation, seed 15611, where they overwrote each
+/// other's files).
 pub(crate) fn savepoint_target(
     config: &JobConfig,
     dir: Option<PathBuf>,
     job_id: JobId,
+    id: u64,
 ) -> Result<SavepointTarget, String> {
     let dir = dir
         .or_else(|| config.savepoint_dir.clone())
@@ -61,10 +66,13 @@ pub(crate) fn savepoint_target(
     let root = target.location();
     let storage = build_storage(&target).map_err(|e| e.to_string())?;
     let nonce = weir_core::sim::wall_clock().as_nanos() as u64;
+    let mut seed = nonce.to_le_bytes().to_vec();
+    seed.extend_from_slice(&job_id.0.to_le_bytes());
+    seed.extend_from_slice(&id.to_le_bytes());
     let name = format!(
         "savepoint-{}-{:012x}",
         &job_id.to_string()[..6],
-        weir_core::ids::stable_hash128(&nonce.to_le_bytes()) as u64 & 0xffff_ffff_ffff
+        weir_core::ids::stable_hash128(&seed) as u64 & 0xffff_ffff_ffff
     );
     Ok((
         storage,
@@ -108,16 +116,23 @@ pub(crate) fn discard_shared(
         return;
     }
     let storage = storage.clone();
+    discards.spawn(async move { discard_shared_now(&storage, job_id, files).await });
+}
+
+/// Deletes shared state files no checkpoint references any more, now.
+pub(crate) async fn discard_shared_now(
+    storage: &Arc<dyn CheckpointStorage>,
+    job_id: JobId,
+    files: Vec<StreamStateHandle>,
+) {
     // Shared paths are relative to any checkpoint location of the job (`../shared/<name>`).
     let location = CheckpointLocation::for_checkpoint(job_id, CheckpointId(0));
-    discards.spawn(async move {
-        for file in files {
-            match storage.discard_state(&location, &file).await {
-                Ok(()) => debug!(?file, "deleted an unreferenced shared state file"),
-                Err(e) => warn!(error = %e, "cannot delete an unreferenced shared state file"),
-            }
+    for file in files {
+        match storage.discard_state(&location, &file).await {
+            Ok(()) => debug!(?file, "deleted an unreferenced shared state file"),
+            Err(e) => warn!(error = %e, "cannot delete an unreferenced shared state file"),
         }
-    });
+    }
 }
 
 /// Wall-clock time in ms since the Unix epoch.

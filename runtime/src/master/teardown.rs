@@ -84,13 +84,19 @@ impl JobMaster<'_> {
             let target = g.requested.remove(&f.id);
             let kind = target.as_ref().map_or(SnapshotKind::Checkpoint, |t| t.kind);
             let is_checkpoint = kind == SnapshotKind::Checkpoint;
-            if let Some(mut t) = target
-                && let Some(reply) = t.reply.take()
-            {
-                let _ = reply.send(match &f.result {
-                    Ok(_) => Ok(t.storage.location_path(&t.location)),
-                    Err(e) => Err(format!("snapshot {} failed: {e}", f.id)),
-                });
+            if let Some(mut t) = target {
+                let path = t.storage.location_path(&t.location);
+                if f.result.is_ok() && kind == SnapshotKind::SynchronousSavepoint {
+                    // The stop completed as the generation failed: the job ends on it rather
+                    // than fail over (see `end_generation`).
+                    self.stopped_with = Some(path.clone());
+                }
+                if let Some(reply) = t.reply.take() {
+                    let _ = reply.send(match &f.result {
+                        Ok(_) => Ok(path),
+                        Err(e) => Err(format!("snapshot {} failed: {e}", f.id)),
+                    });
+                }
             }
             let now = self.started.elapsed();
             if f.result.is_ok() {
@@ -138,6 +144,19 @@ impl JobMaster<'_> {
             if let Some(reply) = t.reply.take() {
                 let _ = reply.send(Err(format!("the job failed: {cause}")));
             }
+        }
+        if let Some(path) = &self.stopped_with {
+            // The stop's savepoint completed and the sinks committed on it: a failover to an
+            // older checkpoint would commit that output again. The job ends, and its savepoint
+            // is where to resume (Flink's FLINK-26783; found by the deterministic simulation,
+            // seed 10009).
+            return Err(JobError::Failed {
+                restarts: self.restart.restarts(),
+                strategy: "none once a stop-with-savepoint completed".into(),
+                cause: format!(
+                    "{cause}, after the stop-with-savepoint {path} completed: resume from it"
+                ),
+            });
         }
         let failed_at = self.started.elapsed();
         let delay = decide::restart_or_give_up(

@@ -65,7 +65,10 @@ async fn carry_out(
     handler_actions: &mut Vec<HandlerAction>,
 ) -> Result<(), TaskError> {
     match action {
-        StepAction::Decline { id, reason } => env.report(TaskEvent::Decline { id, reason }).await?,
+        StepAction::Decline { id, reason } => {
+            weir_core::sim::record(format_args!("{} declines {}: {reason}", env.name, id.0));
+            env.report(TaskEvent::Decline { id, reason }).await?
+        }
         StepAction::EmitCancelMarker(id) => {
             input.lifecycle(&mut Lifecycle::EmitCancelMarker(id))?
         }
@@ -76,7 +79,20 @@ async fn carry_out(
             alignment,
             emit_barrier,
             hold,
-        } => snapshot(input, env, cps, barrier, alignment, emit_barrier, hold).await?,
+        } => {
+            weir_core::sim::record(format_args!(
+                "{} snapshots {:?} {}{}",
+                env.name,
+                barrier.options.kind,
+                barrier.id.0,
+                if emit_barrier {
+                    ""
+                } else {
+                    " (its input ended)"
+                }
+            ));
+            snapshot(input, env, cps, barrier, alignment, emit_barrier, hold).await?
+        }
         // Carried out where the in-flight data is taken (`finish_unaligned`).
         StepAction::UploadHeld(_) => {}
         StepAction::DropHeld(id) => {

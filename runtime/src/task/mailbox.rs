@@ -243,6 +243,7 @@ async fn end_of_input(
 ) -> Result<(), TaskError> {
     run_actions(input, env, cps, actions).await?;
     checkpoint::step(StepEvent::InputEnded, input, env, cps, actions).await?;
+    weir_core::sim::record(format_args!("{}: input ended", env.name));
     input.lifecycle(&mut Lifecycle::EndInput)?;
     poll_fn(|cx| input.poll_flush(cx)).await?;
     debug!("input ended; task finished");

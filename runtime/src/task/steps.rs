@@ -141,6 +141,21 @@ impl CheckpointSteps {
                     return;
                 }
                 self.last = Some(barrier.id);
+                // An abort of this or a newer checkpoint came before the end: the barrier
+                // handler then passed this one's barriers by, so the final state holds what
+                // followed them and is no snapshot of this checkpoint (found by the
+                // deterministic simulation, seed 25095).
+                if self.aborted.last().is_some_and(|&a| a >= barrier.id) {
+                    self.aborted.retain(|&a| a > barrier.id);
+                    out.push(StepAction::Decline {
+                        id: barrier.id,
+                        reason: CheckpointFailureReason::Declined {
+                            task: self.task,
+                            reason: "a newer checkpoint was aborted before the input ended".into(),
+                        },
+                    });
+                    return;
+                }
                 self.chains(chain_epoch, out);
                 out.push(StepAction::Snapshot {
                     barrier,
@@ -502,6 +517,40 @@ mod tests {
             "{out:?}"
         );
         assert_eq!(out.len(), 4, "nothing after the failure: {out:?}");
+    }
+
+    #[test]
+    fn a_finished_task_declines_a_checkpoint_older_than_an_abort_it_saw() {
+        // Checkpoint 3 was aborted before checkpoint 2's barriers came (the handler then passed
+        // them by); after the input ended, 2's trigger must not snapshot the final state.
+        let mut s = CheckpointSteps::new(Some(CheckpointId(1)), TASK, false, 0);
+        let trigger = |b| StepEvent::Triggered {
+            barrier: b,
+            drain: false,
+        };
+        let out = run(
+            &mut s,
+            vec![
+                StepEvent::NotifyAborted(CheckpointId(3)),
+                StepEvent::InputEnded,
+                trigger(aligned(2)),
+                trigger(aligned(4)),
+            ],
+        );
+        assert_eq!(out[0], NotifyAborted(CheckpointId(3)));
+        assert!(
+            matches!(&out[1], Decline { id, .. } if *id == CheckpointId(2)),
+            "{out:?}"
+        );
+        assert_eq!(
+            out[2..],
+            [Snapshot {
+                barrier: aligned(4),
+                alignment: Duration::ZERO,
+                emit_barrier: false,
+                hold: false,
+            }]
+        );
     }
 
     #[test]
