@@ -120,9 +120,10 @@ fn split_url(url: &str) -> (&str, String) {
 }
 
 /// The path of `location` under the root of `storage` (as `location_path` shows locations), if
-/// it is the root itself (`""`), one of its job directories (`<job-id>/`) or one of their
-/// checkpoints (`<job-id>/chk-<n>/`): the forms a job prints. Anything else, deeper paths
-/// included, is not taken for the storage's (so every location names its job).
+/// it is the root itself (`""`), one of its job directories (`<job-id>/`), one of their
+/// checkpoints (`<job-id>/chk-<n>/`), or another directory under it (a savepoint's,
+/// `savepoint-…/`): the forms a job prints. What the directory holds decides the rest
+/// (`find_checkpoints`: `_metadata`, `chk-<n>` children, or none).
 fn under_root(storage: &Arc<dyn CheckpointStorage>, location: &str) -> Option<String> {
     let root = storage.location_path(&CheckpointLocation { dir: String::new() });
     let root = root.trim_end_matches('/');

@@ -1,6 +1,7 @@
 //! The invariants every schedule must keep, judged against values computed without the
 //! engine: the committed output, the restore points, and the files of retained checkpoints.
 
+use crate::external::Record;
 use crate::scenario::Scenario;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -8,38 +9,48 @@ use weir_checkpoint::CheckpointStorage;
 use weir_core::element::SnapshotKind;
 use weir_core::sim::Observed;
 
-/// The sink's committed output of the keyed sum over `records` records `(i % keys, 1)`.
+/// The sink's committed output of the keyed running count and index sum over `records`
+/// records `(i % keys, 1, i)`.
 ///
-/// Exactly once: each key's running sums, in commit order, are exactly `1, 2, …, n` where `n`
-/// counts the records of that key (no gap, no duplicate, nothing else), which is also the
-/// failure-free output. At least once: nothing is lost (each key's sums reach `n`; a recovery
-/// may count records twice).
-pub fn output(
-    committed: &[(u64, i64)],
-    records: u64,
-    keys: u64,
-    exactly_once: bool,
-) -> Vec<String> {
-    let mut by_key: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
-    for (k, sum) in committed {
-        by_key.entry(*k).or_default().push(*sum);
+/// Exactly once: each key's running counts, in commit order, are exactly `1, 2, …, n` where
+/// `n` counts the records of that key (no gap, no duplicate), which is also the failure-free
+/// output, and its last index sum is the sum of that key's record indices (a lost record and a
+/// duplicated one of the same key leave the counts right, not the sum). At least once: nothing
+/// is lost (each key's count and index sum reach theirs; a recovery may count records twice).
+pub fn output(committed: &[Record], records: u64, keys: u64, exactly_once: bool) -> Vec<String> {
+    let mut by_key: BTreeMap<u64, Vec<(i64, i64)>> = BTreeMap::new();
+    for (k, count, sum) in committed {
+        by_key.entry(*k).or_default().push((*count, *sum));
     }
     let mut violations = Vec::new();
-    for k in 0..keys {
+    for k in 0..keys.max(1) {
         let expected = records / keys + u64::from(k < records % keys);
-        let sums = by_key.remove(&k).unwrap_or_default();
+        // Indices k, k + keys, …: `expected` terms.
+        let expected_sum = (0..expected).map(|j| (k + j * keys) as i64).sum::<i64>();
+        let got = by_key.remove(&k).unwrap_or_default();
+        let counts: Vec<i64> = got.iter().map(|g| g.0).collect();
+        let last_sum = got.last().map(|g| g.1);
         if exactly_once {
-            if let Some(bad) = first_difference(&sums, expected) {
+            if let Some(bad) = first_difference(&counts, expected) {
                 violations.push(format!(
-                    "exactly-once: key {k} committed {} sums, expected 1..={expected}; {bad}",
-                    sums.len()
+                    "exactly-once: key {k} committed {} counts, expected 1..={expected}; {bad}",
+                    counts.len()
+                ));
+            } else if expected > 0 && last_sum != Some(expected_sum) {
+                violations.push(format!(
+                    "exactly-once: key {k}'s index sum is {last_sum:?}, expected {expected_sum}: \
+                     a record lost and another counted twice"
                 ));
             }
-        } else if sums.iter().max().copied().unwrap_or(0) < expected as i64 {
-            violations.push(format!(
-                "at-least-once: key {k} committed at most {:?}, expected {expected}: records lost",
-                sums.iter().max()
-            ));
+        } else {
+            let max_count = counts.iter().max().copied().unwrap_or(0);
+            let max_sum = got.iter().map(|g| g.1).max().unwrap_or(0);
+            if max_count < expected as i64 || max_sum < expected_sum {
+                violations.push(format!(
+                    "at-least-once: key {k} committed at most count {max_count} and index sum \
+                     {max_sum}, expected {expected} and {expected_sum}: records lost"
+                ));
+            }
         }
     }
     if let Some((k, _)) = by_key.first_key_value() {

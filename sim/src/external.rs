@@ -8,9 +8,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use weir_runtime::sink::{Committer, TwoPhaseCommitSink};
 use weir_runtime::{DataStream, operator::Chained};
 
+/// What the job's sink receives: a key, its running count and its running sum of record indices.
+pub type Record = (u64, i64, i64);
+
 /// The committed transactions, by subtask and transaction (a resumed job's transaction ids
 /// continue past its restore point's, so they never meet the first process's).
-type Transactions = BTreeMap<(u32, u64), Vec<(u64, i64)>>;
+type Transactions = BTreeMap<(u32, u64), Vec<Record>>;
 
 /// The committed transactions of a run, and the conflicts seen.
 #[derive(Default)]
@@ -25,7 +28,7 @@ impl External {
     }
 
     /// Every committed record, by subtask, then transaction, then arrival.
-    pub fn records(&self) -> Vec<(u64, i64)> {
+    pub fn records(&self) -> Vec<Record> {
         let c = self
             .committed
             .lock()
@@ -43,13 +46,8 @@ impl External {
     }
 }
 
-impl Committer<(u64, i64)> for External {
-    fn commit(
-        &self,
-        subtask: u32,
-        transaction: u64,
-        records: Vec<(u64, i64)>,
-    ) -> Result<(), String> {
+impl Committer<Record> for External {
+    fn commit(&self, subtask: u32, transaction: u64, records: Vec<Record>) -> Result<(), String> {
         let mut c = self
             .committed
             .lock()
@@ -84,7 +82,7 @@ impl Committer<(u64, i64)> for External {
 }
 
 /// The job's sink: a two-phase-commit sink committing into `external`.
-pub fn sink(stream: DataStream<(u64, i64)>, external: &Arc<External>) {
+pub fn sink(stream: DataStream<Record>, external: &Arc<External>) {
     let external = external.clone();
     stream.transform::<()>("Collect Sink", move |ctx, next| {
         Box::new(Chained::new(
@@ -95,7 +93,7 @@ pub fn sink(stream: DataStream<(u64, i64)>, external: &Arc<External>) {
 }
 
 /// Whether two commits hold the same records, in any order.
-fn same_records(a: &[(u64, i64)], b: &[(u64, i64)]) -> bool {
+fn same_records(a: &[Record], b: &[Record]) -> bool {
     let (mut a, mut b) = (a.to_vec(), b.to_vec());
     a.sort_unstable();
     b.sort_unstable();

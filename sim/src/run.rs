@@ -2,7 +2,7 @@
 //! paused clock and the seeded simulator installed, then judged by the invariants.
 
 use crate::check;
-use crate::external::{self, External};
+use crate::external::{self, External, Record};
 use crate::savepoints;
 use crate::scenario::{Barriers, Scenario};
 use crate::simulator::SeededSimulator;
@@ -144,10 +144,12 @@ fn simulate(
             env.restore_from(path);
         }
         let keys = scenario.keys;
+        // Per key: a running count and a running sum of the record indices (what tells a lost
+        // record from a duplicated one of the same key).
         let sums = env
-            .from_generator(Some(scenario.records), move |i| (i % keys, 1i64))
-            .key_by(|t: &(u64, i64)| &t.0)
-            .sum();
+            .from_generator(Some(scenario.records), move |i| (i % keys, 1i64, i as i64))
+            .key_by(|t: &Record| &t.0)
+            .reduce(|a, b| (a.0, a.1 + b.1, a.2 + b.2));
         external::sink(sums, &committed);
         let first = process == 0;
         let ended = runtime.block_on(async {

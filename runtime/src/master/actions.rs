@@ -67,11 +67,21 @@ impl JobMaster<'_> {
                         weir_core::sim::record(format_args!("checkpoint {id} aborted: {reason}"));
                         g.coordinator_states.remove(&id);
                         self.clear_target(id);
-                        if let Some(mut t) = g.requested.remove(&id)
-                            && let Some(reply) = t.reply.take()
-                        {
-                            self.client.publish_stats(&g.coordinator);
-                            let _ = reply.send(Err(format!("snapshot {id} failed: {reason}")));
+                        if let Some(mut t) = g.requested.remove(&id) {
+                            if t.kind == SnapshotKind::SynchronousSavepoint {
+                                // The suspended sources must hear it: it goes again.
+                                g.stop_notified = Some(super::StopNotice {
+                                    id,
+                                    aborted: true,
+                                    at: tokio::time::Instant::now()
+                                        + super::event_loop::STOP_NOTIFY_AGAIN,
+                                    left: super::event_loop::STOP_ABORT_AGAIN,
+                                });
+                            }
+                            if let Some(reply) = t.reply.take() {
+                                self.client.publish_stats(&g.coordinator);
+                                let _ = reply.send(Err(format!("snapshot {id} failed: {reason}")));
+                            }
                         }
                         for t in tasks {
                             self.host.send(t, TaskMessage::NotifyAborted(id));
@@ -246,10 +256,12 @@ impl JobMaster<'_> {
             if t.kind == SnapshotKind::SynchronousSavepoint {
                 // The sources now end their input; the job finishes normally.
                 self.stopped_with = Some(path);
-                g.stop_notified = Some((
+                g.stop_notified = Some(super::StopNotice {
                     id,
-                    tokio::time::Instant::now() + super::event_loop::STOP_NOTIFY_AGAIN,
-                ));
+                    aborted: false,
+                    at: tokio::time::Instant::now() + super::event_loop::STOP_NOTIFY_AGAIN,
+                    left: u32::MAX,
+                });
             }
         }
     }

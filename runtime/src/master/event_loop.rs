@@ -44,6 +44,9 @@ pub(super) enum MasterEvent {
 
 /// How long after a completed stop-with-savepoint its notification goes again to the subtasks
 /// that have not finished.
+/// How many times an aborted stop-with-savepoint's notification goes again.
+pub(super) const STOP_ABORT_AGAIN: u32 = 3;
+
 pub(super) const STOP_NOTIFY_AGAIN: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Final checkpoints tried before a job whose storage keeps failing ends without one.
@@ -74,35 +77,48 @@ impl JobMaster<'_> {
             if let Some(outcome) = outcome {
                 return outcome;
             }
-            match g.final_checkpoint {
-                // The final checkpoint completed (and its notifications went out).
-                Some(Some(id)) if g.coordinator.latest_completed() >= Some(id) => {
-                    return Outcome::Finished;
-                }
-                // Aborted: again, or, after FINAL_ATTEMPTS, the end without one.
-                Some(Some(id)) if !g.coordinator.pending_ids().contains(&id) => {
-                    if g.final_attempts >= FINAL_ATTEMPTS {
-                        warn!(
-                            attempts = g.final_attempts,
-                            "the final checkpoint keeps failing; the job ends without one, so a \
-                             process killed before it ended would resume from an older checkpoint"
-                        );
-                        return Outcome::Finished;
-                    }
-                    g.final_checkpoint = Some(None);
-                }
-                _ => {}
+            if let Some(outcome) = self.settle_final(g).await {
+                return outcome;
             }
-            if g.final_checkpoint == Some(None) {
-                match self.trigger_final(g) {
-                    Step::End(outcome) => return outcome,
-                    Step::Act => {
-                        let outcome = self.carry_out_actions(g).await;
-                        if let Some(outcome) = outcome {
-                            return outcome;
-                        }
+        }
+    }
+
+    /// Once every task finished: ends the job when its final checkpoint completed (or a stop
+    /// with a savepoint did: the savepoint is its end), triggers the final checkpoint when it
+    /// may start, and again after it failed, up to [`FINAL_ATTEMPTS`].
+    async fn settle_final(&mut self, g: &mut Generation) -> Option<Outcome> {
+        loop {
+            let state = g.final_checkpoint?;
+            if self.stopped_with.is_some() {
+                return Some(Outcome::Finished);
+            }
+            match state {
+                Some(id) if g.coordinator.latest_completed() >= Some(id) => {
+                    return Some(Outcome::Finished);
+                }
+                Some(id) if g.coordinator.pending_ids().contains(&id) => return None,
+                Some(_) if g.final_attempts >= FINAL_ATTEMPTS => {
+                    warn!(
+                        attempts = g.final_attempts,
+                        "the final checkpoint keeps failing; the job ends without one, so a \
+                         process killed before it ended would resume from an older checkpoint"
+                    );
+                    return Some(Outcome::Finished);
+                }
+                Some(_) => g.final_checkpoint = Some(None),
+                None => {}
+            }
+            match self.trigger_final(g) {
+                Step::End(outcome) => return Some(outcome),
+                Step::Skip => return None,
+                Step::Act => {
+                    if let Some(outcome) = self.carry_out_actions(g).await {
+                        return Some(outcome);
                     }
-                    Step::Skip => {}
+                    // Refused for now (a checkpoint or a stop pending): the next event.
+                    if g.final_checkpoint == Some(None) {
+                        return None;
+                    }
                 }
             }
         }
@@ -112,10 +128,17 @@ impl JobMaster<'_> {
     pub(super) async fn next_event(&mut self, g: &mut Generation) -> MasterEvent {
         let wake = g.coordinator.next_wakeup();
         let started = self.started;
-        // In order, not at random: one seed of a simulation is one schedule. Reports come
-        // first, as the coordinator's decisions depend most on them.
+        // In order, not at random: one seed of a simulation is one schedule. A cancellation or
+        // a lost lease first (rare, and nothing may delay them), then reports.
         tokio::select! {
             biased;
+            _ = self.client.cancelled() => MasterEvent::Canceled,
+            lost = async {
+                match self.keeper.as_mut() {
+                    Some(k) => k.lost().await,
+                    None => std::future::pending().await,
+                }
+            } => MasterEvent::LeaseLost(lost),
             report = g.reports.recv() => MasterEvent::Report(report),
             _ = async {
                 match &g.echo {
@@ -125,7 +148,7 @@ impl JobMaster<'_> {
             } => MasterEvent::EchoTimedOut,
             _ = async {
                 match &g.stop_notified {
-                    Some((_, at)) => tokio::time::sleep_until(*at).await,
+                    Some(n) => tokio::time::sleep_until(n.at).await,
                     None => std::future::pending().await,
                 }
             } => MasterEvent::StopNotifyAgain,
@@ -149,13 +172,6 @@ impl JobMaster<'_> {
                 }
             } => MasterEvent::RecordsPoll,
             Some(_) = self.discards.join_next(), if !self.discards.is_empty() => MasterEvent::DiscardDone,
-            _ = self.client.cancelled() => MasterEvent::Canceled,
-            lost = async {
-                match self.keeper.as_mut() {
-                    Some(k) => k.lost().await,
-                    None => std::future::pending().await,
-                }
-            } => MasterEvent::LeaseLost(lost),
         }
     }
 
@@ -167,11 +183,22 @@ impl JobMaster<'_> {
             }
             MasterEvent::Report(Some(report)) => self.handle_report(report, g),
             MasterEvent::StopNotifyAgain => {
-                if let Some((id, _)) = g.stop_notified {
+                if let Some(mut n) = g.stop_notified.take() {
                     for t in self.all.iter().filter(|t| !g.finished.contains(t)) {
-                        self.host.send(*t, TaskMessage::NotifyComplete(id));
+                        self.host.send(
+                            *t,
+                            if n.aborted {
+                                TaskMessage::NotifyAborted(n.id)
+                            } else {
+                                TaskMessage::NotifyComplete(n.id)
+                            },
+                        );
                     }
-                    g.stop_notified = Some((id, Instant::now() + STOP_NOTIFY_AGAIN));
+                    n.left = n.left.saturating_sub(1);
+                    if n.left > 0 {
+                        n.at = Instant::now() + STOP_NOTIFY_AGAIN;
+                        g.stop_notified = Some(n);
+                    }
                 }
                 Step::Skip
             }
@@ -287,7 +314,7 @@ impl JobMaster<'_> {
                     // FLIP-147: the job ends with a checkpoint of every subtask's final state,
                     // before the sinks commit what they hold for the end.
                     g.final_checkpoint = Some(None);
-                    return self.trigger_final(g);
+                    return Step::Act;
                 }
             }
             TaskEvent::Failed(e) => {
@@ -320,7 +347,9 @@ impl JobMaster<'_> {
                 g.final_attempts += 1;
                 Step::Act
             }
-            Err(TriggerRefusal::TooManyConcurrent(_)) => Step::Skip,
+            // A checkpoint (or a stop) still pending may be waiting for the finished tasks'
+            // triggers queued with their end: carry them out, and try again after it.
+            Err(TriggerRefusal::TooManyConcurrent(_) | TriggerRefusal::Stopping(_)) => Step::Act,
             Err(refusal) => {
                 debug!(%refusal, "every task finished; no final checkpoint");
                 Step::End(Outcome::Finished)

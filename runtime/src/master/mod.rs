@@ -137,6 +137,20 @@ struct Totals {
     history: Vec<CheckpointStats>,
 }
 
+/// A stop-with-savepoint's outcome, sent again until it cannot have been missed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct StopNotice {
+    /// The synchronous savepoint.
+    pub id: CheckpointId,
+    /// Aborted (sent to every task, a few times) or completed (sent to every task that has not
+    /// finished, until all have).
+    pub aborted: bool,
+    /// When it goes next.
+    pub at: Instant,
+    /// Times an abort goes again.
+    pub left: u32,
+}
+
 /// One deployment of every subtask: its coordinator and what it tracks.
 pub(crate) struct Generation {
     coordinator: CheckpointCoordinator,
@@ -151,10 +165,9 @@ pub(crate) struct Generation {
     /// A failure that is only the echo of another (an upstream gone, a consumer gone): wait
     /// briefly for the root cause before failing with it.
     echo: Option<(String, Instant)>,
-    /// A stop-with-savepoint completed: its id and when its notification is sent again to the
-    /// subtasks that have not finished (a notification lost in a full mailbox must not leave
-    /// a source suspended for ever).
-    stop_notified: Option<(CheckpointId, Instant)>,
+    /// A stop-with-savepoint completed or was aborted: its notification goes again (a
+    /// notification lost in a full mailbox must not leave a source suspended for ever).
+    stop_notified: Option<StopNotice>,
     /// Snapshots a client asked for.
     requested: BTreeMap<CheckpointId, Target>,
     /// The sources' count when this generation started (the record-count trigger's base).

@@ -194,8 +194,10 @@ impl JobMaster<'_> {
         {
             let retained: Vec<_> = self.store.retained().cloned().collect();
             for c in retained {
+                // The checkpoint first: its shared files go only once its `_metadata` is gone.
                 if let Err(e) = self.storage.discard(&c.location).await {
                     warn!(checkpoint = c.id.0, error = %e, "cannot delete the checkpoint on cancellation");
+                    continue;
                 }
                 let files = self.registry.release(c.id);
                 super::snapshots::discard_shared(
