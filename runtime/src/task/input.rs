@@ -155,8 +155,9 @@ pub(crate) struct NetworkInput<T> {
     /// How many queued elements the element being handled overtook (0 when in order).
     overtook: usize,
     /// Elements read ahead from a channel (those a priority barrier overtook, persisted the
-    /// moment the barrier arrived), handled before anything else.
-    stash: VecDeque<GateItem<T>>,
+    /// moment the barrier arrived), handled before anything else, each with the checkpoint
+    /// whose in-flight data holds it.
+    stash: VecDeque<(GateItem<T>, Option<CheckpointId>)>,
 }
 
 impl<T: Data> NetworkInput<T> {
@@ -187,6 +188,29 @@ impl<T: Data> NetworkInput<T> {
     /// Reads ahead the elements still owed to the recorder on channel `c` (the ones its priority
     /// barrier overtook), so the in-flight data completes now rather than after processing them.
     fn read_ahead(&mut self, c: usize) -> OpResult {
+        let current = self.recorder.as_ref().map(|r| r.id);
+        // A barrier read ahead itself (a newer checkpoint's, which overtook the older one's
+        // read-ahead) has the elements read ahead behind it in the stash: they are the first
+        // it overtook (found by the deterministic simulation, seed 5622, where they were lost
+        // and later elements recorded in their place).
+        let mut stash = std::mem::take(&mut self.stash);
+        for (item, recorded) in stash.iter_mut() {
+            let owed = self
+                .recorder
+                .as_ref()
+                .is_some_and(|r| matches!(r.persist[c], Persist::Remaining(_)));
+            if !owed {
+                break;
+            }
+            if let GateItem::Element(i, e) = item
+                && *i == c
+                && *recorded != current
+            {
+                self.record(c, e)?;
+                *recorded = current;
+            }
+        }
+        self.stash = stash;
         let Some(Persist::Remaining(n)) = self.recorder.as_ref().map(|r| r.persist[c]) else {
             return Ok(());
         };
@@ -194,7 +218,7 @@ impl<T: Data> NetworkInput<T> {
             if let GateItem::Element(i, e) = &item {
                 self.record(*i, e)?;
             }
-            self.stash.push_back(item);
+            self.stash.push_back((item, current));
         }
         Ok(())
     }
@@ -331,7 +355,7 @@ impl<T: Data> TaskInput for NetworkInput<T> {
             return Poll::Ready(self.head.push_batch(batch).map(|_| Step::Records(n)));
         }
         let item = match self.stash.pop_front() {
-            Some(item) => item,
+            Some((item, _)) => item,
             None => match self.gate.poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => return Poll::Ready(Ok(Step::End)),
