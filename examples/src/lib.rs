@@ -72,6 +72,9 @@ pub struct WordCountOptions {
     pub incremental: bool,
     /// Where keyed state lives (default: the heap).
     pub state_backend: Arc<dyn weir_runtime::StateBackend>,
+    /// The generator draws values from `1..=key_space`, so the keyed state has up to this many
+    /// keys (default 9: the digits).
+    pub key_space: u64,
 }
 
 impl Default for WordCountOptions {
@@ -103,6 +106,7 @@ impl Default for WordCountOptions {
             snapshot_compression: weir_runtime::Compression::None,
             incremental: false,
             state_backend: Arc::new(weir_runtime::HeapStateBackend),
+            key_space: DIGITS,
         }
     }
 }
@@ -222,6 +226,11 @@ pub fn build(
         config
             .source_config
             .insert("seed".to_string(), opts.seed.to_string());
+        if opts.key_space != DIGITS {
+            config
+                .source_config
+                .insert("key_space".to_string(), opts.key_space.to_string());
+        }
         config.checkpoint.mode = opts.mode;
         config.buffers_per_channel = opts.buffers_per_channel;
         config.checkpoint.unaligned = opts.unaligned;
@@ -230,7 +239,7 @@ pub fn build(
         config.incremental = opts.incremental;
         config.state_backend = opts.state_backend.clone();
     }
-    let generator = RandomIntGenerator::new(opts.seed, 1, 9);
+    let generator = generator(opts.seed, opts.key_space);
     let injector = Arc::new(FailureInjector::new(opts.fail_after.clone()));
     let numbers = env
         .from_generator(opts.records, move |i| generator.value(i))
@@ -281,16 +290,37 @@ pub fn build(
     (env, totals, injector)
 }
 
+/// The default key space: the digits 1..=9 of the checkpointing notes' job.
+pub const DIGITS: u64 = 9;
+
+/// The largest `--key-space`: values stay within `i64`.
+pub const MAX_KEY_SPACE: u64 = i64::MAX as u64;
+
+/// The job's generator: record `i`'s value, in `1..=key_space`, depends only on `seed` and `i`.
+pub fn generator(seed: u64, key_space: u64) -> RandomIntGenerator {
+    RandomIntGenerator::new(seed, 1, key_space.clamp(1, MAX_KEY_SPACE) as i64)
+}
+
 /// The totals a failure-free run must produce, computed without the engine.
 pub fn expected_totals(records: u64, seed: u64) -> std::collections::BTreeMap<String, i64> {
-    let g = RandomIntGenerator::new(seed, 1, 9);
-    let mut counts = [0i64; 10];
+    expected_totals_in(records, seed, DIGITS)
+}
+
+/// The totals a failure-free run over values `1..=key_space` must produce, computed without the
+/// engine (a count per value, in a map when the key space is too large for an array).
+pub fn expected_totals_in(
+    records: u64,
+    seed: u64,
+    key_space: u64,
+) -> std::collections::BTreeMap<String, i64> {
+    let g = generator(seed, key_space);
+    let mut counts: BTreeMap<i64, i64> = BTreeMap::new();
     for i in 0..records {
-        counts[g.value(i) as usize] += 1;
+        *counts.entry(g.value(i)).or_default() += 1;
     }
-    (1..=9)
-        .filter(|d| counts[*d] > 0)
-        .map(|d| (d.to_string(), counts[d]))
+    counts
+        .into_iter()
+        .map(|(value, n)| (value.to_string(), n))
         .collect()
 }
 

@@ -416,6 +416,28 @@ async fn reduce_on_a_store_backend_under_failures_equals_failure_free_run() {
     reduce_under_failures(Arc::new(weir_runtime::MemoryStoreStateBackend)).await;
 }
 
+/// The same with the reduce's state on local disk (memtables of 16 KiB, so the state goes
+/// through runs, flushes and compactions), failures and restores included; the backend's
+/// counters show every attempt opened stores and wrote runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reduce_on_the_disk_backend_under_failures_equals_failure_free_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = weir_runtime::DiskStateBackend::new(dir.path())
+        .with_options(weir_runtime::state::DiskOptions::default().with_memtable_bytes(16 << 10));
+    let stats = backend.stats();
+    reduce_under_failures(Arc::new(backend)).await;
+    use std::sync::atomic::Ordering::Relaxed;
+    // Two keyed operators (the reduce, the sink) of two subtasks each, in five attempts: the
+    // clean run, and the faulty run with its three restarts.
+    assert_eq!(stats.stores.load(Relaxed), 2 * 2 * 5);
+    assert!(stats.flushes.load(Relaxed) > 10, "{stats:?}");
+    assert!(stats.compactions.load(Relaxed) > 0, "{stats:?}");
+    assert!(stats.snapshots.load(Relaxed) > 0, "{stats:?}");
+    // Every store removed its directory when its subtask ended.
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 async fn reduce_under_failures(backend: Arc<dyn weir_runtime::StateBackend>) {
     let seed = test_seed();
     let mut rng = SplitMix(seed);

@@ -77,5 +77,5 @@ pub use weir_network::Data;
 /// and descriptors), so a job depends on `weir-runtime` alone.
 pub use weir_state as state;
 pub use weir_state::Compression;
-pub use weir_state::{HeapStateBackend, MemoryStoreStateBackend, StateBackend};
+pub use weir_state::{DiskStateBackend, HeapStateBackend, MemoryStoreStateBackend, StateBackend};
 pub use weir_state::{StateKey, StateValue, ValueState, ValueStateDescriptor};

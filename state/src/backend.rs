@@ -8,6 +8,7 @@
 //! heap's hot path stays statically dispatched and inlined.
 
 use crate::StateError;
+use crate::disk::{DiskKeyedStore, DiskOptions, DiskStats};
 use crate::format::{Compression, StateKind};
 use crate::heap::HeapKeyedStateBackend;
 use crate::keyed::TtlClock;
@@ -16,6 +17,9 @@ use crate::keyed::{
 };
 use crate::store::{KeyedStore, MemoryKeyedStore, StoreKeyedStateBackend};
 use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use weir_core::ids::OperatorId;
 use weir_core::keygroup::{KeyGroup, KeyGroupRange};
 
@@ -167,14 +171,97 @@ impl StateBackend for MemoryStoreStateBackend {
     }
 }
 
-/// The names of the backends [`built_in`] knows.
-pub const BUILT_IN_BACKENDS: [&str; 2] = ["heap", "memory-store"];
+/// The default local directory of the `disk` backend: `weir-state` in the system's temporary
+/// directory (Flink's `io.tmp.dirs`).
+pub fn default_disk_dir() -> PathBuf {
+    std::env::temp_dir().join("weir-state")
+}
 
-/// The built-in state backend called `name` (Flink's `state.backend.type`): `heap` or
-/// `memory-store`; anything else is a [`StateError::Config`] naming it and the known ones.
+/// Keyed state on local disk (Flink's `EmbeddedRocksDBStateBackend`): each keyed operator's
+/// subtask gets a [`DiskKeyedStore`] in a directory of its own under [`dir`](Self::dir).
+#[derive(Clone, Debug)]
+pub struct DiskStateBackend {
+    dir: PathBuf,
+    options: DiskOptions,
+    stats: Arc<DiskStats>,
+}
+
+/// Stores created by this process, to give each a directory of its own.
+static STORES: AtomicU64 = AtomicU64::new(0);
+
+impl DiskStateBackend {
+    /// The backend with its stores under `dir` (Flink's `state.backend.rocksdb.localdir`).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        DiskStateBackend {
+            dir: dir.into(),
+            options: DiskOptions::default(),
+            stats: Arc::default(),
+        }
+    }
+
+    /// The backend with these options.
+    pub fn with_options(mut self, options: DiskOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Where the stores go.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The work of every store this backend created.
+    pub fn stats(&self) -> Arc<DiskStats> {
+        Arc::clone(&self.stats)
+    }
+}
+
+impl StateBackend for DiskStateBackend {
+    fn name(&self) -> String {
+        "disk".to_string()
+    }
+
+    fn create_keyed_backend(
+        &self,
+        p: &KeyedBackendParameters,
+    ) -> Result<KeyedBackendKind, StateError> {
+        if p.max_parallelism > 1 << 16 {
+            return Err(StateError::Config(format!(
+                "the disk backend stores key groups in 16 bits, and max parallelism {} has more",
+                p.max_parallelism
+            )));
+        }
+        let n = STORES.fetch_add(1, Ordering::Relaxed);
+        let name = format!(
+            "{}-s{}-a{}-p{}-{n}",
+            p.operator_id,
+            p.subtask_index,
+            p.attempt,
+            std::process::id()
+        );
+        let store = DiskKeyedStore::open(
+            self.dir.join(&name),
+            name,
+            self.options.clone(),
+            Arc::clone(&self.stats),
+        )?;
+        self.stats.stores.fetch_add(1, Ordering::Relaxed);
+        Ok(KeyedBackendKind::Store(Box::new(store)))
+    }
+}
+
+/// The names of the backends [`built_in`] knows.
+pub const BUILT_IN_BACKENDS: [&str; 3] = ["heap", "disk", "memory-store"];
+
+/// The built-in state backend called `name` (Flink's `state.backend.type`): `heap`, `disk`
+/// (under [`default_disk_dir`]) or `memory-store`; anything else is a
+/// [`StateError::Config`] naming it and the known ones.
 pub fn built_in(name: &str) -> Result<std::sync::Arc<dyn StateBackend>, StateError> {
     match name {
         "heap" => Ok(std::sync::Arc::new(HeapStateBackend)),
+        "disk" => Ok(std::sync::Arc::new(DiskStateBackend::new(
+            default_disk_dir(),
+        ))),
         "memory-store" => Ok(std::sync::Arc::new(MemoryStoreStateBackend)),
         _ => Err(StateError::Config(format!(
             "unknown state backend {name:?}; the built-in ones are {}",

@@ -36,6 +36,14 @@ pub enum StateError {
     /// A restore was handed data that does not fit this backend.
     #[error("cannot restore: {0}")]
     Restore(String),
+    /// A file or directory of the on-disk backend failed: damaged, foreign, or an I/O error.
+    #[error("on-disk state at {}: {reason}", path.display())]
+    Disk {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
     /// A backend was configured wrongly (an unknown name, a store that cannot open).
     #[error("state backend configuration: {0}")]
     Config(String),

@@ -5,6 +5,8 @@
 //!   [`KeyedBackend`], what a keyed operator runs on.
 //! - [`store`]: the [`store::KeyedStore`] seam, keyed state as bytes (Flink's RocksDB shape), and
 //!   the typed backend over any store.
+//! - [`disk`]: the on-disk backend: keyed state larger than memory in sorted runs on local
+//!   disk, a [`store::KeyedStore`].
 //! - [`heap`]: the heap backend: per-key-group tables with copy-on-write snapshots.
 //! - `conformance` (feature `conformance`): the keyed-backend contract as a suite every
 //!   [`KeyedStateBackend`] must pass (Flink's `StateBackendTestBase`), one test per check
@@ -23,6 +25,7 @@
 pub mod backend;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+pub mod disk;
 pub mod error;
 pub mod format;
 pub mod heap;
@@ -32,9 +35,10 @@ mod restored;
 pub mod store;
 
 pub use backend::{
-    HeapStateBackend, KeyedBackend, KeyedBackendKind, KeyedBackendParameters,
-    MemoryStoreStateBackend, StateBackend, built_in as built_in_state_backend,
+    DiskStateBackend, HeapStateBackend, KeyedBackend, KeyedBackendKind, KeyedBackendParameters,
+    MemoryStoreStateBackend, StateBackend, built_in as built_in_state_backend, default_disk_dir,
 };
+pub use disk::DiskOptions;
 pub use error::StateError;
 pub use format::{Compression, ParseCompressionError};
 pub use heap::HeapKeyedStateBackend;

@@ -1,7 +1,7 @@
 //! `word_count`: the job of the checkpointing notes, with checkpoints, failure injection and
 //! restore from a checkpoint.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
 use clap::builder::RangedU64ValueParser;
 use std::collections::BTreeMap;
@@ -118,10 +118,20 @@ struct Args {
             operator (at most {}; 0: do not wait) [default: {}]", max_duration(),
             humantime::format_duration(DEFAULT_TASK_CANCELLATION_TIMEOUT)))]
     task_cancellation_timeout: Option<Duration>,
-    /// Where keyed state lives: heap (typed hash tables) or memory-store (bytes in a sorted
-    /// store per operator, through the KeyedStore seam).
-    #[arg(long, default_value = "heap", value_parser = state_backend)]
-    state_backend: Arc<dyn weir_runtime::StateBackend>,
+    /// Where keyed state lives: heap (typed hash tables), disk (sorted runs on local disk under
+    /// --state-dir, for state larger than memory) or memory-store (bytes in a sorted store per
+    /// operator, through the KeyedStore seam).
+    #[arg(long, default_value = "heap", value_parser = ["heap", "disk", "memory-store"])]
+    state_backend: String,
+    /// With --state-backend disk: the local directory of the keyed state (default: weir-state
+    /// in the system's temporary directory).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Draw the values from 1..=N instead of the digits 1..=9, so the keyed state has up to N
+    /// keys (N above 0).
+    #[arg(long, default_value_t = weir_examples::DIGITS,
+        value_parser = clap::value_parser!(u64).range(1..=weir_examples::MAX_KEY_SPACE as i64 as u64))]
+    key_space: u64,
     /// Incremental checkpoints: each checkpoint writes only the keyed state that changed since
     /// the latest completed one (savepoints stay full).
     #[arg(long)]
@@ -192,9 +202,17 @@ fn max_duration() -> humantime::FormattedDuration {
 }
 
 /// A duration flag: humantime syntax (`10ms`, `2s`, `1h`), at most [`limits::MAX_DURATION`].
-/// A built-in state backend by name (`--state-backend`).
-fn state_backend(name: &str) -> Result<Arc<dyn weir_runtime::StateBackend>, String> {
-    weir_runtime::state::built_in_state_backend(name).map_err(|e| e.to_string())
+/// The state backend `--state-backend` and `--state-dir` name.
+fn state_backend(args: &Args) -> Result<Arc<dyn weir_runtime::StateBackend>> {
+    match (&*args.state_backend, &args.state_dir) {
+        ("disk", Some(dir)) => Ok(Arc::new(weir_runtime::state::DiskStateBackend::new(dir))),
+        (_, Some(_)) => {
+            bail!("--state-dir is the disk backend's directory: it needs --state-backend disk")
+        }
+        (name, None) => {
+            weir_runtime::state::built_in_state_backend(name).map_err(|e| anyhow!("{e}"))
+        }
+    }
 }
 
 fn bounded_duration(text: &str) -> Result<Duration, String> {
@@ -387,7 +405,13 @@ async fn run(args: Args) -> u8 {
             return exit::USAGE;
         }
     };
-    let opts = job_options(&args);
+    let opts = match job_options(&args) {
+        Ok(opts) => opts,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            return exit::USAGE;
+        }
+    };
     let (env, totals, _injector) = build(&opts);
     env.set_checkpoint_storage(storage);
     if let Some(timeout) = args.task_cancellation_timeout {
@@ -446,8 +470,8 @@ async fn run(args: Args) -> u8 {
 }
 
 /// The job's options from the flags.
-fn job_options(args: &Args) -> WordCountOptions {
-    WordCountOptions {
+fn job_options(args: &Args) -> Result<WordCountOptions> {
+    Ok(WordCountOptions {
         records: (args.records > 0).then_some(args.records),
         parallelism: args.parallelism,
         max_parallelism: args.max_parallelism,
@@ -476,8 +500,9 @@ fn job_options(args: &Args) -> WordCountOptions {
         aligned_checkpoint_timeout: args.aligned_checkpoint_timeout.unwrap_or_default(),
         snapshot_compression: args.snapshot_compression,
         incremental: args.incremental,
-        state_backend: args.state_backend.clone(),
-    }
+        state_backend: state_backend(args)?,
+        key_space: args.key_space,
+    })
 }
 
 /// Ctrl-C (SIGINT), listened for from the moment this is made: one that comes before the

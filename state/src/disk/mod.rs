@@ -1,0 +1,88 @@
+//! The on-disk keyed-state backend (`disk`, Flink's embedded RocksDB backend in shape): keyed
+//! state larger than memory, in immutable sorted runs on local disk behind a memtable.
+//!
+//! - [`store`]: [`DiskKeyedStore`], the [`KeyedStore`](crate::store::KeyedStore) itself: the
+//!   key-group prefix layout, the flush and compaction threads, snapshots by freezing.
+//! - `run`: the run file format (versioned, identified, a digest per block) and its reader.
+//! - `merge`: the memtable, and the newest-wins merge of memtables and runs.
+//! - `bloom`: each run's bloom filter.
+//!
+//! [`DiskStateBackend`](crate::DiskStateBackend) gives each keyed operator's subtask a store of its own under one local
+//! directory; every typed state kind, TTL and timers come from
+//! [`StoreKeyedStateBackend`](crate::store::StoreKeyedStateBackend) over it, and its
+//! snapshots are the canonical keyed snapshot format (a disk snapshot restores into the heap
+//! backend and the other way round, at any parallelism).
+
+mod bloom;
+mod merge;
+mod run;
+pub mod store;
+
+pub use store::{DiskKeyedStore, DiskStats};
+
+/// How a [`DiskKeyedStore`] sizes its memtables, filters and compactions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DiskOptions {
+    /// A memtable is handed to the flush thread when it holds about this many bytes (Flink's
+    /// `state.backend.rocksdb.writebuffer.size`). Default 8 MiB.
+    pub memtable_bytes: usize,
+    /// Writes wait while this many full memtables wait for the flush thread. Default 2.
+    pub max_immutable_memtables: usize,
+    /// Bits of bloom filter per key in each run above the oldest (the oldest run, which holds
+    /// most keys, has none: a lookup that reaches it would read a block anyway). Default 10.
+    pub bloom_bits_per_key: u32,
+    /// Universal compaction's size ratio, in percent: a run joins a merge of newer runs when it
+    /// is at most `100 + size_ratio` percent of their total. Default 100.
+    pub size_ratio: u32,
+}
+
+impl Default for DiskOptions {
+    fn default() -> Self {
+        DiskOptions {
+            memtable_bytes: 8 << 20,
+            max_immutable_memtables: 2,
+            bloom_bits_per_key: 10,
+            size_ratio: 100,
+        }
+    }
+}
+
+impl DiskOptions {
+    /// These options with memtables of `bytes` (at least 4 KiB).
+    pub fn with_memtable_bytes(mut self, bytes: usize) -> Self {
+        self.memtable_bytes = bytes.max(4096);
+        self
+    }
+}
+
+/// LEB128 varints, as the run format writes lengths.
+pub(crate) mod varint {
+    /// Appends `n`.
+    pub(crate) fn put(out: &mut Vec<u8>, mut n: u64) {
+        while n >= 0x80 {
+            out.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        out.push(n as u8);
+    }
+
+    /// Reads one at `*at` and moves past it.
+    pub(crate) fn get(bytes: &[u8], at: &mut usize) -> Result<u64, String> {
+        let mut n = 0u64;
+        for shift in (0..64).step_by(7) {
+            let Some(&b) = bytes.get(*at) else {
+                return Err("a length runs past its block".to_string());
+            };
+            *at += 1;
+            n |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(n);
+            }
+        }
+        Err("a length of more than 64 bits".to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,633 @@
+//! [`DiskKeyedStore`]: the [`KeyedStore`] that keeps state in sorted runs on local disk, with a
+//! memtable in front, a flush thread that turns full memtables into runs, and a compaction
+//! thread that merges runs.
+//!
+//! Every key is stored under its key group and state, `key group (u16, big-endian) | state
+//! (u16, big-endian) | key`, so one state's entries in one key group, and a subtask's whole
+//! key-group range, are one contiguous range of keys (Flink's RocksDB layout).
+//!
+//! The task thread owns the active memtable and a snapshot of the current [`Version`] (the
+//! memtables being flushed and the runs, newest first); the threads publish new versions under
+//! a mutex and bump a generation the task thread checks with one atomic load per access. A
+//! snapshot's synchronous part moves the active memtable into the version and keeps that
+//! version: its cost does not depend on the amount of state.
+
+use super::DiskOptions;
+use super::bloom::key_hash;
+use super::merge::{Layers, Memtable, merge};
+use super::run::{DirGuard, Run, RunIdentity, RunWriter};
+use crate::StateError;
+use crate::store::{EntryVisitor, FrozenStore, KeyedStore, StoreStateId};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use weir_core::keygroup::KeyGroup;
+
+/// The memtables being flushed and the runs: what a read sees below the active memtable.
+#[derive(Debug, Default)]
+pub(crate) struct Version {
+    /// Full memtables waiting for the flush thread, newest first.
+    immutables: Vec<Arc<Memtable>>,
+    /// Runs, newest first.
+    runs: Vec<Arc<Run>>,
+}
+
+/// Counters of one store's or one backend's work, for tests, benchmarks and logs.
+#[derive(Debug, Default)]
+pub struct DiskStats {
+    /// Stores opened (one per keyed operator's subtask and attempt).
+    pub stores: AtomicU64,
+    /// Memtables written as runs.
+    pub flushes: AtomicU64,
+    /// Bytes of runs written by flushes.
+    pub flushed_bytes: AtomicU64,
+    /// Compactions finished.
+    pub compactions: AtomicU64,
+    /// Bytes of runs written by compactions.
+    pub compacted_bytes: AtomicU64,
+    /// Point lookups answered by a run (a block read from disk).
+    pub block_reads: AtomicU64,
+    /// Snapshots frozen.
+    pub snapshots: AtomicU64,
+}
+
+struct Inner {
+    version: Arc<Version>,
+    generation: u64,
+    next_run: u64,
+    error: Option<StateError>,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    changed: Condvar,
+    generation: AtomicU64,
+    stop: AtomicBool,
+    dir: Arc<DirGuard>,
+    name: String,
+    options: DiskOptions,
+    stats: Arc<DiskStats>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Installs `version` and wakes every waiter.
+    fn publish(&self, inner: &mut Inner, version: Version) {
+        inner.version = Arc::new(version);
+        inner.generation += 1;
+        self.generation.store(inner.generation, Ordering::Release);
+        self.changed.notify_all();
+    }
+
+    fn fail(&self, error: StateError) {
+        let mut inner = self.lock();
+        if inner.error.is_none() {
+            inner.error = Some(error);
+        }
+        inner.generation += 1;
+        self.generation.store(inner.generation, Ordering::Release);
+        self.changed.notify_all();
+    }
+
+    fn new_run_path(&self) -> (PathBuf, RunIdentity) {
+        let mut inner = self.lock();
+        let run_id = inner.next_run;
+        inner.next_run += 1;
+        (
+            self.dir.path.join(format!("{run_id:010}.run")),
+            RunIdentity {
+                store: self.name.clone(),
+                run_id,
+            },
+        )
+    }
+
+    /// Writes what `layers` hold in `[from, end)` as a new run; `None` if it is empty.
+    fn write_run(
+        &self,
+        layers: &Layers<'_>,
+        deletions: bool,
+        max_entries: u64,
+        bloom: bool,
+    ) -> Result<Option<Arc<Run>>, StateError> {
+        let (path, identity) = self.new_run_path();
+        let bits = if bloom {
+            self.options.bloom_bits_per_key
+        } else {
+            0
+        };
+        let mut writer = RunWriter::create(&path, &identity, max_entries, bits)?;
+        let mut n = 0u64;
+        merge(layers, &[], None, deletions, &mut |k, v| {
+            n += 1;
+            if n.is_multiple_of(4096) && self.stop.load(Ordering::Relaxed) {
+                return Err(StateError::Disk {
+                    path: path.clone(),
+                    reason: "the store was closed during the write".to_string(),
+                });
+            }
+            writer.add(k, v)
+        })
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&path);
+        })?;
+        if writer.entries() == 0 {
+            drop(writer);
+            let _ = std::fs::remove_file(&path);
+            return Ok(None);
+        }
+        let path = writer.finish()?;
+        Ok(Some(Arc::new(Run::open(
+            &path,
+            &identity,
+            Arc::clone(&self.dir),
+        )?)))
+    }
+}
+
+/// Turns the oldest full memtable into a run, one after another, until the store stops.
+fn flush_loop(shared: &Shared) {
+    loop {
+        let memtable = {
+            let mut inner = shared.lock();
+            loop {
+                if shared.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Some(m) = inner.version.immutables.last() {
+                    break Arc::clone(m);
+                }
+                inner = shared
+                    .changed
+                    .wait(inner)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let layers = Layers {
+            active: None,
+            memtables: vec![&memtable],
+            runs: &[],
+        };
+        let max = memtable.len() as u64;
+        match shared.write_run(&layers, true, max, true) {
+            Ok(run) => {
+                if let Some(r) = &run {
+                    shared.stats.flushes.fetch_add(1, Ordering::Relaxed);
+                    shared
+                        .stats
+                        .flushed_bytes
+                        .fetch_add(r.bytes, Ordering::Relaxed);
+                }
+                let mut inner = shared.lock();
+                let old = Arc::clone(&inner.version);
+                let immutables = old
+                    .immutables
+                    .iter()
+                    .filter(|m| !Arc::ptr_eq(m, &memtable))
+                    .cloned()
+                    .collect();
+                let runs = run.into_iter().chain(old.runs.iter().cloned()).collect();
+                shared.publish(&mut inner, Version { immutables, runs });
+            }
+            Err(e) => {
+                shared.fail(e);
+                return;
+            }
+        }
+    }
+}
+
+/// The runs to merge next (a prefix of the runs, newest first), by universal compaction's
+/// size ratio: take the newest run, then each older run not larger than
+/// `(100 + size_ratio)%` of what is taken so far; merge when that takes two or more.
+pub(crate) fn pick_compaction(sizes: &[u64], size_ratio: u32) -> Option<usize> {
+    let (&first, rest) = sizes.split_first()?;
+    let mut sum = u128::from(first);
+    let mut taken = 1;
+    for &s in rest {
+        if u128::from(s) * 100 > sum * u128::from(100 + size_ratio) {
+            break;
+        }
+        sum += u128::from(s);
+        taken += 1;
+    }
+    (taken >= 2).then_some(taken)
+}
+
+/// Merges runs while [`pick_compaction`] finds some, until the store stops.
+fn compaction_loop(shared: &Shared) {
+    loop {
+        let (inputs, bottom) = {
+            let mut inner = shared.lock();
+            loop {
+                if shared.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let runs = &inner.version.runs;
+                let sizes: Vec<u64> = runs.iter().map(|r| r.bytes).collect();
+                if let Some(n) = pick_compaction(&sizes, shared.options.size_ratio) {
+                    break (runs[..n].to_vec(), n == runs.len());
+                }
+                inner = shared
+                    .changed
+                    .wait(inner)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let layers = Layers {
+            active: None,
+            memtables: Vec::new(),
+            runs: &inputs,
+        };
+        let max: u64 = inputs.iter().map(|r| r.entries).sum();
+        // The oldest runs merged: a deletion has nothing left to hide, so it goes.
+        match shared.write_run(&layers, !bottom, max, !bottom) {
+            Ok(run) => {
+                shared.stats.compactions.fetch_add(1, Ordering::Relaxed);
+                if let Some(r) = &run {
+                    shared
+                        .stats
+                        .compacted_bytes
+                        .fetch_add(r.bytes, Ordering::Relaxed);
+                }
+                let mut inner = shared.lock();
+                let old = Arc::clone(&inner.version);
+                // Flushes only add newer runs, so the inputs are still one stretch of runs.
+                let at = old
+                    .runs
+                    .iter()
+                    .position(|r| r.id == inputs[0].id)
+                    .expect("only the compaction thread removes runs");
+                let mut runs: Vec<Arc<Run>> = old.runs[..at].to_vec();
+                runs.extend(run);
+                runs.extend(old.runs[at + inputs.len()..].iter().cloned());
+                for r in &inputs {
+                    r.make_obsolete();
+                }
+                shared.publish(
+                    &mut inner,
+                    Version {
+                        immutables: old.immutables.clone(),
+                        runs,
+                    },
+                );
+            }
+            Err(e) => {
+                shared.fail(e);
+                return;
+            }
+        }
+    }
+}
+
+/// Keyed state in sorted runs on local disk. See the [module docs](self).
+pub struct DiskKeyedStore {
+    shared: Arc<Shared>,
+    active: Memtable,
+    version: Arc<Version>,
+    seen: u64,
+    key: Vec<u8>,
+    block: Vec<u8>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for DiskKeyedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskKeyedStore")
+            .field("dir", &self.shared.dir.path)
+            .field("memtable_entries", &self.active.len())
+            .field("runs", &self.version.runs.len())
+            .finish()
+    }
+}
+
+/// The 4-byte prefix of `state`'s keys in `key_group`.
+fn prefix(state: StoreStateId, key_group: KeyGroup) -> u32 {
+    ((key_group & 0xffff) << 16) | u32::from(state)
+}
+
+impl DiskKeyedStore {
+    /// An empty store in the directory `dir` (created; removed again when the store and its
+    /// last snapshot are dropped), called `name` in its files.
+    pub fn open(
+        dir: PathBuf,
+        name: String,
+        options: DiskOptions,
+        stats: Arc<DiskStats>,
+    ) -> Result<DiskKeyedStore, StateError> {
+        std::fs::create_dir_all(&dir).map_err(|e| StateError::Disk {
+            path: dir.clone(),
+            reason: format!("cannot create the state directory: {e}"),
+        })?;
+        let version = Arc::new(Version::default());
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                version: Arc::clone(&version),
+                generation: 0,
+                next_run: 0,
+                error: None,
+            }),
+            changed: Condvar::new(),
+            generation: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            dir: Arc::new(DirGuard { path: dir }),
+            name,
+            options,
+            stats,
+        });
+        let mut workers = Vec::new();
+        for (role, work) in [
+            ("flush", flush_loop as fn(&Shared)),
+            ("compaction", compaction_loop),
+        ] {
+            let s = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("weir-disk-{role}"))
+                .spawn(move || work(&s))
+                .map_err(|e| StateError::Disk {
+                    path: shared.dir.path.clone(),
+                    reason: format!("cannot start the {role} thread: {e}"),
+                })?;
+            workers.push(handle);
+        }
+        Ok(DiskKeyedStore {
+            shared,
+            active: Memtable::default(),
+            version,
+            seen: 0,
+            key: Vec::new(),
+            block: Vec::new(),
+            workers,
+        })
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.shared.dir.path
+    }
+
+    /// Number of runs now.
+    pub fn runs(&mut self) -> Result<usize, StateError> {
+        self.refresh()?;
+        Ok(self.version.runs.len())
+    }
+
+    /// Waits until every full memtable is a run and no compaction is due (tests and
+    /// benchmarks).
+    pub fn settle(&mut self) -> Result<(), StateError> {
+        let shared = Arc::clone(&self.shared);
+        let mut inner = shared.lock();
+        loop {
+            if let Some(e) = &inner.error {
+                return Err(StateError::Disk {
+                    path: shared.dir.path.clone(),
+                    reason: e.to_string(),
+                });
+            }
+            let sizes: Vec<u64> = inner.version.runs.iter().map(|r| r.bytes).collect();
+            if inner.version.immutables.is_empty()
+                && pick_compaction(&sizes, shared.options.size_ratio).is_none()
+            {
+                break;
+            }
+            inner = shared
+                .changed
+                .wait(inner)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        drop(inner);
+        self.seen = u64::MAX;
+        self.refresh()
+    }
+
+    /// Takes the newest version the threads published, or their error.
+    fn refresh(&mut self) -> Result<(), StateError> {
+        if self.shared.generation.load(Ordering::Acquire) == self.seen {
+            return Ok(());
+        }
+        let inner = self.shared.lock();
+        if let Some(e) = &inner.error {
+            return Err(StateError::Disk {
+                path: self.shared.dir.path.clone(),
+                reason: format!("a background flush or compaction failed: {e}"),
+            });
+        }
+        self.version = Arc::clone(&inner.version);
+        self.seen = inner.generation;
+        Ok(())
+    }
+
+    fn compose(&mut self, state: StoreStateId, key_group: KeyGroup, key: &[u8]) {
+        self.key.clear();
+        self.key
+            .extend_from_slice(&prefix(state, key_group).to_be_bytes());
+        self.key.extend_from_slice(key);
+    }
+
+    /// Hands the active memtable to the flush thread; with `wait`, first waits while as many
+    /// memtables as allowed are waiting already (backpressure on writes).
+    fn rotate(&mut self, wait: bool) -> Result<(), StateError> {
+        if self.active.is_empty() {
+            return Ok(());
+        }
+        let shared = Arc::clone(&self.shared);
+        let mut inner = shared.lock();
+        while wait
+            && inner.error.is_none()
+            && inner.version.immutables.len() >= shared.options.max_immutable_memtables
+        {
+            inner = shared
+                .changed
+                .wait(inner)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        if let Some(e) = &inner.error {
+            return Err(StateError::Disk {
+                path: shared.dir.path.clone(),
+                reason: format!("a background flush or compaction failed: {e}"),
+            });
+        }
+        let full = Arc::new(std::mem::take(&mut self.active));
+        let old = Arc::clone(&inner.version);
+        let immutables = std::iter::once(full)
+            .chain(old.immutables.iter().cloned())
+            .collect();
+        shared.publish(
+            &mut inner,
+            Version {
+                immutables,
+                runs: old.runs.clone(),
+            },
+        );
+        self.version = Arc::clone(&inner.version);
+        self.seen = inner.generation;
+        Ok(())
+    }
+
+    fn write(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<(), StateError> {
+        self.refresh()?;
+        self.compose(state, key_group, key);
+        let hash = key_hash(&self.key);
+        self.active.set(&self.key, hash, value);
+        if self.active.bytes() >= self.shared.options.memtable_bytes {
+            self.rotate(true)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DiskKeyedStore {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        {
+            let _inner = self.shared.lock();
+            self.shared.changed.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+        // The runs are this process's working files: gone with the store (a snapshot still
+        // writing keeps the ones it reads until it is done).
+        for r in &self.version.runs {
+            r.make_obsolete();
+        }
+        for r in &self.shared.lock().version.runs {
+            r.make_obsolete();
+        }
+    }
+}
+
+/// Scans `state` in `key_group` over `layers`, visiting keys without their prefix.
+fn scan_layers(
+    layers: &Layers<'_>,
+    state: StoreStateId,
+    key_group: KeyGroup,
+    visit: &mut EntryVisitor<'_>,
+) -> Result<(), StateError> {
+    let p = prefix(state, key_group);
+    let from = p.to_be_bytes();
+    let end = p.checked_add(1).map(u32::to_be_bytes);
+    merge(
+        layers,
+        &from,
+        end.as_ref().map(|e| &e[..]),
+        false,
+        &mut |k, v| visit(&k[4..], v.expect("deletions are skipped")),
+    )
+}
+
+impl KeyedStore for DiskKeyedStore {
+    fn get(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        key: &[u8],
+        value: &mut Vec<u8>,
+    ) -> Result<bool, StateError> {
+        self.refresh()?;
+        self.compose(state, key_group, key);
+        value.clear();
+        let found = |v: Option<&[u8]>, value: &mut Vec<u8>| match v {
+            Some(v) => {
+                value.extend_from_slice(v);
+                true
+            }
+            None => false,
+        };
+        let hash = key_hash(&self.key);
+        if let Some(v) = self.active.get(&self.key, hash) {
+            return Ok(found(v, value));
+        }
+        for m in &self.version.immutables {
+            if let Some(v) = m.get(&self.key, hash) {
+                return Ok(found(v, value));
+            }
+        }
+        for r in &self.version.runs {
+            if let Some(present) = r.get(&self.key, hash, &mut self.block, value)? {
+                self.shared
+                    .stats
+                    .block_reads
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(present);
+            }
+        }
+        Ok(false)
+    }
+
+    fn put(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), StateError> {
+        self.write(state, key_group, key, Some(value))
+    }
+
+    fn delete(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        key: &[u8],
+    ) -> Result<(), StateError> {
+        self.write(state, key_group, key, None)
+    }
+
+    fn scan(
+        &mut self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        visit: &mut EntryVisitor<'_>,
+    ) -> Result<(), StateError> {
+        self.refresh()?;
+        let layers = Layers {
+            active: Some(&self.active),
+            memtables: self.version.immutables.iter().map(|m| &**m).collect(),
+            runs: &self.version.runs,
+        };
+        scan_layers(&layers, state, key_group, visit)
+    }
+
+    fn freeze(&mut self) -> Result<Box<dyn FrozenStore>, StateError> {
+        self.refresh()?;
+        // Never waits for the flush thread: the synchronous part stays short.
+        self.rotate(false)?;
+        self.shared.stats.snapshots.fetch_add(1, Ordering::Relaxed);
+        Ok(Box::new(FrozenDisk {
+            version: Arc::clone(&self.version),
+        }))
+    }
+}
+
+/// A store's memtables and runs at a snapshot: they stay readable (and their files on disk)
+/// until the snapshot is written.
+struct FrozenDisk {
+    version: Arc<Version>,
+}
+
+impl FrozenStore for FrozenDisk {
+    fn scan(
+        &self,
+        state: StoreStateId,
+        key_group: KeyGroup,
+        visit: &mut EntryVisitor<'_>,
+    ) -> Result<(), StateError> {
+        let layers = Layers {
+            active: None,
+            memtables: self.version.immutables.iter().map(|m| &**m).collect(),
+            runs: &self.version.runs,
+        };
+        scan_layers(&layers, state, key_group, visit)
+    }
+}

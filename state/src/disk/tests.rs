@@ -1,0 +1,235 @@
+//! Tests of the disk store's parts: run files (round trip, damage, foreign files), compaction
+//! choice, and the store against a model under flushes and compactions.
+
+use super::run::{DirGuard, Run, RunCursor, RunIdentity, RunWriter};
+use super::store::pick_compaction;
+use super::*;
+use crate::store::KeyedStore;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+fn identity(run_id: u64) -> RunIdentity {
+    RunIdentity {
+        store: "test-store".to_string(),
+        run_id,
+    }
+}
+
+fn key(i: u32) -> Vec<u8> {
+    format!("key-{i:08}").into_bytes()
+}
+
+/// A run of keys 0, 2, 4, ... below `n`, every third one deleted.
+fn write_run(dir: &std::path::Path, n: u32, bloom: u32) -> std::path::PathBuf {
+    let path = dir.join("a.run");
+    let mut w = RunWriter::create(&path, &identity(7), u64::from(n), bloom).unwrap();
+    for i in (0..n).step_by(2) {
+        let value = (i % 3 != 0).then(|| i.to_le_bytes().to_vec());
+        w.add(&key(i), value.as_deref()).unwrap();
+    }
+    w.finish().unwrap()
+}
+
+fn guard(dir: &std::path::Path) -> Arc<DirGuard> {
+    // The guard of a temporary directory: leaking it keeps `remove_dir_all` to tempdir's drop.
+    let g = Arc::new(DirGuard {
+        path: dir.to_path_buf(),
+    });
+    std::mem::forget(Arc::clone(&g));
+    g
+}
+
+#[test]
+fn a_run_answers_lookups_and_cursors() {
+    let dir = tempfile::tempdir().unwrap();
+    for bloom in [0, 10] {
+        let path = write_run(dir.path(), 20_000, bloom);
+        let run = Run::open(&path, &identity(7), guard(dir.path())).unwrap();
+        assert_eq!(run.entries, 10_000);
+        let (mut block, mut value) = (Vec::new(), Vec::new());
+        for i in 0..20_001u32 {
+            let k = key(i);
+            let got = run
+                .get(&k, bloom::key_hash(&k), &mut block, &mut value)
+                .unwrap();
+            let want = (i % 2 == 0 && i < 20_000).then_some(i % 3 != 0);
+            assert_eq!(got, want, "key {i}");
+            if got == Some(true) {
+                assert_eq!(value, i.to_le_bytes());
+            }
+        }
+        // A cursor from an absent key to an end bound sees exactly the keys between.
+        let end = key(15_001);
+        let mut c = RunCursor::seek(&run, &key(9_999), Some(&end)).unwrap();
+        let mut seen = Vec::new();
+        while c.valid() {
+            seen.push(c.key().to_vec());
+            c.advance().unwrap();
+        }
+        let want: Vec<Vec<u8>> = (10_000..=15_000).step_by(2).map(key).collect();
+        assert_eq!(seen, want);
+    }
+}
+
+#[test]
+fn a_damaged_or_foreign_run_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_run(dir.path(), 20_000, 10);
+    let good = std::fs::read(&path).unwrap();
+    let len = good.len();
+    // The wrong run of the right store, and a run of another store.
+    for other in [
+        identity(8),
+        RunIdentity {
+            store: "other".to_string(),
+            run_id: 7,
+        },
+    ] {
+        let e = Run::open(&path, &other, guard(dir.path())).unwrap_err();
+        assert!(e.to_string().contains("where run"), "{e}");
+    }
+    // A flipped byte in the index or footer fails at open; in a block, at the read.
+    for (at, at_open) in [
+        (len - 60, true),
+        (len - 10, true),
+        (len - 3, true),
+        (200, false),
+    ] {
+        let mut bad = good.clone();
+        bad[at] ^= 0x40;
+        std::fs::write(&path, &bad).unwrap();
+        let opened = Run::open(&path, &identity(7), guard(dir.path()));
+        let e = match (opened, at_open) {
+            (Err(e), true) => e,
+            (Ok(run), false) => {
+                let (mut block, mut value) = (Vec::new(), Vec::new());
+                let mut first_err = None;
+                for i in (0..2_000).step_by(2) {
+                    let k = key(i);
+                    if let Err(e) = run.get(&k, bloom::key_hash(&k), &mut block, &mut value) {
+                        first_err = Some(e);
+                        break;
+                    }
+                }
+                first_err.expect("a damaged block is read")
+            }
+            (r, _) => panic!("damage at {at}: open gave {:?}", r.map(|_| ())),
+        };
+        let text = e.to_string();
+        assert!(text.contains("a.run") && text.contains("damaged"), "{text}");
+    }
+    // Truncated: no end magic.
+    std::fs::write(&path, &good[..len / 2]).unwrap();
+    let e = Run::open(&path, &identity(7), guard(dir.path())).unwrap_err();
+    assert!(e.to_string().contains("truncated"), "{e}");
+}
+
+#[test]
+fn compaction_takes_newer_runs_of_comparable_size() {
+    assert_eq!(pick_compaction(&[], 100), None);
+    assert_eq!(pick_compaction(&[10], 100), None);
+    assert_eq!(pick_compaction(&[10, 10], 100), Some(2));
+    assert_eq!(pick_compaction(&[10, 40], 100), None);
+    assert_eq!(pick_compaction(&[10, 10, 40], 100), Some(3));
+    assert_eq!(pick_compaction(&[10, 10, 60], 100), Some(2));
+    assert_eq!(pick_compaction(&[10, 20, 60], 100), Some(3));
+    assert_eq!(pick_compaction(&[u64::MAX, u64::MAX], 100), Some(2));
+}
+
+/// A small xorshift, so the model test needs no crate.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+type Model = BTreeMap<(u16, u32, Vec<u8>), Vec<u8>>;
+
+fn check_against(store: &mut DiskKeyedStore, model: &Model, frozen: Option<&dyn FrozenStore>) {
+    for state in 0..2u16 {
+        for kg in 0..4u32 {
+            let mut seen = Vec::new();
+            let mut visit = |k: &[u8], v: &[u8]| {
+                seen.push((k.to_vec(), v.to_vec()));
+                Ok(())
+            };
+            match frozen {
+                Some(f) => f.scan(state, kg, &mut visit).unwrap(),
+                None => store.scan(state, kg, &mut visit).unwrap(),
+            }
+            let want: Vec<(Vec<u8>, Vec<u8>)> = model
+                .range((state, kg, Vec::new())..)
+                .take_while(|((s, g, _), _)| *s == state && *g == kg)
+                .map(|((_, _, k), v)| (k.clone(), v.clone()))
+                .collect();
+            assert_eq!(seen, want, "state {state} key group {kg}");
+        }
+    }
+}
+
+use crate::store::FrozenStore;
+
+#[test]
+fn the_store_matches_a_model_through_flushes_compactions_and_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let stats = Arc::new(DiskStats::default());
+    let options = DiskOptions::default().with_memtable_bytes(8 << 10);
+    let mut store = DiskKeyedStore::open(
+        dir.path().join("s"),
+        "model".to_string(),
+        options,
+        Arc::clone(&stats),
+    )
+    .unwrap();
+    let mut model = Model::new();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut frozen: Option<(Box<dyn FrozenStore>, Model)> = None;
+    let mut value = Vec::new();
+    for step in 0..60_000u32 {
+        let state = (rng.next() % 2) as u16;
+        let kg = (rng.next() % 4) as u32;
+        let k = (rng.next() % 3_000).to_string().into_bytes();
+        match rng.next() % 10 {
+            0..=5 => {
+                let v = step.to_le_bytes().to_vec();
+                store.put(state, kg, &k, &v).unwrap();
+                model.insert((state, kg, k), v);
+            }
+            6 => {
+                store.delete(state, kg, &k).unwrap();
+                model.remove(&(state, kg, k));
+            }
+            _ => {
+                let found = store.get(state, kg, &k, &mut value).unwrap();
+                let want = model.get(&(state, kg, k.clone()));
+                assert_eq!(found.then_some(&value), want, "step {step}");
+            }
+        }
+        if step % 15_000 == 14_999 {
+            // The snapshot taken earlier still shows its moment.
+            if let Some((f, at)) = &frozen {
+                check_against(&mut store, at, Some(&**f));
+            }
+            frozen = Some((store.freeze().unwrap(), model.clone()));
+            check_against(&mut store, &model, None);
+        }
+    }
+    store.settle().unwrap();
+    check_against(&mut store, &model, None);
+    let (f, at) = frozen.unwrap();
+    check_against(&mut store, &at, Some(&*f));
+    assert!(stats.flushes.load(Ordering::Relaxed) > 10);
+    assert!(stats.compactions.load(Ordering::Relaxed) > 3);
+    let runs = store.runs().unwrap();
+    assert!(runs < 12, "{runs} runs after settling");
+    // The store's files go with it.
+    let path = store.dir().to_path_buf();
+    drop(store);
+    drop(f);
+    assert!(!path.exists());
+}
