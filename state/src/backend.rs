@@ -13,7 +13,8 @@ use crate::format::{Compression, StateKind};
 use crate::heap::HeapKeyedStateBackend;
 use crate::keyed::TtlClock;
 use crate::keyed::{
-    KeyedSnapshot, KeyedStateBackend, RestorePart, StateKey, StateOptions, StateValue, ValueState,
+    KeyedSnapshot, KeyedStateBackend, NativeRestorePart, RestorePart, StateKey, StateOptions,
+    StateValue, ValueState,
 };
 use crate::store::{KeyedStore, MemoryKeyedStore, StoreKeyedStateBackend};
 use std::fmt;
@@ -242,6 +243,7 @@ impl StateBackend for DiskStateBackend {
         let store = DiskKeyedStore::open(
             self.dir.join(&name),
             name,
+            p.key_group_range,
             self.options.clone(),
             Arc::clone(&self.stats),
         )?;
@@ -422,6 +424,10 @@ impl<K: StateKey> KeyedStateBackend<K> for KeyedBackend<K> {
 
     fn restore(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError> {
         each!(self, b => b.restore(parts))
+    }
+
+    fn restore_native(&mut self, parts: &[NativeRestorePart<'_>]) -> Result<(), StateError> {
+        each!(self, b => b.restore_native(parts))
     }
 
     fn snapshot_incremental(

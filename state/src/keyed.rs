@@ -1102,6 +1102,52 @@ pub trait KeyedSnapshot: Send + 'static {
     fn scope(&self) -> SnapshotScope {
         SnapshotScope::SelfContained
     }
+
+    /// For a native snapshot (the backend's own immutable files, Flink's native incremental
+    /// checkpoints): waits until its files exist and lists them, and they stay on disk until
+    /// the snapshot is dropped; [`write_to`](Self::write_to) then writes its manifest, which
+    /// [`KeyedStateBackend::restore_native`] takes back with the files. `None` (the default):
+    /// a snapshot in the canonical format. Called on the asynchronous part's thread.
+    fn native_files(&mut self) -> Result<Option<NativeFiles>, StateError> {
+        Ok(None)
+    }
+}
+
+/// The files of a native snapshot: a backend's own immutable files (the disk backend's runs),
+/// shipped as they are.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeFiles {
+    /// The backend's file format (`weir-disk-runs/1`): a restore refuses one it does not know.
+    pub format: String,
+    /// The files, in the backend's order.
+    pub files: Vec<NativeFile>,
+}
+
+/// One file of a [`NativeFiles`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeFile {
+    /// Its name, unique and stable across the snapshots that share the file: a later snapshot
+    /// that lists the same name lists the same bytes, so it is uploaded once.
+    pub name: String,
+    /// The key groups it answers for: a restore at another parallelism takes it where these
+    /// overlap the new subtask's.
+    pub key_groups: KeyGroupRange,
+    /// Its length in bytes.
+    pub size: u64,
+    /// Where it is on local disk: the backend's file for a snapshot, where the runtime put it for
+    /// a restore. Not part of a manifest.
+    #[serde(skip)]
+    pub path: std::path::PathBuf,
+}
+
+/// One earlier native snapshot handed to [`KeyedStateBackend::restore_native`]: the manifest it
+/// wrote and its files on local disk (each file's `path` set).
+#[derive(Clone, Copy, Debug)]
+pub struct NativeRestorePart<'a> {
+    /// What [`KeyedSnapshot::write_to`] wrote for it.
+    pub manifest: &'a [u8],
+    /// Its files, downloaded.
+    pub files: &'a NativeFiles,
 }
 
 /// The keyed state of one operator in one subtask.
@@ -1334,6 +1380,17 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
     ) -> Result<Box<dyn KeyedSnapshot>, StateError> {
         let _ = checkpoint_id;
         self.snapshot()
+    }
+
+    /// Loads native snapshots (see [`KeyedSnapshot::native_files`]) instead of
+    /// [`restore`](Self::restore), before any state is registered, keeping the key groups in
+    /// range. A backend without native snapshots (the default) refuses, naming itself.
+    fn restore_native(&mut self, parts: &[NativeRestorePart<'_>]) -> Result<(), StateError> {
+        let formats: Vec<&str> = parts.iter().map(|p| p.files.format.as_str()).collect();
+        Err(StateError::Restore(format!(
+            "this backend cannot restore native snapshots (format {formats:?}): restore from a \
+             savepoint, whose format every backend reads, or with the backend that took them"
+        )))
     }
 
     /// Checkpoint `checkpoint_id` completed: its snapshot becomes the base of later deltas.

@@ -45,8 +45,9 @@ pub use heap::HeapKeyedStateBackend;
 pub use keyed::{
     AggregateFunction, AggregatingState, AggregatingStateDescriptor, KeyedAccess, KeyedSnapshot,
     KeyedSnapshotLayout, KeyedStateBackend, ListState, ListStateDescriptor, MapKey, MapState,
-    MapStateDescriptor, ReducingState, ReducingStateDescriptor, RestorePart, SnapshotScope,
-    StateKey, StateKind, StateOptions, StateTtlConfig, StateValue, TtlUpdateType, TtlValue,
-    TtlVisibility, ValueState, ValueStateDescriptor,
+    MapStateDescriptor, NativeFile, NativeFiles, NativeRestorePart, ReducingState,
+    ReducingStateDescriptor, RestorePart, SnapshotScope, StateKey, StateKind, StateOptions,
+    StateTtlConfig, StateValue, TtlUpdateType, TtlValue, TtlVisibility, ValueState,
+    ValueStateDescriptor,
 };
 pub use operator::{ListState as OperatorListState, OperatorSnapshot, OperatorStateBackend};

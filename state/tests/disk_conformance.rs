@@ -17,6 +17,7 @@ fn disk<K: StateKey>(max_p: u32, range: KeyGroupRange) -> StoreKeyedStateBackend
     let store = DiskKeyedStore::open(
         dir,
         format!("conformance-{n}"),
+        range,
         DiskOptions::default().with_memtable_bytes(4096),
         Arc::new(DiskStats::default()),
     )

@@ -26,6 +26,8 @@ pub(crate) struct Memtable {
     bytes: usize,
     /// Positions in key order, computed once the memtable no longer changes.
     sorted: OnceLock<Vec<u32>>,
+    /// Once the flush thread wrote it: its run (`None` when it was empty).
+    pub(crate) flushed: OnceLock<Option<std::sync::Arc<Run>>>,
 }
 
 impl std::fmt::Debug for Memtable {

@@ -31,6 +31,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use weir_core::keygroup::{KeyGroup, KeyGroupRange};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 /// Magic bytes at the head of a run file.
@@ -82,10 +83,25 @@ struct BlockEntry {
     digest: u64,
 }
 
+/// The key group of a stored key (its first two bytes, big-endian).
+pub(crate) fn key_group_of(key: &[u8]) -> KeyGroup {
+    match key {
+        [a, b, ..] => KeyGroup::from(u16::from_be_bytes([*a, *b])),
+        _ => KeyGroup::MAX,
+    }
+}
+
 /// An open run. The file is deleted when the run is dropped after it was made obsolete (a
 /// compaction replaced it); snapshots and scans that still hold it keep it readable.
+///
+/// A run answers only for the key groups of its `clip`: a run restored after rescaling may hold
+/// keys of key groups another subtask now owns, and its entries there are not this store's.
 pub(crate) struct Run {
     pub id: u64,
+    /// Who wrote it: the store and its run number, also its name in checkpoints.
+    pub identity: RunIdentity,
+    /// The key groups it answers for.
+    pub clip: KeyGroupRange,
     path: PathBuf,
     file: File,
     index_keys: Vec<u8>,
@@ -321,6 +337,7 @@ impl Run {
     pub(crate) fn open(
         path: &Path,
         expected: &RunIdentity,
+        clip: KeyGroupRange,
         dir: Arc<DirGuard>,
     ) -> Result<Run, StateError> {
         let file = File::open(path).map_err(|e| io(path, e))?;
@@ -406,6 +423,8 @@ impl Run {
         };
         Ok(Run {
             id: expected.run_id,
+            identity,
+            clip,
             path: path.to_path_buf(),
             file,
             index_keys,
@@ -418,6 +437,21 @@ impl Run {
             obsolete: AtomicBool::new(false),
             _dir: dir,
         })
+    }
+
+    /// The file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The name a checkpoint knows the run by: its writer's store and number.
+    pub(crate) fn name(&self) -> String {
+        run_name(&self.identity)
+    }
+
+    /// Whether the run answers for `key_group`.
+    pub(crate) fn covers(&self, key_group: KeyGroup) -> bool {
+        self.clip.contains(key_group)
     }
 
     /// Deletes the file when the last holder lets go of the run.
@@ -529,6 +563,20 @@ fn restart_for(block: &[u8], end: usize, key: &[u8]) -> Result<usize, String> {
         }
     }
     Ok(if lo == 0 { 0 } else { restart(lo - 1) })
+}
+
+/// The name of run `identity` in checkpoints: `<store>.<run>`.
+pub(crate) fn run_name(identity: &RunIdentity) -> String {
+    format!("{}.{:010}", identity.store, identity.run_id)
+}
+
+/// The identity a run name stands for.
+pub(crate) fn parse_run_name(name: &str) -> Option<RunIdentity> {
+    let (store, run) = name.rsplit_once('.')?;
+    Some(RunIdentity {
+        store: store.to_string(),
+        run_id: run.parse().ok()?,
+    })
 }
 
 /// Decodes the entry at `*at` in a block and moves past it.
@@ -655,8 +703,18 @@ impl<'r> RunCursor<'r> {
         self.value.map(|(a, b)| &self.buf[a..b])
     }
 
-    /// Moves to the next entry.
+    /// Moves to the next entry the run answers for (inside its clip).
     pub(crate) fn advance(&mut self) -> Result<(), StateError> {
+        loop {
+            self.step()?;
+            if !self.valid || self.run.covers(key_group_of(self.key())) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Moves to the next entry of the file.
+    fn step(&mut self) -> Result<(), StateError> {
         if self.at >= self.data_end {
             self.block += 1;
             if self.block >= self.run.index.len() {
@@ -666,7 +724,6 @@ impl<'r> RunCursor<'r> {
             self.data_end = self.run.read_block(self.block, &mut self.buf)?;
             self.at = 0;
         }
-        let start = self.at;
         let (k, v) = next_entry(&self.buf[..self.data_end], &mut self.at)
             .map_err(|e| damaged(&self.run.path, e))?;
         let base = self.buf.as_ptr() as usize;
@@ -676,7 +733,6 @@ impl<'r> RunCursor<'r> {
             let vs = v.as_ptr() as usize - base;
             (vs, vs + v.len())
         });
-        debug_assert!(start < self.at);
         self.valid = match self.end {
             Some(end) => self.key() < end,
             None => true,

@@ -15,14 +15,19 @@
 use super::DiskOptions;
 use super::bloom::key_hash;
 use super::merge::{Layers, Memtable, merge};
+use super::run::parse_run_name;
 use super::run::{DirGuard, Run, RunIdentity, RunWriter};
 use crate::StateError;
-use crate::store::{EntryVisitor, FrozenStore, KeyedStore, StoreStateId};
-use std::path::PathBuf;
+use crate::keyed::{NativeFile, NativeFiles};
+use crate::store::{EntryVisitor, FrozenFiles, FrozenStore, KeyedStore, StoreStateId};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use weir_core::keygroup::KeyGroup;
+use weir_core::keygroup::{KeyGroup, KeyGroupRange};
+
+/// The format of the disk store's native snapshots: its run files, version 1.
+pub const NATIVE_FORMAT: &str = "weir-disk-runs/1";
 
 /// The memtables being flushed and the runs: what a read sees below the active memtable.
 #[derive(Debug, Default)]
@@ -66,6 +71,8 @@ struct Shared {
     stop: AtomicBool,
     dir: Arc<DirGuard>,
     name: String,
+    /// The key groups the store owns: the clip of the runs it writes.
+    range: KeyGroupRange,
     options: DiskOptions,
     stats: Arc<DiskStats>,
 }
@@ -144,6 +151,7 @@ impl Shared {
         Ok(Some(Arc::new(Run::open(
             &path,
             &identity,
+            self.range,
             Arc::clone(&self.dir),
         )?)))
     }
@@ -183,6 +191,7 @@ fn flush_loop(shared: &Shared) {
                         .fetch_add(r.bytes, Ordering::Relaxed);
                 }
                 let mut inner = shared.lock();
+                let _ = memtable.flushed.set(run.clone());
                 let old = Arc::clone(&inner.version);
                 let immutables = old
                     .immutables
@@ -316,6 +325,7 @@ impl DiskKeyedStore {
     pub fn open(
         dir: PathBuf,
         name: String,
+        range: KeyGroupRange,
         options: DiskOptions,
         stats: Arc<DiskStats>,
     ) -> Result<DiskKeyedStore, StateError> {
@@ -336,6 +346,7 @@ impl DiskKeyedStore {
             stop: AtomicBool::new(false),
             dir: Arc::new(DirGuard { path: dir }),
             name,
+            range,
             options,
             stats,
         });
@@ -554,6 +565,9 @@ impl KeyedStore for DiskKeyedStore {
             }
         }
         for r in &self.version.runs {
+            if !r.covers(key_group) {
+                continue;
+            }
             if let Some(present) = r.get(&self.key, hash, &mut self.block, value)? {
                 self.shared
                     .stats
@@ -607,6 +621,160 @@ impl KeyedStore for DiskKeyedStore {
         Ok(Box::new(FrozenDisk {
             version: Arc::clone(&self.version),
         }))
+    }
+
+    fn freeze_files(&mut self) -> Result<Option<Box<dyn FrozenFiles>>, StateError> {
+        self.refresh()?;
+        self.rotate(false)?;
+        self.shared.stats.snapshots.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(Box::new(FrozenRuns {
+            shared: Arc::clone(&self.shared),
+            version: Arc::clone(&self.version),
+            runs: Vec::new(),
+        })))
+    }
+
+    fn restore_files(
+        &mut self,
+        snapshots: &[&NativeFiles],
+        range: KeyGroupRange,
+    ) -> Result<(), StateError> {
+        self.refresh()?;
+        if !self.active.is_empty() || !self.version.runs.is_empty() {
+            return Err(StateError::Restore(
+                "a restore must come before anything is written".to_string(),
+            ));
+        }
+        let mut runs = Vec::new();
+        for snapshot in snapshots {
+            if snapshot.format != NATIVE_FORMAT {
+                return Err(StateError::Restore(format!(
+                    "a native snapshot of format {:?}: this store reads {NATIVE_FORMAT}",
+                    snapshot.format
+                )));
+            }
+            for file in &snapshot.files {
+                let clip = file.key_groups.intersection(&range);
+                if clip.is_empty() {
+                    continue;
+                }
+                runs.push(self.adopt(file, clip)?);
+            }
+        }
+        let shared = Arc::clone(&self.shared);
+        let mut inner = shared.lock();
+        shared.publish(
+            &mut inner,
+            Version {
+                immutables: Vec::new(),
+                runs,
+            },
+        );
+        self.version = Arc::clone(&inner.version);
+        self.seen = inner.generation;
+        Ok(())
+    }
+}
+
+impl DiskKeyedStore {
+    /// Links (or copies) a restored run into the store's directory and opens it, answering for
+    /// `clip`.
+    fn adopt(&self, file: &NativeFile, clip: KeyGroupRange) -> Result<Arc<Run>, StateError> {
+        let identity = parse_run_name(&file.name).ok_or_else(|| {
+            StateError::Restore(format!("{:?} is not the name of a run", file.name))
+        })?;
+        let local = self
+            .shared
+            .dir
+            .path
+            .join(format!("{}.{}-{}.run", file.name, clip.start, clip.end));
+        link_or_copy(&file.path, &local)?;
+        let run = Run::open(&local, &identity, clip, Arc::clone(&self.shared.dir))?;
+        if run.bytes != file.size {
+            run.make_obsolete();
+            return Err(StateError::Disk {
+                path: file.path.clone(),
+                reason: format!(
+                    "run {} has {} bytes, and its snapshot says {}",
+                    file.name, run.bytes, file.size
+                ),
+            });
+        }
+        Ok(Arc::new(run))
+    }
+}
+
+/// Hard-links `from` to `to`, or copies it where a link cannot be made (another file system).
+fn link_or_copy(from: &Path, to: &Path) -> Result<(), StateError> {
+    let _ = std::fs::remove_file(to);
+    if std::fs::hard_link(from, to).is_ok() {
+        return Ok(());
+    }
+    std::fs::copy(from, to)
+        .map(|_| ())
+        .map_err(|e| StateError::Disk {
+            path: from.to_path_buf(),
+            reason: format!("cannot copy the run to {}: {e}", to.display()),
+        })
+}
+
+/// A native snapshot of the store: the frozen version, whose memtables become runs once the
+/// flush thread has written them.
+struct FrozenRuns {
+    shared: Arc<Shared>,
+    version: Arc<Version>,
+    /// The runs listed, kept until the snapshot is dropped.
+    runs: Vec<Arc<Run>>,
+}
+
+impl FrozenFiles for FrozenRuns {
+    fn files(&mut self) -> Result<NativeFiles, StateError> {
+        let mut runs: Vec<Arc<Run>> = Vec::new();
+        {
+            let mut inner = self.shared.lock();
+            for memtable in &self.version.immutables {
+                loop {
+                    if let Some(flushed) = memtable.flushed.get() {
+                        runs.extend(flushed.iter().cloned());
+                        break;
+                    }
+                    if let Some(e) = &inner.error {
+                        return Err(StateError::Disk {
+                            path: self.shared.dir.path.clone(),
+                            reason: format!("the flush the snapshot waits for failed: {e}"),
+                        });
+                    }
+                    if self.shared.stop.load(Ordering::Acquire) {
+                        return Err(StateError::Disk {
+                            path: self.shared.dir.path.clone(),
+                            reason: "the store was closed before the snapshot's memtable was \
+                                     written"
+                                .to_string(),
+                        });
+                    }
+                    inner = self
+                        .shared
+                        .changed
+                        .wait(inner)
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+            }
+        }
+        runs.extend(self.version.runs.iter().cloned());
+        let files = runs
+            .iter()
+            .map(|r| NativeFile {
+                name: r.name(),
+                key_groups: r.clip,
+                size: r.bytes,
+                path: r.path().to_path_buf(),
+            })
+            .collect();
+        self.runs = runs;
+        Ok(NativeFiles {
+            format: NATIVE_FORMAT.to_string(),
+            files,
+        })
     }
 }
 

@@ -16,6 +16,11 @@ fn identity(run_id: u64) -> RunIdentity {
     }
 }
 
+/// Every key group a test key can fall in (its first two bytes, "ke").
+fn clip() -> weir_core::keygroup::KeyGroupRange {
+    weir_core::keygroup::KeyGroupRange::new(0, u32::from(u16::MAX))
+}
+
 fn key(i: u32) -> Vec<u8> {
     format!("key-{i:08}").into_bytes()
 }
@@ -45,7 +50,7 @@ fn a_run_answers_lookups_and_cursors() {
     let dir = tempfile::tempdir().unwrap();
     for bloom in [0, 10] {
         let path = write_run(dir.path(), 20_000, bloom);
-        let run = Run::open(&path, &identity(7), guard(dir.path())).unwrap();
+        let run = Run::open(&path, &identity(7), clip(), guard(dir.path())).unwrap();
         assert_eq!(run.entries, 10_000);
         let (mut block, mut value) = (Vec::new(), Vec::new());
         for i in 0..20_001u32 {
@@ -86,7 +91,7 @@ fn a_damaged_or_foreign_run_is_refused_by_name() {
             run_id: 7,
         },
     ] {
-        let e = Run::open(&path, &other, guard(dir.path())).unwrap_err();
+        let e = Run::open(&path, &other, clip(), guard(dir.path())).unwrap_err();
         assert!(e.to_string().contains("where run"), "{e}");
     }
     // A flipped byte in the index or footer fails at open; in a block, at the read.
@@ -99,7 +104,7 @@ fn a_damaged_or_foreign_run_is_refused_by_name() {
         let mut bad = good.clone();
         bad[at] ^= 0x40;
         std::fs::write(&path, &bad).unwrap();
-        let opened = Run::open(&path, &identity(7), guard(dir.path()));
+        let opened = Run::open(&path, &identity(7), clip(), guard(dir.path()));
         let e = match (opened, at_open) {
             (Err(e), true) => e,
             (Ok(run), false) => {
@@ -121,7 +126,7 @@ fn a_damaged_or_foreign_run_is_refused_by_name() {
     }
     // Truncated: no end magic.
     std::fs::write(&path, &good[..len / 2]).unwrap();
-    let e = Run::open(&path, &identity(7), guard(dir.path())).unwrap_err();
+    let e = Run::open(&path, &identity(7), clip(), guard(dir.path())).unwrap_err();
     assert!(e.to_string().contains("truncated"), "{e}");
 }
 
@@ -182,6 +187,7 @@ fn the_store_matches_a_model_through_flushes_compactions_and_snapshots() {
     let mut store = DiskKeyedStore::open(
         dir.path().join("s"),
         "model".to_string(),
+        weir_core::keygroup::KeyGroupRange::new(0, 127),
         options,
         Arc::clone(&stats),
     )

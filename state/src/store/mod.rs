@@ -30,8 +30,9 @@ use crate::format::{
     StateMeta,
 };
 use crate::keyed::{
-    Expiry, ExpiryFn, KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, RestorePart, StateKey,
-    StateOptions, StateValue, TtlClock, ValueState, wall_clock_ms,
+    Expiry, ExpiryFn, KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, NativeFiles,
+    NativeRestorePart, RestorePart, StateKey, StateOptions, StateValue, TtlClock, ValueState,
+    wall_clock_ms,
 };
 use crate::restored::{self, PendingState, Restored, incompatible};
 use rustc_hash::FxHashMap;
@@ -43,6 +44,9 @@ use std::sync::Arc;
 use weir_core::CoreError;
 use weir_core::codec;
 use weir_core::keygroup::{KeyGroup, KeyGroupRange};
+
+mod native;
+pub use native::NATIVE_MANIFEST_MAGIC;
 
 /// A state's number in a store: the order of its registration in the backend, from 0.
 pub type StoreStateId = u16;
@@ -99,6 +103,37 @@ pub trait KeyedStore: Send + 'static {
 
     /// The synchronous part of a snapshot: a view of the content now.
     fn freeze(&mut self) -> Result<Box<dyn FrozenStore>, StateError>;
+
+    /// The synchronous part of a native snapshot (optional): the content now, as the store's own
+    /// immutable files once [`FrozenFiles::files`] returns. `None` (the default): the store has
+    /// no native snapshots, and its backend writes the canonical format.
+    fn freeze_files(&mut self) -> Result<Option<Box<dyn FrozenFiles>>, StateError> {
+        Ok(None)
+    }
+
+    /// Loads the files of native snapshots, before anything is written, answering only for the
+    /// key groups of `range` (the files may hold others after a rescale). The files are in
+    /// each snapshot's order; snapshots of different subtasks hold different key groups. The
+    /// store takes its own copy or link: the paths may go away after the call. A store without
+    /// native snapshots (the default) refuses.
+    fn restore_files(
+        &mut self,
+        snapshots: &[&NativeFiles],
+        range: KeyGroupRange,
+    ) -> Result<(), StateError> {
+        let _ = range;
+        Err(StateError::Restore(format!(
+            "this store has no native snapshots, and is handed {} of them",
+            snapshots.len()
+        )))
+    }
+}
+
+/// A store's native snapshot after its synchronous part.
+pub trait FrozenFiles: Send + 'static {
+    /// Waits until every file of the snapshot is written, and lists them; they stay on disk
+    /// until this is dropped.
+    fn files(&mut self) -> Result<NativeFiles, StateError>;
 }
 
 /// A store's content at the moment of a snapshot, written out later on another thread.
@@ -261,6 +296,25 @@ struct Cell<V> {
     dirty: bool,
 }
 
+impl<V: StateValue> Cell<V> {
+    /// The empty cell of a state registered with `options`.
+    fn new(options: StateOptions<V>) -> Cell<V> {
+        Cell {
+            default: options.default,
+            expiry: options.expiry,
+            cleanup_full_snapshot: options.cleanup_full_snapshot,
+            cleanup_cursor: 0,
+            cleanup_budget: 0,
+            group_sizes: Vec::new(),
+            cached: false,
+            key: Vec::new(),
+            key_group: 0,
+            value: None,
+            dirty: false,
+        }
+    }
+}
+
 /// A [`Cell`] with its value type erased.
 trait ErasedCell: Send {
     fn as_any_mut(&mut self) -> &mut dyn Any;
@@ -322,11 +376,12 @@ impl<V: StateValue> ErasedCell for Cell<V> {
     }
 }
 
-/// A registered state.
+/// A registered state, or one restored from a native snapshot and not registered yet (its
+/// cell a [`native::Reserved`]).
 struct Registered {
     name: String,
     kind: StateKind,
-    value_type: &'static str,
+    value_type: std::borrow::Cow<'static, str>,
     cell: Box<dyn ErasedCell>,
 }
 
@@ -340,6 +395,8 @@ pub struct StoreKeyedStateBackend<K> {
     restored: Restored,
     compression: Compression,
     clock: TtlClock,
+    /// Whether checkpoints are native snapshots of the store's files (when it has them).
+    native: bool,
     /// The encoded key of the latest access, and a buffer for values read.
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
@@ -413,6 +470,7 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
             restored: Restored::new(),
             compression: Compression::None,
             clock: Arc::new(wall_clock_ms),
+            native: false,
             key_buf: Vec::new(),
             value_buf: Vec::new(),
             _key: PhantomData,
@@ -595,6 +653,13 @@ impl<K: StateKey> KeyedStateBackend<K> for StoreKeyedStateBackend<K> {
                     "state '{name}' has a lost id {id}"
                 )));
             };
+            if registered.cell.as_any_mut().is::<native::Reserved>() {
+                // Restored from a native snapshot: its entries are in the store already.
+                native::check_reserved(name, registered, kind, value_type)?;
+                registered.cell = Box::new(Cell::new(options));
+                registered.value_type = value_type.into();
+                return Ok(ValueState::from_id(id));
+            }
             if registered.kind != kind || !registered.cell.as_any_mut().is::<Cell<V>>() {
                 return Err(incompatible(
                     name,
@@ -627,20 +692,8 @@ impl<K: StateKey> KeyedStateBackend<K> for StoreKeyedStateBackend<K> {
         self.states.push(Registered {
             name: name.to_string(),
             kind,
-            value_type,
-            cell: Box::new(Cell {
-                default: options.default,
-                expiry: options.expiry,
-                cleanup_full_snapshot: options.cleanup_full_snapshot,
-                cleanup_cursor: 0,
-                cleanup_budget: 0,
-                group_sizes: Vec::new(),
-                cached: false,
-                key: Vec::new(),
-                key_group: 0,
-                value: None,
-                dirty: false,
-            }),
+            value_type: value_type.into(),
+            cell: Box::new(Cell::new(options)),
         });
         self.by_name.insert(name.to_string(), id);
         Ok(ValueState::from_id(id))
@@ -770,6 +823,21 @@ impl<K: StateKey> KeyedStateBackend<K> for StoreKeyedStateBackend<K> {
             frozen: self.store.freeze()?,
             parts,
         }))
+    }
+
+    fn snapshot_incremental(
+        &mut self,
+        checkpoint_id: u64,
+    ) -> Result<Box<dyn KeyedSnapshot>, StateError> {
+        let _ = checkpoint_id;
+        match self.snapshot_native()? {
+            Some(snapshot) => Ok(snapshot),
+            None => self.snapshot(),
+        }
+    }
+
+    fn restore_native(&mut self, parts: &[NativeRestorePart<'_>]) -> Result<(), StateError> {
+        self.restore_from_files(parts)
     }
 
     fn restore(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError> {
