@@ -162,6 +162,22 @@ pub enum CheckpointStatus {
     Failed(CheckpointFailureReason),
 }
 
+/// The bytes an acknowledgement's checkpoint wrote: its state less the shared files it
+/// references that earlier checkpoints wrote.
+pub fn checkpointed_size(state: &TaskStateSnapshot) -> u64 {
+    let reused = state
+        .operators
+        .values()
+        .flat_map(|s| s.streams())
+        .filter(|h| {
+            crate::storage::is_shared(h)
+                && h.path()
+                    .is_some_and(|p| !state.new_shared.iter().any(|n| n == p))
+        })
+        .map(|h| h.size());
+    state.state_size().saturating_sub(saturating_sum(reused))
+}
+
 /// The statistics of one checkpoint, in Flink's terms.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointStats {
@@ -175,8 +191,13 @@ pub struct CheckpointStats {
     pub trigger_timestamp_ms: u64,
     /// Trigger to completion (or to failure).
     pub end_to_end: Option<Duration>,
-    /// Bytes of state over all subtasks (in-flight data included).
+    /// Bytes of state over all subtasks (in-flight data included): Flink's full checkpoint
+    /// data size.
     pub state_size: u64,
+    /// Bytes this checkpoint wrote: its state less the shared files earlier checkpoints wrote
+    /// and it references again (Flink's checkpointed data size; the same as `state_size`
+    /// without incremental checkpoints).
+    pub checkpointed_size: u64,
     /// Bytes of persisted in-flight data (unaligned checkpoints) over all subtasks.
     pub in_flight_size: u64,
     /// Subtasks that acknowledged, of `num_subtasks`.
@@ -228,7 +249,11 @@ impl fmt::Display for CheckpointStats {
             max_align.as_secs_f64() * 1e3,
             max_sync.as_secs_f64() * 1e3,
             max_async.as_secs_f64() * 1e3,
-        )
+        )?;
+        if self.checkpointed_size != self.state_size {
+            write!(f, ", checkpointed {} B", self.checkpointed_size)?;
+        }
+        Ok(())
     }
 }
 
@@ -640,6 +665,7 @@ impl CheckpointCoordinator {
             trigger_timestamp_ms: timestamp_ms,
             end_to_end: None,
             state_size: 0,
+            checkpointed_size: 0,
             in_flight_size: 0,
             num_acknowledged: 0,
             num_subtasks: self.setup.tasks_to_wait_for.len(),
@@ -708,12 +734,14 @@ impl CheckpointCoordinator {
         let num_acked = p.acks.len();
         // Saturating: the sizes come from task managers' messages.
         let state_size = saturating_sum(p.acks.values().map(|s| s.state_size()));
+        let checkpointed_size = saturating_sum(p.acks.values().map(checkpointed_size));
         let in_flight_size = saturating_sum(p.acks.values().map(|s| s.in_flight_size()));
         p.in_flight_size = in_flight_size;
         let done = p.not_yet_acked.is_empty();
         if let Some(s) = self.history.iter_mut().find(|s| s.id == id) {
             s.num_acknowledged = num_acked;
             s.state_size = state_size;
+            s.checkpointed_size = checkpointed_size;
             s.in_flight_size = in_flight_size;
             s.subtasks.insert(task, metrics);
         }

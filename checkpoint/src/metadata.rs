@@ -1,9 +1,10 @@
 //! The `_metadata` file: what a complete checkpoint or savepoint contains, versioned and
-//! checksummed (magic `WCKM`, format version 3; versions 1 and 2 still read), enough to explain
+//! checksummed (magic `WCKM`, format version 4; versions 1 to 3 still read), enough to explain
 //! itself to `weir checkpoints inspect` and to restore every operator by its id.
 //!
 //! Version 3 records the job's fingerprint, an xxh3-128 digest per state file, and means every
-//! state file it references begins with an identity frame (`weir_core::identity`). A reader
+//! state file it references begins with an identity frame (`weir_core::identity`). Version 4
+//! adds each subtask's native keyed snapshots (`OperatorSubtaskState::native`). A reader
 //! refuses a file over [`MAX_METADATA_SIZE`] without reading it.
 
 use crate::CheckpointError;
@@ -19,10 +20,11 @@ use weir_core::ids::{CheckpointId, JobId, OperatorId, SubtaskIndex};
 /// Magic bytes of a `_metadata` file.
 pub const METADATA_MAGIC: [u8; 4] = *b"WCKM";
 /// The format version this build writes.
-pub const METADATA_VERSION: u16 = 3;
+pub const METADATA_VERSION: u16 = 4;
 /// Every format version this build reads. Version 1 had no in-flight data; versions 1 and 2
-/// have no fingerprint, CRC-32s instead of digests, and state files without identity frames.
-pub const METADATA_READ_VERSIONS: [u16; 3] = [1, 2, 3];
+/// have no fingerprint, CRC-32s instead of digests, and state files without identity frames;
+/// versions 1 to 3 have no native keyed snapshots.
+pub const METADATA_READ_VERSIONS: [u16; 4] = [1, 2, 3, 4];
 /// The largest `_metadata` a reader accepts: 256 MiB. Handles are small (inline state is at
 /// most 20 KiB per handle), so a larger file is damage or not Weir's, refused before it is read.
 pub const MAX_METADATA_SIZE: u64 = 256 << 20;
@@ -112,7 +114,7 @@ struct CheckpointMetadataV1 {
     trigger_timestamp_ms: u64,
     completion_timestamp_ms: u64,
     weir_version: String,
-    operators: Vec<OperatorState>,
+    operators: Vec<OperatorStateV3>,
 }
 
 impl From<CheckpointMetadataV1> for CheckpointMetadata {
@@ -125,7 +127,7 @@ impl From<CheckpointMetadataV1> for CheckpointMetadata {
             trigger_timestamp_ms: v.trigger_timestamp_ms,
             completion_timestamp_ms: v.completion_timestamp_ms,
             weir_version: v.weir_version,
-            operators: v.operators,
+            operators: v.operators.into_iter().map(Into::into).collect(),
             in_flight: Vec::new(),
             fingerprint: None,
             format_version: 1,
@@ -143,7 +145,7 @@ struct CheckpointMetadataV2 {
     trigger_timestamp_ms: u64,
     completion_timestamp_ms: u64,
     weir_version: String,
-    operators: Vec<OperatorState>,
+    operators: Vec<OperatorStateV3>,
     in_flight: Vec<SubtaskInFlight>,
 }
 
@@ -157,10 +159,112 @@ impl From<CheckpointMetadataV2> for CheckpointMetadata {
             trigger_timestamp_ms: v.trigger_timestamp_ms,
             completion_timestamp_ms: v.completion_timestamp_ms,
             weir_version: v.weir_version,
-            operators: v.operators,
+            operators: v.operators.into_iter().map(Into::into).collect(),
             in_flight: v.in_flight,
             fingerprint: None,
             format_version: 2,
+        }
+    }
+}
+
+/// Version 3 of the payload: version 4 without native keyed snapshots.
+#[derive(Deserialize)]
+struct CheckpointMetadataV3 {
+    job_id: JobId,
+    job_name: String,
+    checkpoint_id: CheckpointId,
+    kind: SnapshotKind,
+    trigger_timestamp_ms: u64,
+    completion_timestamp_ms: u64,
+    weir_version: String,
+    operators: Vec<OperatorStateV3>,
+    in_flight: Vec<SubtaskInFlight>,
+    fingerprint: Option<JobFingerprint>,
+}
+
+impl From<CheckpointMetadataV3> for CheckpointMetadata {
+    fn from(v: CheckpointMetadataV3) -> Self {
+        CheckpointMetadata {
+            job_id: v.job_id,
+            job_name: v.job_name,
+            checkpoint_id: v.checkpoint_id,
+            kind: v.kind,
+            trigger_timestamp_ms: v.trigger_timestamp_ms,
+            completion_timestamp_ms: v.completion_timestamp_ms,
+            weir_version: v.weir_version,
+            operators: v.operators.into_iter().map(Into::into).collect(),
+            in_flight: v.in_flight,
+            fingerprint: v.fingerprint,
+            format_version: 3,
+        }
+    }
+}
+
+/// An operator's state as versions 1 to 3 record it: subtasks without native snapshots.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct OperatorStateV3 {
+    operator_id: OperatorId,
+    uid: Option<String>,
+    name: String,
+    parallelism: u32,
+    max_parallelism: u32,
+    subtasks: BTreeMap<SubtaskIndex, OperatorSubtaskStateV3>,
+    coordinator_state: Option<Vec<u8>>,
+}
+
+/// A subtask's state as versions 1 to 3 record it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct OperatorSubtaskStateV3 {
+    keyed: Vec<weir_core::handle::KeyedStateHandle>,
+    operator: Vec<weir_core::handle::OperatorStateHandle>,
+}
+
+impl From<OperatorStateV3> for OperatorState {
+    fn from(v: OperatorStateV3) -> Self {
+        OperatorState {
+            operator_id: v.operator_id,
+            uid: v.uid,
+            name: v.name,
+            parallelism: v.parallelism,
+            max_parallelism: v.max_parallelism,
+            subtasks: v
+                .subtasks
+                .into_iter()
+                .map(|(i, s)| {
+                    let state = OperatorSubtaskState {
+                        keyed: s.keyed,
+                        operator: s.operator,
+                        native: Vec::new(),
+                    };
+                    (i, state)
+                })
+                .collect(),
+            coordinator_state: v.coordinator_state,
+        }
+    }
+}
+
+impl From<&OperatorState> for OperatorStateV3 {
+    /// What an older build wrote (native snapshots left out): for tests of old files.
+    fn from(v: &OperatorState) -> Self {
+        OperatorStateV3 {
+            operator_id: v.operator_id,
+            uid: v.uid.clone(),
+            name: v.name.clone(),
+            parallelism: v.parallelism,
+            max_parallelism: v.max_parallelism,
+            subtasks: v
+                .subtasks
+                .iter()
+                .map(|(i, s)| {
+                    let state = OperatorSubtaskStateV3 {
+                        keyed: s.keyed.clone(),
+                        operator: s.operator.clone(),
+                    };
+                    (*i, state)
+                })
+                .collect(),
+            coordinator_state: v.coordinator_state.clone(),
         }
     }
 }
@@ -188,6 +292,65 @@ impl CheckpointMetadata {
         ))
     }
 
+    /// The file a build of format `version` (1 to 3) would have written for this checkpoint,
+    /// native snapshots left out (they did not exist), and a fingerprint only from version 3:
+    /// for tests and fuzzing of old files.
+    pub fn to_legacy_bytes(&self, version: u16) -> Result<Vec<u8>, CheckpointError> {
+        #[derive(Serialize)]
+        struct V1 {
+            job_id: JobId,
+            job_name: String,
+            checkpoint_id: CheckpointId,
+            kind: SnapshotKind,
+            trigger_timestamp_ms: u64,
+            completion_timestamp_ms: u64,
+            weir_version: String,
+            operators: Vec<OperatorStateV3>,
+        }
+        #[derive(Serialize)]
+        struct V2 {
+            v1: V1,
+            in_flight: Vec<SubtaskInFlight>,
+        }
+        #[derive(Serialize)]
+        struct V3 {
+            v2: V2,
+            fingerprint: Option<JobFingerprint>,
+        }
+        let v1 = V1 {
+            job_id: self.job_id,
+            job_name: self.job_name.clone(),
+            checkpoint_id: self.checkpoint_id,
+            kind: self.kind,
+            trigger_timestamp_ms: self.trigger_timestamp_ms,
+            completion_timestamp_ms: self.completion_timestamp_ms,
+            weir_version: self.weir_version.clone(),
+            operators: self.operators.iter().map(Into::into).collect(),
+        };
+        let v2 = V2 {
+            v1,
+            in_flight: self.in_flight.clone(),
+        };
+        let payload = match version {
+            1 => weir_core::codec::encode("checkpoint metadata", &v2.v1)?,
+            2 => weir_core::codec::encode("checkpoint metadata", &v2)?,
+            3 => weir_core::codec::encode(
+                "checkpoint metadata",
+                &V3 {
+                    v2,
+                    fingerprint: self.fingerprint.clone(),
+                },
+            )?,
+            other => {
+                return Err(CheckpointError::Corrupt {
+                    path: "_metadata".to_string(),
+                    reason: format!("format version {other} is not a legacy version"),
+                });
+            }
+        };
+        Ok(weir_core::codec::seal(METADATA_MAGIC, version, &payload))
+    }
+
     /// Decodes and checks the file; `path` names it in errors.
     pub fn from_bytes(path: &str, bytes: &[u8]) -> Result<CheckpointMetadata, CheckpointError> {
         // The error names the file once; the reason says only what check failed.
@@ -206,6 +369,9 @@ impl CheckpointMetadata {
                 .map_err(corrupt)?
                 .into(),
             2 => weir_core::codec::decode::<CheckpointMetadataV2>(path, payload)
+                .map_err(corrupt)?
+                .into(),
+            3 => weir_core::codec::decode::<CheckpointMetadataV3>(path, payload)
                 .map_err(corrupt)?
                 .into(),
             _ => CheckpointMetadata {
@@ -256,12 +422,7 @@ impl CheckpointMetadata {
         self.operators
             .iter()
             .flat_map(|o| o.subtasks.values())
-            .flat_map(|s| {
-                s.keyed
-                    .iter()
-                    .map(|k| &k.stream)
-                    .chain(s.operator.iter().map(|o| &o.stream))
-            })
+            .flat_map(|s| s.streams())
             .chain(self.in_flight.iter().map(|f| &f.handle.stream))
     }
 }
@@ -287,7 +448,7 @@ mod tests {
         trigger_timestamp_ms: u64,
         completion_timestamp_ms: u64,
         weir_version: String,
-        operators: Vec<OperatorState>,
+        operators: Vec<OperatorStateV3>,
     }
 
     /// A file handle as the given version records it.
@@ -323,6 +484,7 @@ mod tests {
                     states: vec![("offsets".to_string(), OperatorStateMode::Union)],
                     stream: StreamStateHandle::Inline(vec![1, 2, 3]),
                 }],
+                native: Vec::new(),
             },
         );
         vec![
@@ -411,7 +573,7 @@ mod tests {
             trigger_timestamp_ms: m.trigger_timestamp_ms,
             completion_timestamp_ms: m.completion_timestamp_ms,
             weir_version: m.weir_version.clone(),
-            operators: m.operators.clone(),
+            operators: m.operators.iter().map(Into::into).collect(),
         };
         let payload = weir_core::codec::encode("v1 metadata", &v1).unwrap();
         weir_core::codec::seal(METADATA_MAGIC, 1, &payload)
@@ -427,12 +589,19 @@ mod tests {
         trigger_timestamp_ms: u64,
         completion_timestamp_ms: u64,
         weir_version: String,
-        operators: Vec<OperatorState>,
+        operators: Vec<OperatorStateV3>,
         in_flight: Vec<SubtaskInFlight>,
     }
 
-    fn sealed_v2(m: &CheckpointMetadata) -> Vec<u8> {
-        let v2 = WrittenV2 {
+    /// Version 3 of the payload as a v3 build wrote it.
+    #[derive(Serialize)]
+    struct WrittenV3 {
+        v2: WrittenV2,
+        fingerprint: Option<JobFingerprint>,
+    }
+
+    fn written_v2(m: &CheckpointMetadata) -> WrittenV2 {
+        WrittenV2 {
             job_id: m.job_id,
             job_name: m.job_name.clone(),
             checkpoint_id: m.checkpoint_id,
@@ -440,32 +609,66 @@ mod tests {
             trigger_timestamp_ms: m.trigger_timestamp_ms,
             completion_timestamp_ms: m.completion_timestamp_ms,
             weir_version: m.weir_version.clone(),
-            operators: m.operators.clone(),
+            operators: m.operators.iter().map(Into::into).collect(),
             in_flight: m.in_flight.clone(),
+        }
+    }
+
+    fn sealed_v3(m: &CheckpointMetadata) -> Vec<u8> {
+        let v3 = WrittenV3 {
+            v2: written_v2(m),
+            fingerprint: m.fingerprint.clone(),
         };
+        let payload = weir_core::codec::encode("v3 metadata", &v3).unwrap();
+        weir_core::codec::seal(METADATA_MAGIC, 3, &payload)
+    }
+
+    fn sealed_v2(m: &CheckpointMetadata) -> Vec<u8> {
+        let v2 = written_v2(m);
         let payload = weir_core::codec::encode("v2 metadata", &v2).unwrap();
         weir_core::codec::seal(METADATA_MAGIC, 2, &payload)
     }
 
     #[test]
-    fn version_3_round_trips_with_in_flight_data_and_fingerprint() {
+    fn version_3_reads_without_native_snapshots() {
         let m = metadata(3, vec![in_flight(3)]);
+        let back = CheckpointMetadata::from_bytes("chk-7/_metadata", &sealed_v3(&m)).unwrap();
+        assert_eq!(back, m, "a v3 file must decode to what was written");
+        assert_eq!(back.format_version, 3);
+        assert!(back.has_identity_frames());
+    }
+
+    #[test]
+    fn version_4_round_trips_with_in_flight_data_fingerprint_and_native_snapshots() {
+        let mut m = metadata(4, vec![in_flight(4)]);
+        let subtask = m.operators[0].subtasks.get_mut(&1).unwrap();
+        subtask.native.push(weir_core::handle::NativeKeyedHandle {
+            key_group_range: KeyGroupRange::new(4, 7),
+            format: "weir-disk-runs/1".to_string(),
+            manifest: file(4, "chk-7/sum-1-manifest", 40),
+            files: vec![weir_core::handle::NativeFileHandle {
+                name: "store.0000000003".to_string(),
+                key_groups: KeyGroupRange::new(4, 7),
+                stream: file(4, "../shared/sum-1-store.0000000003", 1000),
+            }],
+        });
         let bytes = m.to_bytes().unwrap();
         assert_eq!(
             u16::from_le_bytes([bytes[4], bytes[5]]),
             METADATA_VERSION,
             "the envelope must carry the version this build writes"
         );
-        assert_eq!(METADATA_VERSION, 3);
+        assert_eq!(METADATA_VERSION, 4);
         let back = CheckpointMetadata::from_bytes("chk-7/_metadata", &bytes).unwrap();
-        assert_eq!(back, m, "a v3 file must decode to what was written");
+        assert_eq!(back, m, "a v4 file must decode to what was written");
         assert!(back.has_identity_frames());
         assert_eq!(back.in_flight_size(), 321);
         assert_eq!(
             back.state_size(),
-            90 + 3 + 321,
-            "the state size counts operator state and in-flight data"
+            90 + 3 + 321 + 40 + 1000,
+            "the state size counts operator state, native files and in-flight data"
         );
+        assert_eq!(back.handles().count(), 5);
     }
 
     #[test]
@@ -556,19 +759,19 @@ mod tests {
     #[test]
     fn unknown_versions_are_rejected_naming_the_file() {
         let payload =
-            weir_core::codec::encode("metadata", &metadata(3, vec![in_flight(3)])).unwrap();
-        let bytes = weir_core::codec::seal(METADATA_MAGIC, 4, &payload);
+            weir_core::codec::encode("metadata", &metadata(4, vec![in_flight(4)])).unwrap();
+        let bytes = weir_core::codec::seal(METADATA_MAGIC, 5, &payload);
         let err = CheckpointMetadata::from_bytes("jobs/abc/chk-7/_metadata", &bytes).unwrap_err();
         match &err {
             CheckpointError::Corrupt { path, reason } => {
                 assert_eq!(path, "jobs/abc/chk-7/_metadata");
-                assert!(reason.contains("format version 4"), "{reason}");
+                assert!(reason.contains("format version 5"), "{reason}");
             }
             other => panic!("expected a corrupt-file error, got {other:?}"),
         }
         let shown = err.to_string();
         assert!(
-            shown.contains("jobs/abc/chk-7/_metadata") && shown.contains("version 4"),
+            shown.contains("jobs/abc/chk-7/_metadata") && shown.contains("version 5"),
             "the error must name the file and the version: {shown}"
         );
     }

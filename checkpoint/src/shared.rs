@@ -40,12 +40,7 @@ pub fn shared_handles(state: &TaskStateSnapshot) -> impl Iterator<Item = &Stream
     state
         .operators
         .values()
-        .flat_map(|s| {
-            s.keyed
-                .iter()
-                .map(|k| &k.stream)
-                .chain(s.operator.iter().map(|o| &o.stream))
-        })
+        .flat_map(|s| s.streams())
         .filter(|h| is_shared(h))
 }
 
@@ -191,6 +186,7 @@ mod tests {
             OperatorSubtaskState {
                 keyed,
                 operator: Vec::new(),
+                native: Vec::new(),
             },
         );
         state

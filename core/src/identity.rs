@@ -39,6 +39,10 @@ pub enum StateFileKind {
     Operator,
     /// The in-flight data of an unaligned checkpoint.
     ChannelState,
+    /// A file of a backend's native snapshot (the disk backend's run), shared.
+    NativeFile,
+    /// The manifest of a backend's native snapshot.
+    NativeManifest,
 }
 
 impl fmt::Display for StateFileKind {
@@ -48,6 +52,8 @@ impl fmt::Display for StateFileKind {
             StateFileKind::KeyedLink => "incremental keyed state",
             StateFileKind::Operator => "operator state",
             StateFileKind::ChannelState => "channel state",
+            StateFileKind::NativeFile => "native keyed state file",
+            StateFileKind::NativeManifest => "native keyed state manifest",
         })
     }
 }

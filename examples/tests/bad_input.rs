@@ -634,6 +634,15 @@ fn many_keys_expected(records: u64) -> BTreeMap<u64, i64> {
 /// Runs the many-keys job until `retained` complete checkpoints are left; returns the record
 /// count, the checkpoint root and the latest checkpoint's id.
 async fn many_keys_with_checkpoints(tmp: &Path, retained: u32) -> (u64, PathBuf, u64) {
+    many_keys_with_checkpoints_where(tmp, retained, |_| true).await
+}
+
+/// The same, until the complete checkpoints left also pass `enough`.
+async fn many_keys_with_checkpoints_where(
+    tmp: &Path,
+    retained: u32,
+    enough: impl Fn(&[PathBuf]) -> bool,
+) -> (u64, PathBuf, u64) {
     let mut records = 400_000u64;
     for _ in 0..4 {
         let root = tmp.join(format!("checkpoints-{records}"));
@@ -643,7 +652,8 @@ async fn many_keys_with_checkpoints(tmp: &Path, retained: u32) -> (u64, PathBuf,
         if let Some(latest) = &result.latest_checkpoint {
             let latest = chk_id(latest);
             prune_after(&root, latest);
-            if complete_checkpoints(&root).len() >= retained as usize {
+            let complete = complete_checkpoints(&root);
+            if complete.len() >= retained as usize && enough(&complete) {
                 return (records, root, latest);
             }
         }
@@ -687,9 +697,24 @@ async fn restore_many_keys(records: u64, tmp: &Path, root: &Path) -> Result<JobR
 /// to the previous checkpoint and still give exact totals.
 async fn state_damage_falls_back(suffix: &str, damage: fn(&Path)) {
     let tmp = tempfile::tempdir().unwrap();
-    let (records, root, _) = many_keys_with_checkpoints(tmp.path(), 2).await;
-    let all = complete_checkpoints(&root);
-    let (older, newest) = (&all[all.len() - 2], &all[all.len() - 1]);
+    // The newest checkpoint with such a file, and one before it: checkpoints taken once the
+    // sources finished hold no source state, so they may have no `-op` file. Later ones go.
+    let with_file = |c: &PathBuf| {
+        std::fs::read_dir(c)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(suffix))
+    };
+    let enough = |all: &[PathBuf]| (1..all.len()).any(|i| with_file(&all[i]));
+    let (records, root, _) = many_keys_with_checkpoints_where(tmp.path(), 4, enough).await;
+    let mut all = complete_checkpoints(&root);
+    let at = (1..all.len())
+        .rev()
+        .find(|&i| with_file(&all[i]))
+        .unwrap_or_else(|| panic!("no two checkpoints with a *{suffix} file: {all:?}"));
+    prune_after(&root, chk_id(&all[at].to_string_lossy()));
+    all.truncate(at + 1);
+    let (older, newest) = (&all[at - 1], &all[at]);
     damage(&state_files(newest, suffix)[0]);
     let result = restore_many_keys(records, tmp.path(), &root)
         .await

@@ -438,22 +438,87 @@ async fn reduce_on_the_disk_backend_under_failures_equals_failure_free_run() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// The same with native incremental checkpoints of the disk backend: each checkpoint lists the
+/// store's runs and uploads only those no completed checkpoint holds; restores read them back.
+/// A completed checkpoint holds native snapshots, and its files are shared with the one before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reduce_on_the_disk_backend_with_native_incremental_checkpoints_under_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = weir_runtime::DiskStateBackend::new(dir.path().join("local"))
+        .with_options(weir_runtime::state::DiskOptions::default().with_memtable_bytes(16 << 10));
+    let stats = backend.stats();
+    let checkpoints = reduce_under_failures_with(Arc::new(backend), true, dir.path()).await;
+    use std::sync::atomic::Ordering::Relaxed;
+    assert!(stats.flushes.load(Relaxed) > 10, "{stats:?}");
+    // The retained checkpoint's keyed state is native: manifests and shared run files.
+    let metadata = latest_metadata(&checkpoints);
+    let native: Vec<_> = metadata
+        .operators
+        .iter()
+        .flat_map(|o| o.subtasks.values())
+        .flat_map(|s| &s.native)
+        .collect();
+    assert!(
+        !native.is_empty(),
+        "no native snapshot in checkpoint {:?}",
+        metadata.checkpoint_id
+    );
+    assert!(native.iter().all(|n| !n.files.is_empty()));
+}
+
+/// The `_metadata` of the latest completed checkpoint under `root`.
+fn latest_metadata(root: &Path) -> weir_runtime::checkpoint::CheckpointMetadata {
+    let mut found = Vec::new();
+    for job in std::fs::read_dir(root).unwrap().flatten() {
+        for chk in std::fs::read_dir(job.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let path = chk.path().join("_metadata");
+            if let Some(id) = chk
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("chk-"))
+                .and_then(|n| n.parse::<u64>().ok())
+                && path.exists()
+            {
+                found.push((id, path));
+            }
+        }
+    }
+    found.sort();
+    let (_, path) = found.pop().expect("a completed checkpoint");
+    let bytes = std::fs::read(&path).unwrap();
+    weir_runtime::checkpoint::CheckpointMetadata::from_bytes(&path.display().to_string(), &bytes)
+        .unwrap()
+}
+
 async fn reduce_under_failures(backend: Arc<dyn weir_runtime::StateBackend>) {
+    let dir = tempfile::tempdir().unwrap();
+    reduce_under_failures_with(backend, false, dir.path()).await;
+}
+
+/// Runs the reduce job clean and under three failures, with checkpoints under `dir`, compares
+/// both with the totals computed without the engine, and returns the faulty run's checkpoint
+/// directory.
+async fn reduce_under_failures_with(
+    backend: Arc<dyn weir_runtime::StateBackend>,
+    incremental: bool,
+    dir: &Path,
+) -> PathBuf {
     let seed = test_seed();
     let mut rng = SplitMix(seed);
     let records = 300_000;
-    let dir = tempfile::tempdir().unwrap();
 
-    let (env, clean, _) = reduce_job(
-        &dir.path().join("clean"),
-        records,
-        Vec::new(),
-        backend.clone(),
-    );
+    let (env, clean, _) = reduce_job(&dir.join("clean"), records, Vec::new(), backend.clone());
+    env.config_mut().incremental = incremental;
     env.execute().bounded().await.unwrap();
     let thresholds = rng.thresholds(3, records);
     let ctx = format!("seed={seed} thresholds={thresholds:?}");
-    let (env, faulty, _) = reduce_job(&dir.path().join("faulty"), records, thresholds, backend);
+    let faulty_dir = dir.join("faulty");
+    let (env, faulty, _) = reduce_job(&faulty_dir, records, thresholds, backend);
+    env.config_mut().incremental = incremental;
     let r = env.execute().bounded().await.unwrap();
     assert_eq!(r.restarts, 3, "{ctx}");
     assert_resumed(&r, records, &ctx);
@@ -467,6 +532,7 @@ async fn reduce_under_failures(backend: Arc<dyn weir_runtime::StateBackend>) {
     }
     assert_eq!(clean.get(), expected, "failure-free run");
     assert_eq!(faulty.get(), clean.get(), "{ctx}");
+    faulty_dir
 }
 
 /// The lines of each subtask's committed part files in commit order (temporary `.inprogress`

@@ -90,6 +90,82 @@ impl<K: StateKey> KeyedBase<K> {
         assign_to_key_group(key, self.info.max_parallelism)
     }
 
+    /// Restores native keyed snapshots: writes the files this subtask needs into a directory
+    /// of their own under the state backend's local directory, hands them to the backend (which
+    /// keeps links or copies of its own), and removes the directory again.
+    fn restore_native(
+        &mut self,
+        restored: &crate::operator::RestoredOperatorState,
+    ) -> Result<(), TaskError> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static DOWNLOADS: AtomicU64 = AtomicU64::new(0);
+        let fail = |message: String| TaskError::Operator {
+            operator: self.info.task_name.clone(),
+            message,
+        };
+        let formats: Vec<&str> = restored
+            .native
+            .iter()
+            .map(|r| r.handle.format.as_str())
+            .collect();
+        if !restored.keyed.is_empty() {
+            return Err(fail(format!(
+                "the checkpoint holds both canonical and native ({formats:?}) keyed snapshots for \
+                 this subtask: restore from a savepoint"
+            )));
+        }
+        let Some(dir) = self.info.state_backend.local_dir() else {
+            return Err(fail(format!(
+                "the checkpoint holds native keyed snapshots ({formats:?}), which the state \
+                 backend '{}' cannot restore: restore with the backend that took them (disk), or \
+                 from a savepoint",
+                self.info.state_backend.name()
+            )));
+        };
+        let n = DOWNLOADS.fetch_add(1, Ordering::Relaxed);
+        let downloads = dir.join(format!("restore-p{}-{n}", std::process::id()));
+        let _cleanup = RemoveOnDrop(downloads.clone());
+        let io = |what: &str, path: &std::path::Path, e: std::io::Error| {
+            fail(format!("cannot {what} {}: {e}", path.display()))
+        };
+        std::fs::create_dir_all(&downloads).map_err(|e| io("create", &downloads, e))?;
+        let mut lists = Vec::with_capacity(restored.native.len());
+        for r in &restored.native {
+            let mut files = Vec::with_capacity(r.handle.files.len());
+            for (f, bytes) in r.handle.files.iter().zip(&r.files) {
+                let (path, size) = match bytes {
+                    Some(b) => {
+                        let path = downloads.join(&f.name);
+                        std::fs::write(&path, b).map_err(|e| io("write", &path, e))?;
+                        (path, b.len() as u64)
+                    }
+                    None => (std::path::PathBuf::new(), 0),
+                };
+                files.push(weir_state::NativeFile {
+                    name: f.name.clone(),
+                    key_groups: f.key_groups,
+                    size,
+                    path,
+                });
+            }
+            lists.push(weir_state::NativeFiles {
+                format: r.handle.format.clone(),
+                files,
+            });
+        }
+        let parts: Vec<weir_state::NativeRestorePart<'_>> = restored
+            .native
+            .iter()
+            .zip(&lists)
+            .map(|(r, files)| weir_state::NativeRestorePart {
+                manifest: &r.manifest,
+                files,
+            })
+            .collect();
+        self.backend.restore_native(&parts)?;
+        Ok(())
+    }
+
     /// Handles the lifecycle events that concern keyed state: restore at open, freeze at snapshot.
     /// Returns true for `Open`, after which the operator registers its states.
     pub fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> Result<bool, TaskError> {
@@ -105,6 +181,10 @@ impl<K: StateKey> KeyedBase<K> {
                     });
                 }
                 if let Some(restored) = ctx.operators.remove(&self.operator_id) {
+                    if !restored.native.is_empty() {
+                        self.restore_native(&restored)?;
+                        return Ok(true);
+                    }
                     let parts: Vec<RestorePart<'_>> = restored
                         .keyed
                         .iter()
@@ -756,5 +836,14 @@ where
             self.fire(TimeDomain::ProcessingTime, *now, out)?;
         }
         Ok(())
+    }
+}
+
+/// Removes a directory when dropped.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

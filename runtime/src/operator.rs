@@ -51,6 +51,21 @@ pub struct RestoredOperatorState {
     pub keyed: Vec<RestoredKeyed>,
     /// Operator state blobs assigned to this subtask.
     pub operator: Vec<Vec<u8>>,
+    /// Native keyed snapshots that overlap this subtask's key groups.
+    pub native: Vec<RestoredNative>,
+}
+
+/// One native keyed snapshot to restore: its manifest and the files this subtask needs (their
+/// payloads, checked: digest and identity frame).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct RestoredNative {
+    /// The handle.
+    pub handle: weir_core::handle::NativeKeyedHandle,
+    /// The manifest the backend wrote.
+    pub manifest: bytes::Bytes,
+    /// Per file of the handle, in order: its bytes, `None` for a file whose key groups this
+    /// subtask does not own.
+    pub files: Vec<Option<bytes::Bytes>>,
 }
 
 /// Keyed-state bytes for one handle.

@@ -3,7 +3,7 @@
 //! state kept in place or redistributed by its mode.
 
 use crate::error::JobError;
-use crate::operator::{RestoreContext, RestoredKeyed, RestoredOperatorState};
+use crate::operator::{RestoreContext, RestoredKeyed, RestoredNative, RestoredOperatorState};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use weir_checkpoint::{
 };
 use weir_core::fingerprint::JobFingerprint;
 use weir_core::graph::JobGraph;
-use weir_core::handle::{KeyedStateHandle, StreamStateHandle};
+use weir_core::handle::{KeyedStateHandle, NativeKeyedHandle, StreamStateHandle};
 use weir_core::identity::StateFileKind;
 use weir_core::ids::{JobId, SubtaskIndex, VertexId};
 use weir_core::keygroup::KeyGroupRange;
@@ -456,11 +456,17 @@ pub(crate) async fn assign(
             let mut restored = RestoredOperatorState {
                 keyed: Vec::new(),
                 operator: new_blobs.get(i as usize).cloned().unwrap_or_default(),
+                native: Vec::new(),
             };
-            for state in op.subtasks.values() {
+            for (&old, state) in &op.subtasks {
                 for h in &state.keyed {
                     if let Some(r) = read_keyed(point, op, h, &range).await? {
                         restored.keyed.push(r);
+                    }
+                }
+                for h in &state.native {
+                    if let Some(r) = read_native(point, op, old, h, &range).await? {
+                        restored.native.push(r);
                     }
                 }
             }
@@ -610,6 +616,75 @@ async fn read_keyed(
     verify::check_keyed_sections(&header, &part, range, 1)
         .map_err(|e| corrupt(file(), e.join("; ")))?;
     Ok(Some(r))
+}
+
+/// Reads the manifest of a native keyed snapshot and the files a subtask owning `range` needs,
+/// each checked: size and digest, then its identity frame (this job, operator and subtask, the
+/// file's kind and key groups, a checkpoint not newer than the one restored). `None` when the
+/// snapshot's key groups do not overlap `range`.
+async fn read_native(
+    point: &RestorePoint,
+    op: &OperatorState,
+    subtask: SubtaskIndex,
+    h: &NativeKeyedHandle,
+    range: &KeyGroupRange,
+) -> Result<Option<RestoredNative>, JobError> {
+    if h.key_group_range.intersection(range).is_empty() {
+        return Ok(None);
+    }
+    let meta = &point.metadata;
+    let read = |stream: &StreamStateHandle, kind: StateFileKind, key_groups: KeyGroupRange| {
+        let stream = stream.clone();
+        async move {
+            let bytes = point
+                .storage
+                .read_state(&point.location, &stream, None)
+                .await?;
+            let damaged = |reason: String| corrupt(file_of(point, &stream), reason);
+            let (identity, len) =
+                weir_core::identity::open_frame(&bytes).map_err(|e| damaged(e.to_string()))?;
+            let written = if identity.checkpoint_id <= meta.checkpoint_id {
+                identity.checkpoint_id
+            } else {
+                meta.checkpoint_id
+            };
+            let expected = weir_core::identity::ExpectedIdentity {
+                job_id: meta.job_id,
+                checkpoint_id: written,
+                operator_id: op.operator_id,
+                subtask,
+                key_groups: Some(key_groups),
+                kind,
+            };
+            identity.check(&expected).map_err(|reason| {
+                damaged(format!(
+                    "{} of {}: {reason}",
+                    kind,
+                    verify::who(op, subtask)
+                ))
+            })?;
+            Ok::<_, JobError>(bytes.slice(len..))
+        }
+    };
+    let manifest = read(
+        &h.manifest,
+        StateFileKind::NativeManifest,
+        h.key_group_range,
+    )
+    .await?;
+    let mut files = Vec::with_capacity(h.files.len());
+    for f in &h.files {
+        files.push(if f.key_groups.intersection(range).is_empty() {
+            None
+        } else {
+            Some(read(&f.stream, StateFileKind::NativeFile, f.key_groups).await?)
+        });
+    }
+    Ok(Some(RestoredNative {
+        handle: h.clone(),
+        manifest,
+        files,
+    }))
 }
 
 /// Hands each subtask the in-flight data its previous incarnation persisted. In-flight data is

@@ -12,8 +12,8 @@ use weir_checkpoint::storage::CheckpointLocation;
 use weir_core::channel_state::ChannelSection;
 use weir_core::element::SnapshotKind;
 use weir_core::handle::{
-    KeyedStateHandle, OperatorStateHandle, OperatorSubtaskState, StreamStateHandle,
-    TaskStateSnapshot,
+    KeyedStateHandle, NativeFileHandle, NativeKeyedHandle, OperatorStateHandle,
+    OperatorSubtaskState, StreamStateHandle, TaskStateSnapshot,
 };
 use weir_core::identity::{FileIdentity, StateFileKind};
 use weir_core::ids::{CheckpointId, JobId, OperatorId};
@@ -21,10 +21,53 @@ use weir_state::SnapshotScope;
 
 use crate::operator::OperatorSnapshotParts;
 
-/// Per operator, by checkpoint: the keyed-state handles of an incremental chain (a full
-/// snapshot, then its deltas in order), as the subtask's acknowledgement carries them.
-pub(crate) type IncrementalChains =
-    HashMap<OperatorId, BTreeMap<CheckpointId, Vec<KeyedStateHandle>>>;
+/// What later incremental checkpoints of a subtask build on.
+#[derive(Debug, Default)]
+pub(crate) struct IncrementalChains {
+    /// Per operator, by checkpoint: the keyed-state handles of an incremental chain (a full
+    /// snapshot, then its deltas in order), as the subtask's acknowledgement carries them.
+    pub links: HashMap<OperatorId, BTreeMap<CheckpointId, Vec<KeyedStateHandle>>>,
+    /// Native snapshots' files, uploaded once each.
+    pub native: NativeUploads,
+}
+
+/// The files of native snapshots a subtask uploaded: a file a completed checkpoint holds is
+/// referenced again by later checkpoints that list it, never uploaded twice. Files of a
+/// checkpoint not known to be complete are not reused: it may still fail and take them along.
+#[derive(Debug, Default)]
+pub(crate) struct NativeUploads {
+    pending: BTreeMap<CheckpointId, HashMap<OperatorId, Vec<NativeFileHandle>>>,
+    confirmed: HashMap<OperatorId, HashMap<String, StreamStateHandle>>,
+}
+
+impl NativeUploads {
+    /// The handle of file `name` of `operator` a completed checkpoint holds.
+    fn uploaded(&self, operator: OperatorId, name: &str) -> Option<StreamStateHandle> {
+        self.confirmed.get(&operator)?.get(name).cloned()
+    }
+
+    /// Checkpoint `id`'s files of `operator`.
+    fn record(&mut self, id: CheckpointId, operator: OperatorId, files: Vec<NativeFileHandle>) {
+        self.pending.entry(id).or_default().insert(operator, files);
+    }
+
+    /// Checkpoint `id` completed: its files are what later checkpoints reuse.
+    pub(crate) fn complete(&mut self, id: CheckpointId) {
+        if let Some(by_operator) = self.pending.remove(&id) {
+            for (operator, files) in by_operator {
+                let by_name = files.into_iter().map(|f| (f.name, f.stream)).collect();
+                self.confirmed.insert(operator, by_name);
+            }
+        }
+        self.pending.retain(|c, _| *c > id);
+    }
+
+    /// Forgets every upload: the next native snapshots upload all their files (new chains).
+    pub(crate) fn clear(&mut self) {
+        self.pending.clear();
+        self.confirmed.clear();
+    }
+}
 
 /// The names and redistribution modes of an operator snapshot's states.
 type StateNames = Vec<(String, weir_core::handle::OperatorStateMode)>;
@@ -86,10 +129,18 @@ fn shift_layout(
     layout
 }
 
+/// A native keyed snapshot: its files on local disk, and the snapshot, which keeps them there
+/// until the upload is done and then writes the manifest.
+struct SerializedNative {
+    files: weir_state::NativeFiles,
+    snapshot: Box<dyn weir_state::KeyedSnapshot>,
+}
+
 /// One operator's state, serialized and framed.
 struct Serialized {
     operator_id: OperatorId,
     keyed: Option<(weir_state::KeyedSnapshotLayout, Bytes)>,
+    native: Option<SerializedNative>,
     /// For an incremental snapshot: the chain it extends.
     chain: Option<Vec<KeyedStateHandle>>,
     operator: Option<(StateNames, Bytes)>,
@@ -131,6 +182,7 @@ pub(crate) async fn upload(
         in_flight,
         chains,
     } = upload;
+    let snapshot_kind = snapshot;
     let identity = move |operator_id, kind, key_groups, base| FileIdentity {
         job_id,
         checkpoint_id: id,
@@ -146,7 +198,16 @@ pub(crate) async fn upload(
         let mut out = Vec::with_capacity(parts.len());
         for (p, base) in parts.into_iter().zip(bases) {
             let mut chain = None;
-            let keyed = match p.keyed {
+            let mut native = None;
+            let mut keyed = p.keyed;
+            if let Some(k) = keyed.as_mut()
+                && let Some(files) = k.native_files().map_err(|e| e.to_string())?
+            {
+                native = keyed
+                    .take()
+                    .map(|snapshot| SerializedNative { files, snapshot });
+            }
+            let keyed = match keyed {
                 Some(k) => {
                     let (file_kind, link_base) = match k.scope() {
                         SnapshotScope::Incremental { base: b } => {
@@ -181,6 +242,7 @@ pub(crate) async fn upload(
             out.push(Serialized {
                 operator_id: p.operator_id,
                 keyed,
+                native,
                 chain,
                 operator,
             });
@@ -220,11 +282,12 @@ pub(crate) async fn upload(
     let written = write_parts(
         &*storage,
         &location,
-        (id, task, generation),
+        (id, task, generation, snapshot_kind, job_id),
         serialized,
         &mut snapshot,
         &mut new_shared,
         &mut new_chains,
+        &chains,
     )
     .await;
     if let Err(reason) = written {
@@ -237,7 +300,11 @@ pub(crate) async fn upload(
     }
     if let Ok(mut chains) = chains.lock() {
         for (operator_id, chain) in new_chains {
-            chains.entry(operator_id).or_default().insert(id, chain);
+            chains
+                .links
+                .entry(operator_id)
+                .or_default()
+                .insert(id, chain);
         }
     }
     snapshot.new_shared = new_shared
@@ -249,19 +316,38 @@ pub(crate) async fn upload(
 
 /// Writes each operator's serialized state and fills `snapshot` with the handles; the shared
 /// files written go to `new_shared`, and the incremental chains completed to `new_chains`.
+#[allow(clippy::too_many_arguments)]
 async fn write_parts(
     storage: &dyn CheckpointStorage,
     location: &CheckpointLocation,
-    (id, task, generation): (CheckpointId, TaskKey, u64),
+    who: Who,
     serialized: Vec<Serialized>,
     snapshot: &mut TaskStateSnapshot,
     new_shared: &mut Vec<StreamStateHandle>,
     new_chains: &mut Vec<(OperatorId, Vec<KeyedStateHandle>)>,
+    chains: &Mutex<IncrementalChains>,
 ) -> Result<(), String> {
+    let (id, task, generation, _, _) = who;
     for s in serialized {
         let short = format!("{}", s.operator_id);
         let short = &short[..8];
         let mut state = OperatorSubtaskState::default();
+        if let Some(native) = s.native {
+            let handle = write_native(
+                storage,
+                location,
+                who,
+                s.operator_id,
+                native,
+                new_shared,
+                chains,
+            )
+            .await?;
+            if let Ok(mut c) = chains.lock() {
+                c.native.record(id, s.operator_id, handle.files.clone());
+            }
+            state.native.push(handle);
+        }
         match (s.keyed, s.chain) {
             (Some((layout, buf)), None) => {
                 let name = format!(
@@ -300,6 +386,105 @@ async fn write_parts(
             snapshot.operators.insert(s.operator_id, state);
         }
     }
+    Ok(())
+}
+
+/// Whose upload: the checkpoint, the subtask, its generation, the snapshot's kind and the job.
+type Who = (CheckpointId, TaskKey, u64, SnapshotKind, JobId);
+
+/// Uploads a native snapshot: each file no completed checkpoint holds goes to the shared
+/// directory behind an identity frame, the others are referenced again; then the manifest,
+/// after which the snapshot lets its files go.
+async fn write_native(
+    storage: &dyn CheckpointStorage,
+    location: &CheckpointLocation,
+    (id, task, generation, kind, job_id): Who,
+    operator_id: OperatorId,
+    native: SerializedNative,
+    new_shared: &mut Vec<StreamStateHandle>,
+    chains: &Mutex<IncrementalChains>,
+) -> Result<NativeKeyedHandle, String> {
+    let SerializedNative { files, snapshot } = native;
+    let short = format!("{operator_id}");
+    let short = &short[..8];
+    let identity = |kind_of_file, key_groups| FileIdentity {
+        job_id,
+        checkpoint_id: id,
+        snapshot: kind,
+        operator_id,
+        subtask: task.subtask,
+        key_groups: Some(key_groups),
+        kind: kind_of_file,
+        base: None,
+        format_version: 0,
+    };
+    let mut handles = Vec::with_capacity(files.files.len());
+    for f in &files.files {
+        let reused = chains
+            .lock()
+            .ok()
+            .and_then(|c| c.native.uploaded(operator_id, &f.name));
+        let stream = match reused {
+            Some(handle) => handle,
+            None => {
+                let mut file = FramedFile::new();
+                read_local(&f.path, f.size, file.payload()).await?;
+                let (bytes, _) = file.finish(identity(StateFileKind::NativeFile, f.key_groups))?;
+                let name = format!(
+                    "v{}-{}-g{generation}-{short}-{}",
+                    task.vertex.0, task.subtask, f.name
+                );
+                let handle = write_file(storage, location, &name, bytes, true).await?;
+                if matches!(handle, StreamStateHandle::File { .. }) {
+                    new_shared.push(handle.clone());
+                }
+                handle
+            }
+        };
+        handles.push(NativeFileHandle {
+            name: f.name.clone(),
+            key_groups: f.key_groups,
+            stream,
+        });
+    }
+    let mut file = FramedFile::new();
+    let layout = snapshot
+        .write_to(file.payload())
+        .map_err(|e| e.to_string())?;
+    let (bytes, _) = file.finish(identity(
+        StateFileKind::NativeManifest,
+        layout.key_group_range,
+    ))?;
+    let name = format!(
+        "v{}-{}-g{generation}-{short}-c{}-manifest",
+        task.vertex.0, task.subtask, id.0
+    );
+    let manifest = write_file(storage, location, &name, bytes, false).await?;
+    Ok(NativeKeyedHandle {
+        key_group_range: layout.key_group_range,
+        format: files.format,
+        manifest,
+        files: handles,
+    })
+}
+
+/// Appends the local file at `path`, which must have `size` bytes, to `out` (off the
+/// runtime's threads).
+async fn read_local(path: &std::path::Path, size: u64, out: &mut Vec<u8>) -> Result<(), String> {
+    let path = path.to_path_buf();
+    let bytes = tokio::task::spawn_blocking(move || std::fs::read(&path).map(|b| (path, b)))
+        .await
+        .map_err(|e| format!("reading a native snapshot's file: {e}"))?
+        .map_err(|e| format!("cannot read a native snapshot's file: {e}"))?;
+    let (path, bytes) = bytes;
+    if bytes.len() as u64 != size {
+        return Err(format!(
+            "the native snapshot's file {} has {} bytes, and the snapshot listed {size}",
+            path.display(),
+            bytes.len()
+        ));
+    }
+    out.extend_from_slice(&bytes);
     Ok(())
 }
 

@@ -14,15 +14,12 @@ use bounded::{Bounded, BoundedCommand};
 mod checkpointed;
 
 use checkpointed::{KeyedJob, complete_ids};
-use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use weir_checkpoint::metadata::{METADATA_MAGIC, METADATA_VERSION};
-use weir_checkpoint::{CheckpointMetadata, OpendalCheckpointStorage, OperatorState};
-use weir_core::element::SnapshotKind;
-use weir_core::ids::{CheckpointId, JobId};
+use weir_checkpoint::metadata::METADATA_VERSION;
+use weir_checkpoint::{CheckpointMetadata, OpendalCheckpointStorage};
 use weir_runtime::testing::{Gate, GateDriver};
 use weir_runtime::{JobClient, StorageConfig, StreamEnvironment};
 
@@ -1066,19 +1063,6 @@ fn verify_compares_channel_state_sections_with_metadata() {
     );
 }
 
-/// Version 1 of the `_metadata` payload: the fields a v1 build wrote, in their order.
-#[derive(Serialize)]
-struct MetadataV1 {
-    job_id: JobId,
-    job_name: String,
-    checkpoint_id: CheckpointId,
-    kind: SnapshotKind,
-    trigger_timestamp_ms: u64,
-    completion_timestamp_ms: u64,
-    weir_version: String,
-    operators: Vec<OperatorState>,
-}
-
 /// Rewrites a checkpoint's files as builds before `_metadata` version 3 wrote them: no
 /// identity frame, and handles with a CRC-32 of the file instead of a digest.
 fn to_legacy_files(chk: &Path, mut m: CheckpointMetadata) -> CheckpointMetadata {
@@ -1135,18 +1119,7 @@ fn a_version_1_metadata_is_still_inspected() {
         "the fixture's checkpoints are aligned"
     );
     let m = to_legacy_files(&chk, m);
-    let v1 = MetadataV1 {
-        job_id: m.job_id,
-        job_name: m.job_name.clone(),
-        checkpoint_id: m.checkpoint_id,
-        kind: m.kind,
-        trigger_timestamp_ms: m.trigger_timestamp_ms,
-        completion_timestamp_ms: m.completion_timestamp_ms,
-        weir_version: m.weir_version.clone(),
-        operators: m.operators.clone(),
-    };
-    let payload = weir_core::codec::encode("v1 metadata", &v1).unwrap();
-    let sealed = weir_core::codec::seal(METADATA_MAGIC, 1, &payload);
+    let sealed = m.to_legacy_bytes(1).unwrap();
     std::fs::write(&metadata_file, &sealed).unwrap();
 
     let o = weir_at(&["checkpoints", "inspect", "--json"], &chk);

@@ -121,6 +121,12 @@ pub trait StateBackend: Send + Sync + fmt::Debug + 'static {
         &self,
         parameters: &KeyedBackendParameters,
     ) -> Result<KeyedBackendKind, StateError>;
+
+    /// The local directory of a backend that keeps files (where the runtime puts a native
+    /// snapshot's files for a restore); `None` (the default) for one that does not.
+    fn local_dir(&self) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// A shared backend is the backend it shares.
@@ -134,6 +140,10 @@ impl<T: StateBackend + ?Sized> StateBackend for std::sync::Arc<T> {
         parameters: &KeyedBackendParameters,
     ) -> Result<KeyedBackendKind, StateError> {
         (**self).create_keyed_backend(parameters)
+    }
+
+    fn local_dir(&self) -> Option<PathBuf> {
+        (**self).local_dir()
     }
 }
 
@@ -222,6 +232,10 @@ impl StateBackend for DiskStateBackend {
         "disk".to_string()
     }
 
+    fn local_dir(&self) -> Option<PathBuf> {
+        Some(self.dir.clone())
+    }
+
     fn create_keyed_backend(
         &self,
         p: &KeyedBackendParameters,
@@ -307,9 +321,11 @@ impl<K: StateKey> KeyedBackend<K> {
                 }
                 KeyedBackend::Heap(heap)
             }
+            // In incremental mode a store with native snapshots checkpoints its own files.
             KeyedBackendKind::Store(store) => KeyedBackend::Store(
                 StoreKeyedStateBackend::new(store, max_p, range)
-                    .with_compression(parameters.compression),
+                    .with_compression(parameters.compression)
+                    .with_native_snapshots(parameters.incremental.is_some()),
             ),
         })
     }

@@ -307,6 +307,7 @@ fn sample_metadata(
                 states: vec![("offsets".to_string(), OperatorStateMode::Union)],
                 stream: operator,
             }],
+            native: Vec::new(),
         },
     );
     CheckpointMetadata {

@@ -53,6 +53,7 @@ fn task_state() -> TaskStateSnapshot {
                 states: vec![("offsets".to_string(), OperatorStateMode::Union)],
                 stream: StreamStateHandle::Inline(vec![5; 9]),
             }],
+            native: Vec::new(),
         },
     );
     state

@@ -26,10 +26,8 @@ pub struct Metadata;
 /// The seed files: the current version of several shapes, and versions 2 and 1.
 ///
 /// Built from constructed values through `CheckpointMetadata::to_bytes`, so a new format
-/// version changes the seeds by itself. Version 2 is a version 3 file with legacy (CRC-32)
-/// handles and no fingerprint, less its last payload byte (the fingerprint's `None`); version 1
-/// (which had no in-flight list either) is such a file without in-flight data, less one more
-/// byte (the list's empty length).
+/// version changes the seeds by itself; versions 2 and 1 through `to_legacy_bytes`, with
+/// legacy (CRC-32) handles.
 pub fn seed_files() -> Vec<Vec<u8>> {
     let values = [
         metadata(SnapshotKind::Checkpoint, Vec::new(), Vec::new()),
@@ -41,30 +39,17 @@ pub fn seed_files() -> Vec<Vec<u8>> {
         ),
     ];
     let mut files: Vec<Vec<u8>> = values.iter().filter_map(|m| m.to_bytes().ok()).collect();
-    let legacy = |in_flight: Vec<SubtaskInFlight>, version: u16, drop: usize| {
+    let legacy = |in_flight: Vec<SubtaskInFlight>, version: u16| {
         let mut m = metadata(
             SnapshotKind::SynchronousSavepoint,
             operators(true),
             in_flight,
         );
         m.fingerprint = None;
-        let v3 = m
-            .to_bytes()
-            .ok()
-            .and_then(|b| mutate::Envelope::split(&b))?;
-        let mut payload = v3.payload;
-        payload.truncate(payload.len().saturating_sub(drop));
-        Some(
-            mutate::Envelope {
-                version,
-                payload,
-                ..v3
-            }
-            .seal(),
-        )
+        m.to_legacy_bytes(version).ok()
     };
-    files.extend(legacy(vec![in_flight(true)], 2, 1));
-    files.extend(legacy(Vec::new(), 1, 2));
+    files.extend(legacy(vec![in_flight(true)], 2));
+    files.extend(legacy(Vec::new(), 1));
     files
 }
 
@@ -130,6 +115,21 @@ fn operators(legacy: bool) -> Vec<OperatorState> {
                 file(legacy, "chk-7/sum-0-keyed", 100),
             )],
             operator: Vec::new(),
+            // Native snapshots exist from version 4 on.
+            native: if legacy {
+                Vec::new()
+            } else {
+                vec![weir_core::handle::NativeKeyedHandle {
+                    key_group_range: KeyGroupRange::new(0, 3),
+                    format: "weir-disk-runs/1".to_string(),
+                    manifest: file(false, "chk-7/sum-0-manifest", 300),
+                    files: vec![weir_core::handle::NativeFileHandle {
+                        name: "store.0000000001".to_string(),
+                        key_groups: KeyGroupRange::new(0, 3),
+                        stream: file(false, "../shared/sum-0-store.0000000001", 4096),
+                    }],
+                }]
+            },
         },
     );
     subtasks.insert(
@@ -146,6 +146,7 @@ fn operators(legacy: bool) -> Vec<OperatorState> {
                 ],
                 stream: StreamStateHandle::Inline(vec![1, 2, 3]),
             }],
+            native: Vec::new(),
         },
     );
     vec![

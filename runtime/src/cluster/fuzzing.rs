@@ -180,6 +180,7 @@ fn task_state() -> TaskStateSnapshot {
                 states: vec![("offsets".to_string(), OperatorStateMode::SplitDistribute)],
                 stream: StreamStateHandle::Inline(vec![1, 2, 3]),
             }],
+            native: Vec::new(),
         },
     );
     state.new_shared = vec!["../shared/sum-0-4".to_string()];
@@ -209,6 +210,7 @@ fn deploy() -> Deploy {
                 sections_offset: 60,
             }],
             operator: vec![vec![9; 20]],
+            native: Vec::new(),
         },
     );
     Deploy {

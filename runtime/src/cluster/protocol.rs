@@ -162,6 +162,7 @@ mod tests {
                     stream: StreamStateHandle::Inline(vec![1, 2, 3]),
                 }],
                 keyed: Vec::new(),
+                native: Vec::new(),
             },
         );
         let sent = vec![

@@ -180,6 +180,7 @@ mod tests {
                     },
                 }],
                 operator: Vec::new(),
+                native: Vec::new(),
             },
         );
         if new {

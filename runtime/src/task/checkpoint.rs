@@ -73,7 +73,13 @@ async fn carry_out(
             input.lifecycle(&mut Lifecycle::EmitCancelMarker(id))?
         }
         StepAction::AdvanceToEndOfTime => input.advance_to_end_of_time()?,
-        StepAction::StartNewChains => input.lifecycle(&mut Lifecycle::StartNewChains)?,
+        StepAction::StartNewChains => {
+            input.lifecycle(&mut Lifecycle::StartNewChains)?;
+            // The job manager refused a reference to a file it no longer holds: upload anew.
+            if let Ok(mut chains) = env.chains.lock() {
+                chains.native.clear();
+            }
+        }
         StepAction::Snapshot {
             barrier,
             alignment,
@@ -104,11 +110,13 @@ async fn carry_out(
             input.lifecycle(&mut Lifecycle::NotifyComplete(id))?;
             // Later deltas extend this checkpoint's chains: the older ones are not needed.
             if let Ok(mut chains) = env.chains.lock() {
-                for by_checkpoint in chains.values_mut() {
+                for by_checkpoint in chains.links.values_mut() {
                     if by_checkpoint.contains_key(&id) {
                         by_checkpoint.retain(|c, _| *c >= id);
                     }
                 }
+                // Native files it holds are referenced again, not uploaded again.
+                chains.native.complete(id);
             }
         }
         StepAction::NotifyAborted(id) => {
@@ -241,7 +249,12 @@ impl FrozenParts {
                     .chains
                     .lock()
                     .ok()
-                    .and_then(|c| c.get(&p.operator_id)?.get(&CheckpointId(base)).cloned())
+                    .and_then(|c| {
+                        c.links
+                            .get(&p.operator_id)?
+                            .get(&CheckpointId(base))
+                            .cloned()
+                    })
                     .ok_or_else(|| {
                         format!(
                             "operator {}: the incremental chain of checkpoint {base}, which this \
