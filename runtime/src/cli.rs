@@ -7,9 +7,9 @@
 //!   or one `chk-<n>` directory, with its status: `COMPLETED`, `INCOMPLETE` (no `_metadata`),
 //!   `CORRUPT` (`_metadata` fails its checks, with the reason) or `UNREADABLE` (storage error).
 //! - `inspect <path> [--json]`: what one checkpoint holds (job, times, versions, every operator
-//!   and subtask with its keyed and operator state, the in-flight data an unaligned checkpoint
-//!   persisted per subtask and channel) and the verification of every file; exit code 1 when a
-//!   check failed, as for `verify`.
+//!   and subtask with its keyed and operator state and its native keyed snapshots, the in-flight
+//!   data an unaligned checkpoint persisted per subtask and channel) and the verification of
+//!   every file; exit code 1 when a check failed, as for `verify`.
 //! - `verify <path>`: the checks of `inspect`, summarized; exit code 0 when everything is
 //!   intact, 1 when something is corrupt, 2 for a usage error.
 //!
@@ -19,8 +19,10 @@
 //!
 //! Every check a restore makes is made here too, on every key group rather than only the ones a
 //! subtask owns: `_metadata`'s envelope and checksum (every format version this build reads);
-//! each state file's size and CRC-32; each keyed snapshot's header and every key-group section
-//! with its own CRC-32; each operator-state blob's envelope and content; each channel-state
+//! each state file's size and CRC-32 or digest, and its identity frame; each keyed snapshot's
+//! header and every key-group section with its own CRC-32; each native keyed snapshot's
+//! manifest and files, whose frames may name an older checkpoint (a file is shared, uploaded
+//! once: `cli/native.rs`); each operator-state blob's envelope and content; each channel-state
 //! file's envelope, batch framing and record counts; and the consistency of the handles with the
 //! headers and of the channel-state handles with their files' sections.
 
@@ -49,6 +51,9 @@ use weir_state::format::{SnapshotHeader, whole_stream_part};
 
 use crate::error::reason_of;
 use crate::verify;
+
+mod native;
+pub use native::{NativeFileReport, NativeHandleReport, NativeManifestReport};
 
 /// The most section failures reported per keyed-state stream (the rest are counted).
 const MAX_SECTION_PROBLEMS: usize = 5;
@@ -97,13 +102,14 @@ pub enum CheckpointsCommand {
     /// Show what a checkpoint holds and verify every file it references.
     ///
     /// The job, times and versions; then each operator (by uid), each subtask's keyed state (key
-    /// groups, states from the snapshot header) and operator state (states and redistribution
-    /// modes), with sizes, files and the verification of each; then the in-flight data of an
-    /// unaligned checkpoint, per subtask: its channel-state file and its sections (direction,
-    /// channel, records, bytes). Given a root or job directory, inspects the latest complete
-    /// checkpoint there and says so. Exits 0 when every check passed, 1 when one failed (the
-    /// report still shows everything, with the problems) or _metadata is corrupt or unreadable,
-    /// 2 for a usage error.
+    /// groups, states from the snapshot header), operator state (states and redistribution
+    /// modes) and native keyed snapshots (format, key groups, manifest, and each shared file
+    /// with its key groups and the checkpoint that uploaded it), with sizes, files and the
+    /// verification of each; then the in-flight data of an unaligned checkpoint, per subtask:
+    /// its channel-state file and its sections (direction, channel, records, bytes). Given a
+    /// root or job directory, inspects the latest complete checkpoint there and says so. Exits 0
+    /// when every check passed, 1 when one failed (the report still shows everything, with the
+    /// problems) or _metadata is corrupt or unreadable, 2 for a usage error.
     Inspect {
         /// A chk-N directory, or a root or job directory (the latest complete checkpoint);
         /// local, or s3://bucket/prefix[/JOB_ID[/chk-N]].
@@ -114,9 +120,10 @@ pub enum CheckpointsCommand {
     },
     /// Verify _metadata and every file a checkpoint references.
     ///
-    /// Checks _metadata's envelope and checksum, each state file's size and CRC-32, each keyed
-    /// snapshot's header and every key-group section's checksum, each operator-state blob, and
-    /// each channel-state file (in-flight data of an unaligned checkpoint): its envelope, every
+    /// Checks _metadata's envelope and checksum, each state file's size and checksum and its
+    /// identity frame, each keyed snapshot's header and every key-group section's checksum, each
+    /// native keyed snapshot's manifest and files, each operator-state blob, and each
+    /// channel-state file (in-flight data of an unaligned checkpoint): its envelope, every
     /// section's batches and record count, and the sections _metadata records for it.
     /// Prints `OK: checkpoint <id> of job <name>: <n> files, <bytes> bytes verified` and exits
     /// 0, or one `CORRUPT: <file>: <reason>` line per problem and exits 1; exits 2 for a usage
@@ -419,6 +426,8 @@ pub struct SubtaskReport {
     pub keyed: Vec<KeyedHandleReport>,
     /// Operator-state handles.
     pub operator: Vec<OperatorHandleReport>,
+    /// Native keyed snapshots (a backend's own files and its manifest).
+    pub native: Vec<NativeHandleReport>,
 }
 
 /// One operator of the checkpoint.
@@ -1307,10 +1316,15 @@ impl Checker<'_> {
             for h in &state.operator {
                 operator.push(self.operator_state(m, op, index, h, &who).await);
             }
+            let mut native = Vec::with_capacity(state.native.len());
+            for h in &state.native {
+                native.push(self.native(m, op.operator_id, index, h, &who).await);
+            }
             subtasks.push(SubtaskReport {
                 subtask: index,
                 keyed,
                 operator,
+                native,
             });
         }
         OperatorReport {
@@ -1671,45 +1685,7 @@ pub fn render_inspect(r: &InspectReport) -> String {
             }
         );
         for sub in &op.subtasks {
-            let _ = writeln!(s, "  subtask {}:", sub.subtask);
-            for k in &sub.keyed {
-                let _ = writeln!(
-                    s,
-                    "    keyed state: key groups [{}, {}] ({}), {}, {}",
-                    k.key_groups.start,
-                    k.key_groups.end,
-                    k.key_groups.count,
-                    size_text(k.size),
-                    where_(&k.stream)
-                );
-                for st in &k.states {
-                    let _ = writeln!(
-                        s,
-                        "      state {:?}: {}, key {}, value {}",
-                        st.name, st.kind, st.key_type, st.value_type
-                    );
-                }
-                let _ = writeln!(s, "      verification: {}", verdict(&k.verification));
-            }
-            for o in &sub.operator {
-                let states: Vec<String> = o
-                    .states
-                    .iter()
-                    .map(|e| format!("{:?} ({})", e.name, e.mode))
-                    .collect();
-                let _ = writeln!(
-                    s,
-                    "    operator state: {}, {}, {}",
-                    if states.is_empty() {
-                        "no states".to_string()
-                    } else {
-                        states.join(", ")
-                    },
-                    size_text(o.size),
-                    where_(&o.stream)
-                );
-                let _ = writeln!(s, "      verification: {}", verdict(&o.verification));
-            }
+            render_subtask(&mut s, sub);
         }
     }
     for f in &r.in_flight {
@@ -1766,6 +1742,50 @@ pub fn render_inspect(r: &InspectReport) -> String {
         }
     }
     s
+}
+
+/// Renders one subtask's state: keyed, operator and native, each with its verification.
+fn render_subtask(s: &mut String, sub: &SubtaskReport) {
+    let _ = writeln!(s, "  subtask {}:", sub.subtask);
+    for k in &sub.keyed {
+        let _ = writeln!(
+            s,
+            "    keyed state: key groups [{}, {}] ({}), {}, {}",
+            k.key_groups.start,
+            k.key_groups.end,
+            k.key_groups.count,
+            size_text(k.size),
+            where_(&k.stream)
+        );
+        for st in &k.states {
+            let _ = writeln!(
+                s,
+                "      state {:?}: {}, key {}, value {}",
+                st.name, st.kind, st.key_type, st.value_type
+            );
+        }
+        let _ = writeln!(s, "      verification: {}", verdict(&k.verification));
+    }
+    for o in &sub.operator {
+        let states: Vec<String> = o
+            .states
+            .iter()
+            .map(|e| format!("{:?} ({})", e.name, e.mode))
+            .collect();
+        let _ = writeln!(
+            s,
+            "    operator state: {}, {}, {}",
+            if states.is_empty() {
+                "no states".to_string()
+            } else {
+                states.join(", ")
+            },
+            size_text(o.size),
+            where_(&o.stream)
+        );
+        let _ = writeln!(s, "      verification: {}", verdict(&o.verification));
+    }
+    native::render(s, &sub.native);
 }
 
 fn where_(stream: &StreamReport) -> String {

@@ -641,28 +641,11 @@ async fn read_native(
                 .read_state(&point.location, &stream, None)
                 .await?;
             let damaged = |reason: String| corrupt(file_of(point, &stream), reason);
-            let (identity, len) =
-                weir_core::identity::open_frame(&bytes).map_err(|e| damaged(e.to_string()))?;
-            let written = if identity.checkpoint_id <= meta.checkpoint_id {
-                identity.checkpoint_id
-            } else {
-                meta.checkpoint_id
-            };
-            let expected = weir_core::identity::ExpectedIdentity {
-                job_id: meta.job_id,
-                checkpoint_id: written,
-                operator_id: op.operator_id,
-                subtask,
-                key_groups: Some(key_groups),
-                kind,
-            };
-            identity.check(&expected).map_err(|reason| {
-                damaged(format!(
-                    "{} of {}: {reason}",
-                    kind,
-                    verify::who(op, subtask)
-                ))
-            })?;
+            let (_, len) =
+                verify::check_native_frame(meta, op.operator_id, subtask, key_groups, kind, &bytes)
+                    .map_err(|reason| {
+                        damaged(format!("{kind} of {}: {reason}", verify::who(op, subtask)))
+                    })?;
             Ok::<_, JobError>(bytes.slice(len..))
         }
     };

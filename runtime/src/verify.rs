@@ -7,7 +7,8 @@
 //!   frame against what `_metadata` implies: job, checkpoint, operator, subtask, key groups and
 //!   kind. An incremental chain is walked from its newest link back: each link is of the
 //!   checkpoint the next one names as its base, the newest is `_metadata`'s own, and the first
-//!   starts the chain.
+//!   starts the chain. A native keyed snapshot's manifest is of `_metadata`'s checkpoint; each
+//!   of its files (shared, uploaded once) of that checkpoint or an older one.
 //! - Each payload: a keyed snapshot's header against the handle and every section it serves;
 //!   operator state decoded, with the states `_metadata` records; channel state decoded, every
 //!   batch checked, and its sections against `_metadata`'s summaries.
@@ -18,7 +19,9 @@
 use weir_checkpoint::storage::CheckpointLocation;
 use weir_checkpoint::{CheckpointMetadata, CheckpointStorage, OperatorState};
 use weir_core::channel_state::{ChannelDirection, ChannelSection, ChannelSectionSummary};
-use weir_core::handle::{KeyedStateHandle, OperatorStateHandle, OperatorStateMode};
+use weir_core::handle::{
+    KeyedStateHandle, NativeKeyedHandle, OperatorStateHandle, OperatorStateMode,
+};
 use weir_core::identity::{ExpectedIdentity, FileIdentity, StateFileKind};
 use weir_core::ids::{OperatorId, SubtaskIndex};
 use weir_core::keygroup::KeyGroupRange;
@@ -69,6 +72,28 @@ pub(crate) fn open_file(
     let (identity, offset) = weir_core::identity::open_frame(bytes).map_err(|e| e.to_string())?;
     identity.check(expected)?;
     Ok(offset)
+}
+
+/// Opens the identity frame of a native keyed snapshot's manifest or file, read whole, and
+/// checks it: this job, operator and subtask, the kind and key groups the handle records, and
+/// the checkpoint that wrote it: `_metadata`'s own for a manifest; for a file, that one or an
+/// older one (a file is uploaded once, by the first checkpoint that lists it, and shared by the
+/// later ones). Returns the identity and the offset of the payload.
+pub(crate) fn check_native_frame(
+    m: &CheckpointMetadata,
+    operator_id: OperatorId,
+    subtask: SubtaskIndex,
+    key_groups: KeyGroupRange,
+    kind: StateFileKind,
+    bytes: &[u8],
+) -> Result<(FileIdentity, usize), String> {
+    let (identity, offset) = weir_core::identity::open_frame(bytes).map_err(|e| e.to_string())?;
+    let mut e = expected(m, operator_id, subtask, Some(key_groups), kind);
+    if kind == StateFileKind::NativeFile && identity.checkpoint_id < m.checkpoint_id {
+        e.checkpoint_id = identity.checkpoint_id;
+    }
+    identity.check(&e)?;
+    Ok((identity, offset))
 }
 
 /// Reads the identity frame of a keyed file by range (the bytes before its header).
@@ -183,6 +208,26 @@ pub(crate) fn keyed_handle_problems(op: &OperatorState, h: &KeyedStateHandle) ->
             "the handle has {} section offsets for the {} key groups {range}",
             h.offsets.len(),
             range.len()
+        ));
+    }
+    errors
+}
+
+/// Problems of a native keyed handle as `_metadata` records it: key groups of the handle and of
+/// its files that fit the operator's max parallelism.
+pub(crate) fn native_handle_problems(op: &OperatorState, h: &NativeKeyedHandle) -> Vec<String> {
+    let fits = |r: &KeyGroupRange| r.is_empty() || r.end < op.max_parallelism;
+    let mut errors = Vec::new();
+    if !fits(&h.key_group_range) {
+        errors.push(format!(
+            "the key groups {} do not fit the operator's max parallelism {}",
+            h.key_group_range, op.max_parallelism
+        ));
+    }
+    for f in h.files.iter().filter(|f| !fits(&f.key_groups)) {
+        errors.push(format!(
+            "file {:?}: the key groups {} do not fit the operator's max parallelism {}",
+            f.name, f.key_groups, op.max_parallelism
         ));
     }
     errors
@@ -406,9 +451,9 @@ pub(crate) fn who(op: &OperatorState, subtask: SubtaskIndex) -> String {
     }
 }
 
-/// Problems of `_metadata` against itself: subtask indices below the parallelism, keyed
-/// handles that fit their operator, key-group ranges of an operator's subtasks that do not
-/// overlap, and in-flight entries that are recorded once, for a subtask that exists, with
+/// Problems of `_metadata` against itself: subtask indices below the parallelism, keyed and
+/// native handles that fit their operator, key-group ranges of an operator's subtasks that do
+/// not overlap, and in-flight entries that are recorded once, for a subtask that exists, with
 /// sections filed under the right end.
 pub(crate) fn metadata_self_problems(m: &CheckpointMetadata) -> Vec<String> {
     let mut problems = Vec::new();
@@ -427,6 +472,14 @@ pub(crate) fn metadata_self_problems(m: &CheckpointMetadata) -> Vec<String> {
                     problems.push(format!("keyed state of {who}: {e}"));
                 }
                 // An incremental chain's links share one range.
+                if !ranges.contains(&(h.key_group_range, index)) {
+                    ranges.push((h.key_group_range, index));
+                }
+            }
+            for h in &state.native {
+                for e in native_handle_problems(op, h) {
+                    problems.push(format!("native keyed state of {who}: {e}"));
+                }
                 if !ranges.contains(&(h.key_group_range, index)) {
                     ranges.push((h.key_group_range, index));
                 }

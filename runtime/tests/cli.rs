@@ -2,7 +2,9 @@
 //! in-process once, then the built binary lists, inspects and verifies its checkpoints, intact
 //! and after damage (a flipped byte in a state file or in `_metadata`, a deleted `_metadata`).
 //! A second job takes unaligned checkpoints under backpressure, so that they hold in-flight
-//! data (channel-state files); a version-1 `_metadata` is made by re-sealing a real one.
+//! data (channel-state files); a version-1 `_metadata` is made by re-sealing a real one. A third
+//! keeps its keyed state on the disk backend with incremental checkpoints, so that they hold
+//! native snapshots (manifests, and run files shared in the job's `shared/` directory).
 #![cfg(feature = "cli")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,6 +16,7 @@ use bounded::{Bounded, BoundedCommand};
 mod checkpointed;
 
 use checkpointed::{KeyedJob, complete_ids};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Arc, OnceLock};
@@ -1155,4 +1158,323 @@ fn a_version_1_metadata_is_still_inspected() {
         "{}",
         show(&o)
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Native keyed snapshots: the disk backend's runs, shared between checkpoints.
+
+const NATIVE_JOB: &str = "cli-native-test";
+
+/// Runs the keyed job of [`run_job`] with its keyed state on the disk backend (stores under
+/// `local`) and incremental checkpoints, so that each checkpoint records native snapshots: a
+/// manifest, and the stores' runs in the job's `shared/` directory, each uploaded once.
+async fn run_native_job(root: &Path, local: &Path) {
+    let env = StreamEnvironment::new();
+    env.set_job_name(NATIVE_JOB)
+        .set_parallelism(2)
+        .enable_checkpointing(Duration::from_millis(20))
+        .set_checkpoint_dir(root)
+        .set_state_backend(weir_runtime::DiskStateBackend::new(local));
+    env.checkpoint_config().num_retained = 3;
+    env.config_mut().incremental = true;
+    KeyedJob {
+        keys: KEYS,
+        records: RECORDS,
+        warm_up: WARM_UP,
+        wanted: WANTED,
+        give_up: Duration::from_secs(20),
+    }
+    .run(env, root.to_path_buf())
+    .await;
+}
+
+/// A checkpoint root of the native job, made once per test process.
+fn native_fixture() -> &'static Path {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let root = fresh_fixture_dir("weir-cli-native-");
+        let local = tempfile::tempdir().unwrap();
+        runtime().block_on(run_native_job(&root, local.path()));
+        root
+    })
+}
+
+fn read_metadata(chk: &Path) -> CheckpointMetadata {
+    CheckpointMetadata::from_bytes("_metadata", &std::fs::read(chk.join("_metadata")).unwrap())
+        .unwrap()
+}
+
+/// The files a `_metadata` references (resolved, each once), with their sizes.
+fn referenced_files(chk: &Path, m: &CheckpointMetadata) -> BTreeMap<PathBuf, u64> {
+    let subtasks = m.operators.iter().flat_map(|o| o.subtasks.values());
+    let in_flight = m.in_flight.iter().map(|e| &e.handle.stream);
+    subtasks
+        .flat_map(|s| s.streams())
+        .chain(in_flight)
+        .filter_map(|h| Some((chk.join(h.path()?).canonicalize().unwrap(), h.size())))
+        .collect()
+}
+
+/// The native files (in the job's `shared/` directory) a `_metadata` references.
+fn native_files(chk: &Path, m: &CheckpointMetadata) -> Vec<PathBuf> {
+    let subtasks = m.operators.iter().flat_map(|o| o.subtasks.values());
+    let mut files: Vec<PathBuf> = subtasks
+        .flat_map(|s| &s.native)
+        .flat_map(|n| &n.files)
+        .filter_map(|f| Some(chk.join(f.stream.path()?).canonicalize().unwrap()))
+        .collect();
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// The newest complete checkpoint under `root` with native files in `shared/`.
+fn latest_native(root: &Path) -> (u64, PathBuf) {
+    for id in complete_ids(root).into_iter().rev() {
+        let chk = job_dir(root).join(format!("chk-{id}"));
+        if !native_files(&chk, &read_metadata(&chk)).is_empty() {
+            return (id, chk);
+        }
+    }
+    panic!(
+        "no checkpoint with native files in shared/: {:?}",
+        complete_ids(root)
+    );
+}
+
+/// `inspect` lists each subtask's native snapshots (format, key groups, manifest, every file
+/// with its key groups, place, digest and uploading checkpoint), as text and JSON; `verify`
+/// reads every manifest and file, and counts them.
+#[test]
+fn inspect_and_verify_show_native_keyed_snapshots() {
+    let root = native_fixture();
+    let (id, chk) = latest_native(root);
+    let m = read_metadata(&chk);
+    let files = referenced_files(&chk, &m);
+    let natives = native_files(&chk, &m);
+    assert!(
+        natives
+            .iter()
+            .all(|f| f.parent().unwrap().ends_with("shared"))
+    );
+    let metadata_size = chk.join("_metadata").metadata().unwrap().len();
+    let bytes = metadata_size + files.values().sum::<u64>();
+
+    let o = weir_at(&["checkpoints", "inspect", "--json"], &chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["problems"].as_array().unwrap().len(), 0, "{v:#}");
+    assert_eq!(v["files_verified"], 1 + files.len() as u64, "{v:#}");
+    assert_eq!(v["bytes_verified"], bytes);
+    let mut listed = 0;
+    for (op, op_json) in m.operators.iter().zip(v["operators"].as_array().unwrap()) {
+        let subtasks = op_json["subtasks"].as_array().unwrap();
+        for ((&index, state), sub) in op.subtasks.iter().zip(subtasks) {
+            assert_eq!(sub["subtask"], index);
+            let native = sub["native"].as_array().unwrap();
+            assert_eq!(native.len(), state.native.len(), "{sub:#}");
+            for (h, n) in state.native.iter().zip(native) {
+                assert_eq!(n["format"], "weir-disk-runs/1");
+                assert_eq!(n["key_groups"]["start"], h.key_group_range.start);
+                assert_eq!(n["key_groups"]["end"], h.key_group_range.end);
+                assert_eq!(n["manifest"]["size"], h.manifest.size());
+                assert_eq!(n["manifest"]["verification"]["ok"], true, "{n:#}");
+                let nfiles = n["files"].as_array().unwrap();
+                assert_eq!(nfiles.len(), h.files.len());
+                for (f, fj) in h.files.iter().zip(nfiles) {
+                    assert_eq!(fj["name"], f.name.as_str());
+                    assert_eq!(fj["key_groups"]["start"], f.key_groups.start);
+                    assert_eq!(fj["key_groups"]["end"], f.key_groups.end);
+                    assert_eq!(fj["size"], f.stream.size());
+                    assert_eq!(fj["verification"]["ok"], true, "{fj:#}");
+                    assert!(fj["uploaded_by"].as_u64().unwrap() <= id, "{fj:#}");
+                    if let Some(path) = f.stream.path() {
+                        let shown = chk.join(path).canonicalize().unwrap();
+                        assert_eq!(fj["stream"]["file"], shown.to_str().unwrap());
+                        assert_eq!(fj["stream"]["inline"], false);
+                        let sum = fj["stream"]["checksum"].as_str().unwrap();
+                        assert!(sum.starts_with("xxh3-128 "), "{fj:#}");
+                        listed += 1;
+                    } else {
+                        assert_eq!(fj["stream"]["inline"], true);
+                    }
+                }
+            }
+        }
+    }
+    assert!(listed >= natives.len(), "{v:#}");
+    // The sum's keyed state is native, not a keyed snapshot.
+    let sum = v["operators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|op| op["uid"] == "sum")
+        .unwrap();
+    for sub in sum["subtasks"].as_array().unwrap() {
+        assert_eq!(sub["keyed"].as_array().unwrap().len(), 0, "{sub:#}");
+        assert_eq!(sub["native"].as_array().unwrap().len(), 1, "{sub:#}");
+    }
+
+    let o = weir_at(&["checkpoints", "inspect"], &chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("    native keyed state: key groups ["),
+        "{text}"
+    );
+    assert!(text.contains(", format weir-disk-runs/1, "), "{text}");
+    assert!(text.contains("      manifest: "), "{text}");
+    for f in &natives {
+        assert!(text.contains(f.to_str().unwrap()), "{f:?} not in {text}");
+    }
+    let name = &m
+        .operators
+        .iter()
+        .flat_map(|o| o.subtasks.values())
+        .flat_map(|s| &s.native)
+        .next()
+        .unwrap()
+        .files[0]
+        .name;
+    assert!(
+        text.contains(&format!("      file {name:?}: key groups [")),
+        "{text}"
+    );
+    assert!(text.contains(", uploaded by checkpoint "), "{text}");
+    assert!(!text.contains("FAILED"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "Verification: OK: {} files, {bytes} bytes verified",
+            1 + files.len()
+        )),
+        "{text}"
+    );
+
+    let o = weir_at(&["checkpoints", "verify"], &chk);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        stdout(&o),
+        format!(
+            "OK: checkpoint {id} of job {NATIVE_JOB}: {} files, {bytes} bytes verified\n",
+            1 + files.len()
+        )
+    );
+    // The count holds every native file, each once however many subtasks list it.
+    assert!(natives.iter().all(|f| files.contains_key(f)), "{files:?}");
+}
+
+/// Every complete checkpoint of the native job verifies, and later ones reference files an
+/// earlier checkpoint uploaded (which their identity frames name).
+#[test]
+fn verify_accepts_native_files_uploaded_by_earlier_checkpoints() {
+    let root = native_fixture();
+    let mut shared_from_earlier = 0;
+    for id in complete_ids(root) {
+        let chk = job_dir(root).join(format!("chk-{id}"));
+        let o = weir_at(&["checkpoints", "inspect", "--json"], &chk);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let uploaded: Vec<u64> = v["operators"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|op| op["subtasks"].as_array().unwrap())
+            .flat_map(|s| s["native"].as_array().unwrap())
+            .flat_map(|n| n["files"].as_array().unwrap())
+            .map(|f| f["uploaded_by"].as_u64().unwrap())
+            .collect();
+        assert!(uploaded.iter().all(|&u| u <= id), "{v:#}");
+        shared_from_earlier += uploaded.iter().filter(|&&u| u < id).count();
+        let o = weir_at(&["checkpoints", "verify"], &chk);
+        assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    }
+    assert!(
+        shared_from_earlier > 0,
+        "no checkpoint references a file an earlier one uploaded: {:?}",
+        complete_ids(root)
+    );
+}
+
+/// A flipped byte in a shared native file fails its digest: `verify` and `inspect` name it.
+#[test]
+fn verify_names_a_damaged_native_file() {
+    let tmp = copy_of(native_fixture());
+    let (_, chk) = latest_native(tmp.path());
+    let natives = native_files(&chk, &read_metadata(&chk));
+    let victim = &natives[0];
+    let len = victim.metadata().unwrap().len();
+    flip_byte(victim, (len / 2) as i64);
+
+    let o = weir_at(&["checkpoints", "verify"], &chk);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let out = stdout(&o);
+    let victim_shown = victim.to_str().unwrap();
+    assert!(!out.is_empty());
+    for line in out.lines() {
+        assert!(
+            line.starts_with(&format!("CORRUPT: {victim_shown}: ")),
+            "{out}"
+        );
+    }
+    assert!(out.contains("digest mismatch"), "{out}");
+
+    let o = weir_at(&["checkpoints", "inspect", "--json"], &chk);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let problems = v["problems"].as_array().unwrap();
+    assert!(!problems.is_empty());
+    assert!(problems.iter().all(|p| p["file"] == victim_shown), "{v:#}");
+    let failed: Vec<&serde_json::Value> = v["operators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|op| op["subtasks"].as_array().unwrap())
+        .flat_map(|s| s["native"].as_array().unwrap())
+        .flat_map(|n| n["files"].as_array().unwrap())
+        .filter(|f| f["verification"]["ok"] == false)
+        .collect();
+    assert_eq!(failed.len(), 1, "{v:#}");
+    assert_eq!(failed[0]["stream"]["file"], victim_shown);
+    let o = weir_at(&["checkpoints", "inspect"], &chk);
+    assert!(
+        stdout(&o).contains("        verification: FAILED: digest mismatch"),
+        "{}",
+        show(&o)
+    );
+}
+
+/// A native file of another subtask, recorded with its own size and digest, passes its digest
+/// but not its identity frame: `verify` names it and what differs.
+#[test]
+fn verify_refuses_a_native_file_of_another_subtask() {
+    let tmp = copy_of(native_fixture());
+    let (_, chk) = latest_native(tmp.path());
+    let mut m = read_metadata(&chk);
+    // A run of subtask 1 in a file (small runs may be inline), recorded for subtask 0.
+    let (op, other) = m
+        .operators
+        .iter()
+        .enumerate()
+        .find_map(|(i, op)| {
+            let files = &op.subtasks.get(&1)?.native.first()?.files;
+            let f = files.iter().find(|f| f.stream.path().is_some())?;
+            Some((i, f.stream.clone()))
+        })
+        .expect("no native file of subtask 1 in a file");
+    let foreign = chk.join(other.path().unwrap()).canonicalize().unwrap();
+    let subtask_0 = m.operators[op].subtasks.get_mut(&0).unwrap();
+    subtask_0.native[0].files[0].stream = other;
+    std::fs::write(chk.join("_metadata"), m.to_bytes().unwrap()).unwrap();
+
+    let o = weir_at(&["checkpoints", "verify"], &chk);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(
+        out.starts_with(&format!("CORRUPT: {}: ", foreign.display())),
+        "{out}"
+    );
+    assert!(out.contains("the file belongs elsewhere"), "{out}");
+    assert!(out.contains("subtask 1 (expected 0)"), "{out}");
+    assert!(out.contains("key groups ["), "{out}");
 }
