@@ -41,9 +41,9 @@ pub(crate) struct NativeUploads {
 }
 
 impl NativeUploads {
-    /// The handle of file `name` of `operator` a completed checkpoint holds.
-    fn uploaded(&self, operator: OperatorId, name: &str) -> Option<StreamStateHandle> {
-        self.confirmed.get(&operator)?.get(name).cloned()
+    /// The handle of `file` of `operator` a completed checkpoint holds.
+    fn uploaded(&self, operator: OperatorId, file: &str) -> Option<StreamStateHandle> {
+        self.confirmed.get(&operator)?.get(file).cloned()
     }
 
     /// Checkpoint `id`'s files of `operator`.
@@ -55,7 +55,10 @@ impl NativeUploads {
     pub(crate) fn complete(&mut self, id: CheckpointId) {
         if let Some(by_operator) = self.pending.remove(&id) {
             for (operator, files) in by_operator {
-                let by_name = files.into_iter().map(|f| (f.name, f.stream)).collect();
+                let by_name = files
+                    .into_iter()
+                    .map(|f| (file_key(&f.name, f.key_groups), f.stream))
+                    .collect();
                 self.confirmed.insert(operator, by_name);
             }
         }
@@ -389,6 +392,13 @@ async fn write_parts(
     Ok(())
 }
 
+/// What tells one uploaded native file from another: the backend's name and the key groups the
+/// file answers for (the same run restored into two key-group ranges is two files, each framed
+/// with its own).
+fn file_key(name: &str, key_groups: weir_core::keygroup::KeyGroupRange) -> String {
+    format!("{name}@{}-{}", key_groups.start, key_groups.end)
+}
+
 /// Whose upload: the checkpoint, the subtask, its generation, the snapshot's kind and the job.
 type Who = (CheckpointId, TaskKey, u64, SnapshotKind, JobId);
 
@@ -420,19 +430,22 @@ async fn write_native(
     };
     let mut handles = Vec::with_capacity(files.files.len());
     for f in &files.files {
+        let key = file_key(&f.name, f.key_groups);
         let reused = chains
             .lock()
             .ok()
-            .and_then(|c| c.native.uploaded(operator_id, &f.name));
+            .and_then(|c| c.native.uploaded(operator_id, &key));
         let stream = match reused {
             Some(handle) => handle,
             None => {
                 let mut file = FramedFile::new();
                 read_local(&f.path, f.size, file.payload()).await?;
                 let (bytes, _) = file.finish(identity(StateFileKind::NativeFile, f.key_groups))?;
+                // Unique per upload: a run uploaded again (its first checkpoint never
+                // confirmed) must not overwrite the file another checkpoint may reference.
                 let name = format!(
-                    "v{}-{}-g{generation}-{short}-{}",
-                    task.vertex.0, task.subtask, f.name
+                    "v{}-{}-g{generation}-{short}-c{}-{key}",
+                    task.vertex.0, task.subtask, id.0
                 );
                 let handle = write_file(storage, location, &name, bytes, true).await?;
                 if matches!(handle, StreamStateHandle::File { .. }) {

@@ -246,9 +246,22 @@ impl StateBackend for DiskStateBackend {
                 p.max_parallelism
             )));
         }
+        // Unique across processes and restarts (a restarted container may reuse the pid): run
+        // names, and so checkpoints' references to runs, never stand for two stores' runs.
         let n = STORES.fetch_add(1, Ordering::Relaxed);
+        let nonce = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(n);
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            h.finish()
+        };
         let name = format!(
-            "{}-s{}-a{}-p{}-{n}",
+            "{}-s{}-a{}-p{}-{n}-{nonce:016x}",
             p.operator_id,
             p.subtask_index,
             p.attempt,

@@ -14,7 +14,8 @@
 //!         then the last key: length u32 | key
 //! bloom   probes u32 | bits (none when the footer's bloom offset equals the footer's)
 //! footer  index offset u64 | bloom offset u64 | entries u64 | deleted u64 | blocks u64
-//!         | xxh3-64 of header, index and bloom u64 | version u16 | "WRNE" | 2 zero bytes
+//!         | xxh3-64 of header, index, bloom and the footer's five numbers u64 | version u16
+//!         | "WRNE" | 2 zero bytes
 //! ```
 //!
 //! Opening a run reads the header, index, filter and footer and checks their digest and the
@@ -294,10 +295,6 @@ impl RunWriter {
             bloom_bytes.extend_from_slice(&b.probes().to_le_bytes());
             bloom_bytes.extend_from_slice(b.bytes());
         }
-        let mut digest = Xxh3::new();
-        digest.update(&self.header);
-        digest.update(&self.index);
-        digest.update(&bloom_bytes);
         let mut footer = Vec::with_capacity(FOOTER_LEN as usize);
         for n in [
             index_offset,
@@ -305,10 +302,15 @@ impl RunWriter {
             self.entries,
             self.deleted,
             self.blocks,
-            digest.digest(),
         ] {
             footer.extend_from_slice(&n.to_le_bytes());
         }
+        let mut digest = Xxh3::new();
+        digest.update(&self.header);
+        digest.update(&self.index);
+        digest.update(&bloom_bytes);
+        digest.update(&footer);
+        footer.extend_from_slice(&digest.digest().to_le_bytes());
         footer.extend_from_slice(&RUN_VERSION.to_le_bytes());
         footer.extend_from_slice(&RUN_END_MAGIC);
         footer.extend_from_slice(&[0, 0]);
@@ -371,6 +373,13 @@ impl Run {
         if !(10 <= index_offset && index_offset <= bloom_offset && bloom_offset <= meta_end) {
             return Err(damaged(path, "the footer's offsets are out of order"));
         }
+        // Every entry and block takes bytes: counts beyond the file's length are damage.
+        if entries > len || deleted > entries || blocks > len {
+            return Err(damaged(
+                path,
+                format!("{entries} entries ({deleted} deleted) in {blocks} blocks of {len} bytes"),
+            ));
+        }
         let mut head = [0u8; 10];
         file.read_exact_at(&mut head, 0).map_err(|e| io(path, e))?;
         if head[0..4] != RUN_MAGIC {
@@ -389,6 +398,7 @@ impl Run {
         let mut check = Xxh3::new();
         check.update(&header);
         check.update(&meta);
+        check.update(&footer[..40]);
         if check.digest() != digest {
             return Err(damaged(
                 path,
@@ -620,7 +630,8 @@ fn parse_index(bytes: &[u8], blocks: u64, data_end: u64) -> Result<ParsedIndex, 
         let offset = le_u64(&bytes[take(&mut at, 8)?], 0);
         let block_len = le_u32(&bytes[take(&mut at, 4)?], 0);
         let digest = le_u64(&bytes[take(&mut at, 8)?], 0);
-        if offset < prev_end || offset + u64::from(block_len) > data_end || block_len == 0 {
+        let block_end = offset.checked_add(u64::from(block_len));
+        if offset < prev_end || block_end.is_none_or(|e| e > data_end) || block_len == 0 {
             return Err(format!("block {b} lies outside the data"));
         }
         prev_end = offset + u64::from(block_len);

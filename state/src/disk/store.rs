@@ -252,7 +252,7 @@ fn compaction_loop(shared: &Shared) {
             memtables: Vec::new(),
             runs: &inputs,
         };
-        let max: u64 = inputs.iter().map(|r| r.entries).sum();
+        let max = inputs.iter().fold(0u64, |n, r| n.saturating_add(r.entries));
         // The oldest runs merged: a deletion has nothing left to hide, so it goes.
         match shared.write_run(&layers, !bottom, max, !bottom) {
             Ok(run) => {
@@ -266,11 +266,18 @@ fn compaction_loop(shared: &Shared) {
                 let mut inner = shared.lock();
                 let old = Arc::clone(&inner.version);
                 // Flushes only add newer runs, so the inputs are still one stretch of runs.
+                // By identity: restored runs keep the numbers of the stores that wrote them.
                 let at = old
                     .runs
                     .iter()
-                    .position(|r| r.id == inputs[0].id)
+                    .position(|r| Arc::ptr_eq(r, &inputs[0]))
                     .expect("only the compaction thread removes runs");
+                debug_assert!(
+                    old.runs[at..at + inputs.len()]
+                        .iter()
+                        .zip(&inputs)
+                        .all(|(a, b)| Arc::ptr_eq(a, b))
+                );
                 let mut runs: Vec<Arc<Run>> = old.runs[..at].to_vec();
                 runs.extend(run);
                 runs.extend(old.runs[at + inputs.len()..].iter().cloned());
@@ -358,7 +365,21 @@ impl DiskKeyedStore {
             let s = Arc::clone(&shared);
             let handle = std::thread::Builder::new()
                 .name(format!("weir-disk-{role}"))
-                .spawn(move || work(&s))
+                .spawn(move || {
+                    // A panic is reported as the store's error, so nobody waits on a dead thread.
+                    let run = std::panic::AssertUnwindSafe(|| work(&s));
+                    if let Err(panic) = std::panic::catch_unwind(run) {
+                        let what = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        s.fail(StateError::Disk {
+                            path: s.dir.path.clone(),
+                            reason: format!("the {role} thread panicked: {what}"),
+                        });
+                    }
+                })
                 .map_err(|e| StateError::Disk {
                     path: shared.dir.path.clone(),
                     reason: format!("cannot start the {role} thread: {e}"),

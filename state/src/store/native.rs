@@ -161,6 +161,16 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
                 )));
             }
             for meta in header.states {
+                if meta.serializer_version != crate::format::SERIALIZER_VERSION {
+                    return Err(incompatible(
+                        &meta.name,
+                        format!(
+                            "serializer version {}, this build reads {}",
+                            meta.serializer_version,
+                            crate::format::SERIALIZER_VERSION
+                        ),
+                    ));
+                }
                 if meta.key_type != key_type {
                     return Err(incompatible(
                         &meta.name,
@@ -283,7 +293,10 @@ pub(crate) fn decode_manifest(bytes: &[u8]) -> Result<(SnapshotHeader, NativeFil
     if xxh3_64(body) != u64::from_le_bytes(*digest) {
         return Err(manifest_corrupt("it fails its digest"));
     }
-    let version = u16::from_le_bytes([body[4], body[5]]);
+    let Some(&[lo, hi]) = body.get(4..6) else {
+        return Err(manifest_corrupt("truncated"));
+    };
+    let version = u16::from_le_bytes([lo, hi]);
     if version != MANIFEST_VERSION {
         return Err(manifest_corrupt(format!(
             "version {version}, this build reads {MANIFEST_VERSION}"
