@@ -264,7 +264,7 @@ fn restored_runs_and_new_runs_with_the_same_numbers_compact_correctly() {
         for step in 0..n {
             let (state, kg) = ((rng.next() % 2) as u16, (rng.next() % 4) as u32);
             let k = (rng.next() % 2_000).to_string().into_bytes();
-            if rng.next() % 8 == 0 {
+            if rng.next().is_multiple_of(8) {
                 store.delete(state, kg, &k).unwrap();
                 model.remove(&(state, kg, k));
             } else {
