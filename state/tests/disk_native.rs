@@ -144,6 +144,10 @@ fn a_native_snapshot_restores_the_state_of_its_moment_and_shares_unchanged_runs(
         .sum();
     let total: u64 = second.files.iter().map(|f| f.size).sum();
     let new = total - shared;
+    eprintln!(
+        "1% churn: {new} new bytes of {total} ({:.2}%)",
+        new as f64 * 100.0 / total as f64
+    );
     assert!(
         new * 20 <= total,
         "new bytes {new} of {total}: {:?} then {:?}",
