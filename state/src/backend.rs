@@ -195,6 +195,8 @@ pub struct DiskStateBackend {
     dir: PathBuf,
     options: DiskOptions,
     stats: Arc<DiskStats>,
+    /// Whether the directories of dead processes were removed (before the first store).
+    cleaned: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Stores created by this process, to give each a directory of its own.
@@ -207,6 +209,7 @@ impl DiskStateBackend {
             dir: dir.into(),
             options: DiskOptions::default(),
             stats: Arc::default(),
+            cleaned: Arc::default(),
         }
     }
 
@@ -248,6 +251,12 @@ impl StateBackend for DiskStateBackend {
         }
         // Unique across processes and restarts (a restarted container may reuse the pid): run
         // names, and so checkpoints' references to runs, never stand for two stores' runs.
+        if !self.cleaned.swap(true, Ordering::AcqRel) {
+            let removed = crate::disk::remove_dead_stores(&self.dir);
+            self.stats
+                .dead_stores_removed
+                .fetch_add(removed as u64, Ordering::Relaxed);
+        }
         let n = STORES.fetch_add(1, Ordering::Relaxed);
         let nonce = {
             use std::hash::{BuildHasher, Hasher};

@@ -56,6 +56,45 @@ impl DiskOptions {
     }
 }
 
+/// The process id a store's or a restore's directory name carries (`...-p<pid>-...`).
+fn owner_pid(name: &str) -> Option<u32> {
+    name.split('-')
+        .find_map(|part| part.strip_prefix('p')?.parse().ok())
+}
+
+/// The lock file of a store's directory.
+pub const LOCK_FILE: &str = "LOCK";
+
+/// Removes, under a backend's directory, the stores and restore downloads of processes that no
+/// longer run (a killed process cannot remove its own), and returns how many went. A store's
+/// directory goes when its `LOCK` can be locked (the advisory lock a live store holds, in any
+/// process namespace); a directory without one (a restore's download) when the process its
+/// name carries does not run (Linux only). Anything else is left alone.
+pub fn remove_dead_stores(dir: &std::path::Path) -> usize {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = owner_pid(&name) else {
+            continue;
+        };
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let dead = match std::fs::File::open(entry.path().join(LOCK_FILE)) {
+            // Locked here and now: its store is gone (the lock goes with the directory).
+            Ok(lock) => lock.try_lock().is_ok(),
+            Err(_) => {
+                cfg!(target_os = "linux")
+                    && !std::path::Path::new("/proc").join(pid.to_string()).exists()
+            }
+        };
+        if dead && std::fs::remove_dir_all(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// LEB128 varints, as the run format writes lengths.
 pub(crate) mod varint {
     /// Appends `n`.

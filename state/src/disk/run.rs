@@ -64,11 +64,14 @@ pub(crate) struct RunIdentity {
 #[derive(Debug)]
 pub(crate) struct DirGuard {
     pub path: PathBuf,
+    /// The directory's lock, held while it lives (`None` for a directory not locked).
+    pub lock: Option<std::fs::File>,
 }
 
 impl Drop for DirGuard {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
+        drop(self.lock.take());
     }
 }
 

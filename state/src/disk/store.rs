@@ -43,6 +43,8 @@ pub(crate) struct Version {
 pub struct DiskStats {
     /// Stores opened (one per keyed operator's subtask and attempt).
     pub stores: AtomicU64,
+    /// Directories of processes that no longer run, removed before the first store opened.
+    pub dead_stores_removed: AtomicU64,
     /// Memtables written as runs.
     pub flushes: AtomicU64,
     /// Bytes of runs written by flushes.
@@ -351,7 +353,10 @@ impl DiskKeyedStore {
             changed: Condvar::new(),
             generation: AtomicU64::new(0),
             stop: AtomicBool::new(false),
-            dir: Arc::new(DirGuard { path: dir }),
+            dir: Arc::new(DirGuard {
+                lock: Some(lock_dir(&dir)?),
+                path: dir,
+            }),
             name,
             range,
             options,
@@ -723,6 +728,20 @@ impl DiskKeyedStore {
         }
         Ok(Arc::new(run))
     }
+}
+
+/// Takes the store directory's lock (`LOCK`, an exclusive advisory lock held as long as the
+/// store lives): how a later process tells a dead store's directory from a live one, in any
+/// process namespace.
+fn lock_dir(dir: &Path) -> Result<std::fs::File, StateError> {
+    let path = dir.join(super::LOCK_FILE);
+    let fail = |e: String| StateError::Disk {
+        path: path.clone(),
+        reason: format!("cannot lock the store directory: {e}"),
+    };
+    let file = std::fs::File::create(&path).map_err(|e| fail(e.to_string()))?;
+    file.try_lock().map_err(|e| fail(e.to_string()))?;
+    Ok(file)
 }
 
 /// Hard-links `from` to `to`, or copies it where a link cannot be made (another file system).

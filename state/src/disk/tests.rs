@@ -40,6 +40,7 @@ fn guard(dir: &std::path::Path) -> Arc<DirGuard> {
     // The guard of a temporary directory: leaking it keeps `remove_dir_all` to tempdir's drop.
     let g = Arc::new(DirGuard {
         path: dir.to_path_buf(),
+        lock: None,
     });
     std::mem::forget(Arc::clone(&g));
     g
@@ -287,4 +288,45 @@ fn restored_runs_and_new_runs_with_the_same_numbers_compact_correctly() {
     write(&mut second, &mut model, 40_000);
     second.settle().unwrap();
     check_against(&mut second, &model, None);
+}
+
+/// The directories a killed process left are removed; a store whose lock is held (whatever
+/// its name says), a download of a running process (this one) and anything else are kept.
+#[test]
+fn directories_of_dead_processes_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let me = std::process::id();
+    let dead = "0123abcd-s0-a0-p999999999-0-00ff";
+    let mine = format!("restore-p{me}-0");
+    let other = "not-a-store";
+    for name in [dead, mine.as_str(), "restore-p999999998-3", other] {
+        std::fs::create_dir_all(dir.path().join(name).join("x")).unwrap();
+    }
+    // A dead store's lock file, not held: removed.
+    std::fs::write(dir.path().join(dead).join(LOCK_FILE), b"").unwrap();
+    // A live store named as if its process were dead (another pid namespace): its lock is
+    // held, so it stays.
+    let live_name = "4567abcd-s0-a0-p999999997-0-00ff";
+    let live = DiskKeyedStore::open(
+        dir.path().join(live_name),
+        live_name.to_string(),
+        weir_core::keygroup::KeyGroupRange::new(0, 1),
+        DiskOptions::default(),
+        Arc::new(DiskStats::default()),
+    )
+    .unwrap();
+    let removed = remove_dead_stores(dir.path());
+    let left: std::collections::BTreeSet<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    if cfg!(target_os = "linux") {
+        assert_eq!(removed, 2);
+        let kept = [mine, other.to_string(), live_name.to_string()];
+        assert_eq!(left, kept.into_iter().collect());
+    } else {
+        assert_eq!(removed, 0);
+    }
+    drop(live);
 }
