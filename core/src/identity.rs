@@ -113,7 +113,7 @@ fn snapshot_word(kind: SnapshotKind) -> &'static str {
 
 /// What a reader expects of a file's identity: everything a handle and its `_metadata` imply.
 /// The payload's format version is the payload's own business and is not compared.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExpectedIdentity {
     /// The job of the `_metadata` that references the file.
     pub job_id: JobId,
@@ -260,6 +260,40 @@ impl Digest {
     }
 }
 
+/// The [`Digest`] of bytes that arrive in pieces (a file read in ranges): the same value as
+/// [`Digest::of`] over their concatenation.
+#[derive(Clone)]
+pub struct DigestHasher(xxhash_rust::xxh3::Xxh3Default);
+
+impl Default for DigestHasher {
+    fn default() -> DigestHasher {
+        DigestHasher::new()
+    }
+}
+
+impl DigestHasher {
+    /// A hasher that has seen nothing.
+    pub fn new() -> DigestHasher {
+        DigestHasher(xxhash_rust::xxh3::Xxh3Default::new())
+    }
+
+    /// Adds the next piece.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    /// The digest of everything added.
+    pub fn finish(&self) -> Digest {
+        Digest(self.0.digest128().to_le_bytes())
+    }
+}
+
+impl fmt::Debug for DigestHasher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DigestHasher")
+    }
+}
+
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for b in self.0.iter().rev() {
@@ -278,6 +312,19 @@ impl fmt::Debug for Digest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_digest_in_pieces_is_the_digest_of_the_whole() {
+        let bytes: Vec<u8> = (0..100_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        for piece in [1, 7, 4096, 99_999, 200_000] {
+            let mut h = DigestHasher::new();
+            for chunk in bytes.chunks(piece) {
+                h.update(chunk);
+            }
+            assert_eq!(h.finish(), Digest::of(&bytes), "pieces of {piece}");
+        }
+        assert_ne!(DigestHasher::new().finish(), Digest::of(&bytes));
+    }
 
     fn identity() -> FileIdentity {
         FileIdentity {

@@ -147,6 +147,15 @@ impl StreamEnvironment {
         self
     }
 
+    /// Applies configuration keys in Flink's names (`state.backend.type`,
+    /// `state.backend.disk.local-dir`, `state.backend.incremental`,
+    /// `state.checkpoints.num-retained`; [`crate::settings::KEYS`]). An unknown key or a bad
+    /// value is an error naming it, and changes nothing.
+    pub fn configure(&self, settings: &[(String, String)]) -> Result<&Self, crate::JobError> {
+        crate::settings::apply(&mut self.config_mut(), settings)?;
+        Ok(self)
+    }
+
     /// Where the job keeps its keyed state (Flink's `env.setStateBackend`): a factory of one
     /// keyed backend per keyed operator and subtask. The default is
     /// [`HeapStateBackend`](weir_state::HeapStateBackend); any [`StateBackend`] works, a

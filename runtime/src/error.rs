@@ -56,6 +56,17 @@ pub enum TaskError {
         /// Whether it only echoes another task's failure ([`TaskError::is_echo`]).
         echo: bool,
     },
+    /// A file of the checkpoint being restored is damaged, foreign or missing, as the subtask
+    /// found when it fetched it: the job master restores from an earlier checkpoint instead.
+    #[error("checkpoint {location} is unusable: {file}: {reason}")]
+    UnusableCheckpoint {
+        /// The checkpoint's directory (`<job>/chk-<n>/`).
+        location: String,
+        /// The file, relative to the storage root.
+        file: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The task manager running the subtask was lost (killed, cut off or stuck).
     #[error("task manager {task_manager} was lost: {reason}")]
     TaskManagerLost {
@@ -72,6 +83,8 @@ pub enum TaskError {
 struct RemoteTaskError {
     message: String,
     echo: bool,
+    /// A [`TaskError::UnusableCheckpoint`]'s fields, which the job master acts on.
+    unusable: Option<(String, String, String)>,
 }
 
 impl serde::Serialize for TaskError {
@@ -79,6 +92,14 @@ impl serde::Serialize for TaskError {
         RemoteTaskError {
             message: self.to_string(),
             echo: self.is_echo(),
+            unusable: match self {
+                TaskError::UnusableCheckpoint {
+                    location,
+                    file,
+                    reason,
+                } => Some((location.clone(), file.clone(), reason.clone())),
+                _ => None,
+            },
         }
         .serialize(s)
     }
@@ -86,8 +107,19 @@ impl serde::Serialize for TaskError {
 
 impl<'de> serde::Deserialize<'de> for TaskError {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let RemoteTaskError { message, echo } = RemoteTaskError::deserialize(d)?;
-        Ok(TaskError::Remote { message, echo })
+        let RemoteTaskError {
+            message,
+            echo,
+            unusable,
+        } = RemoteTaskError::deserialize(d)?;
+        Ok(match unusable {
+            Some((location, file, reason)) => TaskError::UnusableCheckpoint {
+                location,
+                file,
+                reason,
+            },
+            None => TaskError::Remote { message, echo },
+        })
     }
 }
 

@@ -7,7 +7,8 @@ use crate::error::{JobError, TaskError};
 use crate::operator::{Cancellation, ProcessingTimeService};
 use crate::spec::{JobSpec, TaskDeployment, TaskSettings};
 use crate::task::{
-    JobMetrics, Targets, TaskEnv, TaskEvent, TaskMessage, TaskReport, panic_message, run_task,
+    IncrementalChains, JobMetrics, Targets, TaskEnv, TaskEvent, TaskMessage, TaskReport,
+    panic_message, run_task,
 };
 use futures::FutureExt;
 use std::collections::BTreeMap;
@@ -168,6 +169,7 @@ impl ProcessTasks<'_> {
                 job_id: self.job_id,
                 head_operator: job.stream_graph.node(v.head()).operator_id,
                 storage: self.storage.clone(),
+                state_backend: Arc::clone(&self.spec.config.state_backend),
                 reports: reports.clone(),
                 mailbox: mrx,
                 started: self.started,
@@ -175,7 +177,13 @@ impl ProcessTasks<'_> {
                 is_source: v.is_source,
                 targets: self.targets.clone(),
                 processing_time,
-                chains: Default::default(),
+                chains: Arc::new(std::sync::Mutex::new(
+                    IncrementalChains::with_local_recovery(
+                        self.spec.config.state_backend.local_dir().map(|d| {
+                            crate::local_recovery::local_recovery_dir(&d, self.job_id, key)
+                        }),
+                    ),
+                )),
                 uploads: uploads.clone(),
                 chain_epoch: self.chain_epoch.clone(),
                 cancellation: cancellation.clone(),

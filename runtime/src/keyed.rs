@@ -90,15 +90,13 @@ impl<K: StateKey> KeyedBase<K> {
         assign_to_key_group(key, self.info.max_parallelism)
     }
 
-    /// Restores native keyed snapshots: writes the files this subtask needs into a directory
-    /// of their own under the state backend's local directory, hands them to the backend (which
-    /// keeps links or copies of its own), and removes the directory again.
+    /// Restores native keyed snapshots from the files the subtask fetched before it opened
+    /// (local-recovery copies or downloads, see [`crate::task`]): the backend keeps links or
+    /// copies of its own.
     fn restore_native(
         &mut self,
         restored: &crate::operator::RestoredOperatorState,
     ) -> Result<(), TaskError> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static DOWNLOADS: AtomicU64 = AtomicU64::new(0);
         let fail = |message: String| TaskError::Operator {
             operator: self.info.task_name.clone(),
             message,
@@ -114,30 +112,27 @@ impl<K: StateKey> KeyedBase<K> {
                  this subtask: restore from a savepoint"
             )));
         }
-        let Some(dir) = self.info.state_backend.local_dir() else {
+        if self.info.state_backend.local_dir().is_none() {
             return Err(fail(format!(
                 "the checkpoint holds native keyed snapshots ({formats:?}), which the state \
                  backend '{}' cannot restore: restore with the backend that took them (disk), or \
                  from a savepoint",
                 self.info.state_backend.name()
             )));
-        };
-        let n = DOWNLOADS.fetch_add(1, Ordering::Relaxed);
-        let downloads = dir.join(format!("restore-p{}-{n}", std::process::id()));
-        let _cleanup = RemoveOnDrop(downloads.clone());
-        let io = |what: &str, path: &std::path::Path, e: std::io::Error| {
-            fail(format!("cannot {what} {}: {e}", path.display()))
-        };
-        std::fs::create_dir_all(&downloads).map_err(|e| io("create", &downloads, e))?;
+        }
         let mut lists = Vec::with_capacity(restored.native.len());
         for r in &restored.native {
             let mut files = Vec::with_capacity(r.handle.files.len());
-            for (f, bytes) in r.handle.files.iter().zip(&r.files) {
-                let (path, size) = match bytes {
-                    Some(b) => {
-                        let path = downloads.join(&f.name);
-                        std::fs::write(&path, b).map_err(|e| io("write", &path, e))?;
-                        (path, b.len() as u64)
+            for (f, source) in r.handle.files.iter().zip(&r.files) {
+                let (path, size) = match source {
+                    Some(crate::operator::NativeSource::Local { path, size }) => {
+                        (path.clone(), *size)
+                    }
+                    Some(_) => {
+                        return Err(fail(format!(
+                            "file {} of the native snapshot was not fetched before the open",
+                            f.name
+                        )));
                     }
                     None => (std::path::PathBuf::new(), 0),
                 };
@@ -836,14 +831,5 @@ where
             self.fire(TimeDomain::ProcessingTime, *now, out)?;
         }
         Ok(())
-    }
-}
-
-/// Removes a directory when dropped.
-struct RemoveOnDrop(std::path::PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -55,17 +55,64 @@ pub struct RestoredOperatorState {
     pub native: Vec<RestoredNative>,
 }
 
-/// One native keyed snapshot to restore: its manifest and the files this subtask needs (their
-/// payloads, checked: digest and identity frame).
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// One native keyed snapshot to restore: its manifest, read and checked by the job master, and
+/// where each file this subtask needs is. The subtask fetches the files itself before it opens
+/// ([`crate::task`]): from its local-recovery copy when one is present and sound, else from
+/// checkpoint storage, in ranges, each checked (digest and identity frame).
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct RestoredNative {
     /// The handle.
     pub handle: weir_core::handle::NativeKeyedHandle,
     /// The manifest the backend wrote.
     pub manifest: bytes::Bytes,
-    /// Per file of the handle, in order: its bytes, `None` for a file whose key groups this
+    /// Per file of the handle, in order: where it is; `None` for a file whose key groups this
     /// subtask does not own.
-    pub files: Vec<Option<bytes::Bytes>>,
+    pub files: Vec<Option<NativeSource>>,
+    /// The checkpoint directory the files' handles are relative to (`<job>/chk-<n>/`).
+    pub location_dir: String,
+    /// The checkpoint restored: a file found damaged makes it unusable.
+    pub checkpoint: CheckpointId,
+    /// The storage the files are in when it is not the job's own checkpoint storage (a restore
+    /// from another storage, in this process). Never sent to a task manager: the job master
+    /// reads such files itself ([`NativeSource::Fetched`]).
+    #[serde(skip)]
+    pub storage: Option<std::sync::Arc<dyn weir_checkpoint::CheckpointStorage>>,
+}
+
+impl std::fmt::Debug for RestoredNative {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestoredNative")
+            .field("handle", &self.handle)
+            .field("files", &self.files)
+            .field("location_dir", &self.location_dir)
+            .field("checkpoint", &self.checkpoint)
+            .field("storage", &self.storage.as_ref().map(|s| s.describe()))
+            .finish()
+    }
+}
+
+/// Where one file of a native snapshot is, for a restore.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub enum NativeSource {
+    /// In checkpoint storage: the subtask fetches it, or takes its local-recovery copy.
+    Stored {
+        /// The file.
+        stream: weir_core::handle::StreamStateHandle,
+        /// What its identity frame must say (a file an earlier checkpoint uploaded may carry
+        /// that checkpoint's id).
+        expected: weir_core::identity::ExpectedIdentity,
+    },
+    /// Its payload, read and checked by the job master: a restore point the task managers
+    /// may not reach.
+    Fetched(bytes::Bytes),
+    /// On this machine's disk, ready for the backend: set by the subtask before it opens.
+    #[serde(skip)]
+    Local {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Its length.
+        size: u64,
+    },
 }
 
 /// Keyed-state bytes for one handle.

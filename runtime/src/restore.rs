@@ -3,7 +3,9 @@
 //! state kept in place or redistributed by its mode.
 
 use crate::error::JobError;
-use crate::operator::{RestoreContext, RestoredKeyed, RestoredNative, RestoredOperatorState};
+use crate::operator::{
+    NativeSource, RestoreContext, RestoredKeyed, RestoredNative, RestoredOperatorState,
+};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -618,9 +620,11 @@ async fn read_keyed(
     Ok(Some(r))
 }
 
-/// Reads the manifest of a native keyed snapshot and the files a subtask owning `range` needs,
-/// each checked: size and digest, then its identity frame (this job, operator and subtask, the
-/// file's kind and key groups, a checkpoint not newer than the one restored). `None` when the
+/// Reads the manifest of a native keyed snapshot, checked (size and digest, then its identity
+/// frame: this job, operator and subtask, the manifest's kind and key groups), and lists the
+/// files a subtask owning `range` needs, with what each one's identity frame must say. The
+/// subtask fetches and checks the files itself: a restore's time does not grow with the state
+/// it restores when the files are on its disk already (local recovery). `None` when the
 /// snapshot's key groups do not overlap `range`.
 async fn read_native(
     point: &RestorePoint,
@@ -633,41 +637,85 @@ async fn read_native(
         return Ok(None);
     }
     let meta = &point.metadata;
-    let read = |stream: &StreamStateHandle, kind: StateFileKind, key_groups: KeyGroupRange| {
-        let stream = stream.clone();
-        async move {
-            let bytes = point
-                .storage
-                .read_state(&point.location, &stream, None)
-                .await?;
-            let damaged = |reason: String| corrupt(file_of(point, &stream), reason);
-            let (_, len) =
-                verify::check_native_frame(meta, op.operator_id, subtask, key_groups, kind, &bytes)
-                    .map_err(|reason| {
-                        damaged(format!("{kind} of {}: {reason}", verify::who(op, subtask)))
-                    })?;
-            Ok::<_, JobError>(bytes.slice(len..))
-        }
-    };
-    let manifest = read(
-        &h.manifest,
-        StateFileKind::NativeManifest,
+    let kind = StateFileKind::NativeManifest;
+    let bytes = point
+        .storage
+        .read_state(&point.location, &h.manifest, None)
+        .await?;
+    let (_, len) = verify::check_native_frame(
+        meta,
+        op.operator_id,
+        subtask,
         h.key_group_range,
+        kind,
+        &bytes,
     )
-    .await?;
-    let mut files = Vec::with_capacity(h.files.len());
-    for f in &h.files {
-        files.push(if f.key_groups.intersection(range).is_empty() {
-            None
-        } else {
-            Some(read(&f.stream, StateFileKind::NativeFile, f.key_groups).await?)
-        });
-    }
+    .map_err(|reason| {
+        corrupt(
+            file_of(point, &h.manifest),
+            format!("{kind} of {}: {reason}", verify::who(op, subtask)),
+        )
+    })?;
+    let files = h
+        .files
+        .iter()
+        .map(|f| {
+            (!f.key_groups.intersection(range).is_empty()).then(|| NativeSource::Stored {
+                stream: f.stream.clone(),
+                expected: verify::expected(
+                    meta,
+                    op.operator_id,
+                    subtask,
+                    Some(f.key_groups),
+                    StateFileKind::NativeFile,
+                ),
+            })
+        })
+        .collect();
     Ok(Some(RestoredNative {
         handle: h.clone(),
-        manifest,
+        manifest: bytes.slice(len..),
         files,
+        location_dir: point.location.dir.clone(),
+        checkpoint: meta.checkpoint_id,
+        storage: Some(point.storage.clone()),
     }))
+}
+
+/// Reads, for subtasks on task managers, the native files of a restore point in a storage other
+/// than the job's (which task managers may not reach): each read whole and checked (size,
+/// digest, identity frame) and sent with the deployment.
+pub(crate) async fn fetch_foreign_native(
+    tasks: &mut [crate::spec::TaskDeployment],
+) -> Result<(), JobError> {
+    for t in tasks {
+        for state in t.restore.operators.values_mut() {
+            for r in &mut state.native {
+                let Some(storage) = r.storage.take() else {
+                    continue;
+                };
+                let location = CheckpointLocation {
+                    dir: r.location_dir.clone(),
+                };
+                for source in r.files.iter_mut() {
+                    let Some(NativeSource::Stored { stream, expected }) = source else {
+                        continue;
+                    };
+                    let file = match stream.path() {
+                        Some(p) => format!("{}{p}", location.dir),
+                        None => location.metadata_path(),
+                    };
+                    let bytes = storage.read_state(&location, stream, None).await?;
+                    let (identity, len) = weir_core::identity::open_frame(&bytes)
+                        .map_err(|e| corrupt(file.clone(), e.to_string()))?;
+                    verify::check_native_identity(&identity, expected)
+                        .map_err(|e| corrupt(file, e))?;
+                    *source = Some(NativeSource::Fetched(bytes.slice(len..)));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Hands each subtask the in-flight data its previous incarnation persisted. In-flight data is

@@ -66,6 +66,9 @@ pub struct JobResult {
     /// (all of them when nothing was restored). Below the job's total when that restore resumed
     /// the sources, which is how a test tells a restore from a start over.
     pub source_records_since_restore: u64,
+    /// Where the files of native keyed snapshots came from in this process's restores: the
+    /// subtasks' local-recovery copies, or downloads from checkpoint storage.
+    pub restore_files: crate::local_recovery::RestoreFiles,
     /// The savepoint a stop-with-savepoint ended the job with.
     pub savepoint: Option<String>,
     /// Trigger requests refused (too many in progress, min pause, not all tasks running).

@@ -31,6 +31,15 @@ pub(crate) struct IncrementalChains {
     pub native: NativeUploads,
 }
 
+impl IncrementalChains {
+    /// Chains that keep local-recovery copies of native files in `dir` (none for `None`).
+    pub(crate) fn with_local_recovery(dir: Option<std::path::PathBuf>) -> IncrementalChains {
+        let mut chains = IncrementalChains::default();
+        chains.native.local.dir = dir;
+        chains
+    }
+}
+
 /// The files of native snapshots a subtask uploaded: a file a completed checkpoint holds is
 /// referenced again by later checkpoints that list it, never uploaded twice. Files of a
 /// checkpoint not known to be complete are not reused: it may still fail and take them along.
@@ -38,6 +47,8 @@ pub(crate) struct IncrementalChains {
 pub(crate) struct NativeUploads {
     pending: BTreeMap<CheckpointId, HashMap<OperatorId, Vec<NativeFileHandle>>>,
     confirmed: HashMap<OperatorId, HashMap<String, StreamStateHandle>>,
+    /// Local-recovery copies of the files the pending and confirmed checkpoints reference.
+    pub local: crate::local_recovery::LocalRecovery,
 }
 
 impl NativeUploads {
@@ -63,6 +74,16 @@ impl NativeUploads {
             }
         }
         self.pending.retain(|c, _| *c > id);
+        // Local recovery keeps what a restore of this checkpoint, or of a later one, reads.
+        let pending = self.pending.values().flat_map(|o| o.values().flatten());
+        let keep = self
+            .confirmed
+            .values()
+            .flat_map(|files| files.values())
+            .chain(pending.map(|f| &f.stream))
+            .filter_map(|s| crate::local_recovery::local_name(s).map(str::to_string))
+            .collect();
+        self.local.retain(&keep);
     }
 
     /// Forgets every upload: the next native snapshots upload all their files (new chains).
@@ -454,6 +475,9 @@ async fn write_native(
                 handle
             }
         };
+        if let Ok(c) = chains.lock() {
+            c.native.local.keep(&f.path, &stream);
+        }
         handles.push(NativeFileHandle {
             name: f.name.clone(),
             key_groups: f.key_groups,

@@ -88,12 +88,24 @@ pub(crate) fn check_native_frame(
     bytes: &[u8],
 ) -> Result<(FileIdentity, usize), String> {
     let (identity, offset) = weir_core::identity::open_frame(bytes).map_err(|e| e.to_string())?;
-    let mut e = expected(m, operator_id, subtask, Some(key_groups), kind);
-    if kind == StateFileKind::NativeFile && identity.checkpoint_id < m.checkpoint_id {
+    check_native_identity(
+        &identity,
+        &expected(m, operator_id, subtask, Some(key_groups), kind),
+    )?;
+    Ok((identity, offset))
+}
+
+/// Checks the identity of a native snapshot's file against what its `_metadata` implies: a
+/// file (not a manifest) may come from an earlier checkpoint, which uploaded it first.
+pub(crate) fn check_native_identity(
+    identity: &FileIdentity,
+    expected: &ExpectedIdentity,
+) -> Result<(), String> {
+    let mut e = expected.clone();
+    if e.kind == StateFileKind::NativeFile && identity.checkpoint_id < e.checkpoint_id {
         e.checkpoint_id = identity.checkpoint_id;
     }
-    identity.check(&e)?;
-    Ok((identity, offset))
+    identity.check(&e)
 }
 
 /// Reads the identity frame of a keyed file by range (the bytes before its header).

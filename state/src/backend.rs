@@ -11,11 +11,11 @@ use crate::StateError;
 use crate::disk::{DiskKeyedStore, DiskOptions, DiskStats};
 use crate::format::{Compression, StateKind};
 use crate::heap::HeapKeyedStateBackend;
-use crate::keyed::TtlClock;
 use crate::keyed::{
     KeyedSnapshot, KeyedStateBackend, NativeRestorePart, RestorePart, StateKey, StateOptions,
     StateValue, ValueState,
 };
+use crate::keyed::{NativeFile, TtlClock};
 use crate::store::{KeyedStore, MemoryKeyedStore, StoreKeyedStateBackend};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -127,6 +127,18 @@ pub trait StateBackend: Send + Sync + fmt::Debug + 'static {
     fn local_dir(&self) -> Option<PathBuf> {
         None
     }
+
+    /// Checks, cheaply, that `file` (its `path` set) is a sound copy of a file of a native
+    /// snapshot of `format` this backend wrote: how the runtime decides whether a local copy
+    /// (local recovery) may stand in for a download. The default refuses, naming the backend:
+    /// a backend without native snapshots has no file to check.
+    fn check_native_file(&self, format: &str, file: &NativeFile) -> Result<(), StateError> {
+        Err(StateError::Restore(format!(
+            "the state backend '{}' cannot check file {} of a native snapshot of format {format:?}",
+            self.name(),
+            file.name
+        )))
+    }
 }
 
 /// A shared backend is the backend it shares.
@@ -144,6 +156,10 @@ impl<T: StateBackend + ?Sized> StateBackend for std::sync::Arc<T> {
 
     fn local_dir(&self) -> Option<PathBuf> {
         (**self).local_dir()
+    }
+
+    fn check_native_file(&self, format: &str, file: &NativeFile) -> Result<(), StateError> {
+        (**self).check_native_file(format, file)
     }
 }
 
@@ -237,6 +253,16 @@ impl StateBackend for DiskStateBackend {
 
     fn local_dir(&self) -> Option<PathBuf> {
         Some(self.dir.clone())
+    }
+
+    fn check_native_file(&self, format: &str, file: &NativeFile) -> Result<(), StateError> {
+        if format != crate::disk::NATIVE_FORMAT {
+            return Err(StateError::Restore(format!(
+                "a native snapshot of format {format:?}: the disk backend reads {}",
+                crate::disk::NATIVE_FORMAT
+            )));
+        }
+        crate::disk::check_run_file(&file.path, &file.name, file.size)
     }
 
     fn create_keyed_backend(

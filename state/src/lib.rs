@@ -35,8 +35,9 @@ mod restored;
 pub mod store;
 
 pub use backend::{
-    DiskStateBackend, HeapStateBackend, KeyedBackend, KeyedBackendKind, KeyedBackendParameters,
-    MemoryStoreStateBackend, StateBackend, built_in as built_in_state_backend, default_disk_dir,
+    BUILT_IN_BACKENDS as BUILT_IN_STATE_BACKENDS, DiskStateBackend, HeapStateBackend, KeyedBackend,
+    KeyedBackendKind, KeyedBackendParameters, MemoryStoreStateBackend, StateBackend,
+    built_in as built_in_state_backend, default_disk_dir,
 };
 pub use disk::DiskOptions;
 pub use error::StateError;

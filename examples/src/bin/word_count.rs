@@ -136,6 +136,11 @@ struct Args {
     /// the latest completed one (savepoints stay full).
     #[arg(long)]
     incremental: bool,
+    /// A configuration key in Flink's name, KEY=VALUE, applied after the other flags; repeat
+    /// for more: state.backend.type (heap, disk, memory-store), state.backend.disk.local-dir,
+    /// state.backend.incremental (true, false), state.checkpoints.num-retained.
+    #[arg(short = 'D', value_name = "KEY=VALUE", value_parser = weir_runtime::settings::parse_pair)]
+    config: Vec<(String, String)>,
     /// With --from: who owns the restored checkpoint. no-claim: it stays its old run's, and this
     /// run's first checkpoint is full. claim: this run takes over the job directories of the runs
     /// it descends from once their locks' leases expire, deletes what the restored checkpoint
@@ -413,6 +418,10 @@ async fn run(args: Args) -> u8 {
         }
     };
     let (env, totals, _injector) = build(&opts);
+    if let Err(e) = env.configure(&args.config) {
+        eprintln!("Error: {e}");
+        return exit::USAGE;
+    }
     env.set_checkpoint_storage(storage);
     if let Some(timeout) = args.task_cancellation_timeout {
         env.config_mut().task_cancellation_timeout = timeout;

@@ -62,9 +62,10 @@ impl TaskHost for RemoteHost<'_> {
     async fn deploy(
         &mut self,
         generation: u64,
-        tasks: Vec<TaskDeployment>,
+        mut tasks: Vec<TaskDeployment>,
         reports: mpsc::UnboundedSender<TaskReport>,
     ) -> Result<(), JobError> {
+        crate::restore::fetch_foreign_native(&mut tasks).await?;
         let common = DeployCommon {
             job_id: self.job_id,
             graph_fingerprint: super::taskexecutor::graph_fingerprint(self.job),

@@ -179,6 +179,7 @@ pub(crate) async fn run_task_manager(
                         recovery_times: Vec::new(),
                         latest_checkpoint: None,
                         restored_from: None,
+                        restore_files: executor.metrics.restore_files.read(),
                         source_records_since_restore: executor
                             .metrics
                             .source_records

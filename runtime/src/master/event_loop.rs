@@ -6,6 +6,7 @@ use super::snapshots::{
     savepoint_target,
 };
 use super::{Generation, JobMaster, decide};
+use crate::error::TaskError;
 use crate::job::Command;
 use crate::source::SplitAssignment;
 use crate::task::{TaskEvent, TaskMessage, TaskReport};
@@ -319,6 +320,13 @@ impl JobMaster<'_> {
             }
             TaskEvent::Failed(e) => {
                 self.execution.get_mut(task.vertex, task.subtask).state = ExecutionState::Failed;
+                if let TaskError::UnusableCheckpoint { location, .. } = &e {
+                    weir_core::sim::observe(weir_core::sim::Observed::Unusable {
+                        checkpoint: location.clone(),
+                        reason: e.to_string(),
+                    });
+                    self.unusable.insert(location.clone());
+                }
                 let cause = format!("task {task} failed: {e}");
                 if e.is_echo() {
                     debug!(%task, error = %e, "task failed as a consequence; waiting for the root cause");

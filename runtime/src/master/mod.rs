@@ -84,6 +84,9 @@ pub(crate) struct JobMaster<'s> {
     claim: Option<Claim>,
     /// What the next generation restores from.
     restore: Option<RestorePoints>,
+    /// Checkpoints (their directories) a subtask found a damaged file in while it restored:
+    /// never restored again.
+    unusable: BTreeSet<String>,
     transport: Arc<dyn Transport>,
     metrics: Arc<JobMetrics>,
     /// Where the subtasks run: in this process, or on task managers.
@@ -379,6 +382,7 @@ impl<'s> JobMaster<'s> {
             first_running: None,
             restored_from: None,
             unwritten: None,
+            unusable: BTreeSet::new(),
             since_restore_base: 0,
             totals: Totals::default(),
             failures: Vec::new(),
@@ -542,6 +546,20 @@ impl<'s> JobMaster<'s> {
             }
             Err(e) => return Err(e),
         };
+        // Subtasks fetch native snapshots' files from the job's own storage unless the restore
+        // point is in another.
+        let own = Arc::ptr_eq(&point.storage, &self.storage)
+            || point.storage.describe() == self.storage.describe();
+        let mut contexts = contexts;
+        if own {
+            for ctx in contexts.values_mut() {
+                for state in ctx.operators.values_mut() {
+                    for r in &mut state.native {
+                        r.storage = None;
+                    }
+                }
+            }
+        }
         self.next_checkpoint_id = self
             .next_checkpoint_id
             .max(point.metadata.checkpoint_id.0 + 1);

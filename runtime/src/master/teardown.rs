@@ -175,6 +175,9 @@ impl JobMaster<'_> {
         if let Some(locations) = decide::failover_candidates(&self.store) {
             self.restore = Some((self.storage.clone(), locations));
         }
+        if let Some((_, locations)) = &mut self.restore {
+            locations.retain(|l| !self.unusable.contains(&l.dir));
+        }
         Ok(None)
     }
 
@@ -273,6 +276,7 @@ impl JobMaster<'_> {
                 .map(|c| self.storage.location_path(&c.location)),
             restored_from: self.restored_from.clone(),
             source_records_since_restore: source_records.saturating_sub(self.since_restore_base),
+            restore_files: self.metrics.restore_files.read(),
         })
     }
 }

@@ -53,10 +53,25 @@ pub(crate) async fn run_task(
     drop(input);
 }
 
-pub(super) async fn run(
+/// Opens the chain on what it restores: the native keyed files fetched to local disk first.
+async fn open(
     input: &mut dyn TaskInput,
     env: &mut TaskEnv,
     mut restore: RestoreContext,
+) -> Result<(), TaskError> {
+    if restore.checkpoint.is_some() {
+        simulated_failure(FaultPoint::Restore, env)?;
+    }
+    let downloads = super::fetch::fetch_native(&mut restore, env).await?;
+    input.lifecycle(&mut Lifecycle::Open(&mut restore))?;
+    drop((restore, downloads));
+    Ok(())
+}
+
+pub(super) async fn run(
+    input: &mut dyn TaskInput,
+    env: &mut TaskEnv,
+    restore: RestoreContext,
 ) -> Result<(), TaskError> {
     let mut cps = SubtaskCheckpoints {
         steps: CheckpointSteps::new(
@@ -69,11 +84,7 @@ pub(super) async fn run(
         awaiting_splits: false,
         pending_unaligned: None,
     };
-    if restore.checkpoint.is_some() {
-        simulated_failure(FaultPoint::Restore, env)?;
-    }
-    input.lifecycle(&mut Lifecycle::Open(&mut restore))?;
-    drop(restore);
+    open(input, env, restore).await?;
     env.report(TaskEvent::Running).await?;
     let mut actions: Vec<HandlerAction> = Vec::new();
     // A restored writer may hold in-flight data to send first.

@@ -22,6 +22,7 @@ use weir_core::handle::TaskStateSnapshot;
 use weir_core::ids::{CheckpointId, JobId, OperatorId};
 
 mod checkpoint;
+pub(crate) mod fetch;
 mod guard;
 mod input;
 mod mailbox;
@@ -83,6 +84,8 @@ pub(crate) struct JobMetrics {
     pub processed_records: AtomicU64,
     /// For each deployment generation, when its first record was processed (µs since start).
     pub first_record_us: std::sync::Mutex<Vec<(u64, u64)>>,
+    /// Where restored native files came from.
+    pub restore_files: fetch::RestoreFileCounts,
 }
 
 /// Where each in-flight checkpoint or savepoint is written, when not in the job's default
@@ -100,6 +103,8 @@ pub(crate) struct TaskEnv {
     /// The chain's head operator: channel-state files are filed under it.
     pub head_operator: OperatorId,
     pub storage: Arc<dyn CheckpointStorage>,
+    /// The job's state backend: where a restore puts native files, and how it checks them.
+    pub state_backend: Arc<dyn weir_state::StateBackend>,
     pub reports: mpsc::UnboundedSender<TaskReport>,
     pub mailbox: mpsc::Receiver<TaskMessage>,
     pub started: Instant,

@@ -18,7 +18,8 @@ mod merge;
 mod run;
 pub mod store;
 
-pub use store::{DiskKeyedStore, DiskStats};
+pub(crate) use run::check_file as check_run_file;
+pub use store::{DiskKeyedStore, DiskStats, NATIVE_FORMAT};
 
 /// How a [`DiskKeyedStore`] sizes its memtables, filters and compactions.
 #[derive(Clone, Debug, PartialEq, Eq)]

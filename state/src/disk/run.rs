@@ -119,7 +119,7 @@ pub(crate) struct Run {
     /// The file's length in bytes.
     pub bytes: u64,
     obsolete: AtomicBool,
-    _dir: Arc<DirGuard>,
+    _dir: Option<Arc<DirGuard>>,
 }
 
 impl std::fmt::Debug for Run {
@@ -139,6 +139,32 @@ impl Drop for Run {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// Empties a run file found damaged, so that none of its hard links (a local-recovery copy,
+/// another store's restored run) is trusted again: each fails its next open, and a restore
+/// downloads the file from checkpoint storage instead.
+fn quarantine(path: &Path) {
+    if let Ok(file) = std::fs::OpenOptions::new().write(true).open(path) {
+        let _ = file.set_len(0);
+    }
+}
+
+/// Checks a run file as an open does (its end, footer, index and bloom digests and its
+/// identity against `name`) and that it has `size` bytes, without keeping it: how a restore
+/// decides whether a local copy can stand in for a download. Data blocks are checked when
+/// read, as always.
+pub(crate) fn check_file(path: &Path, name: &str, size: u64) -> Result<(), StateError> {
+    let identity = parse_run_name(name)
+        .ok_or_else(|| StateError::Restore(format!("{name:?} is not the name of a run")))?;
+    let run = Run::open(path, &identity, KeyGroupRange::new(0, u32::MAX), None)?;
+    if run.bytes != size {
+        return Err(damaged(
+            path,
+            format!("{} bytes, and its snapshot says {size}", run.bytes),
+        ));
+    }
+    Ok(())
 }
 
 fn damaged(path: &Path, what: impl std::fmt::Display) -> StateError {
@@ -343,7 +369,7 @@ impl Run {
         path: &Path,
         expected: &RunIdentity,
         clip: KeyGroupRange,
-        dir: Arc<DirGuard>,
+        dir: Option<Arc<DirGuard>>,
     ) -> Result<Run, StateError> {
         let file = File::open(path).map_err(|e| io(path, e))?;
         let len = file.metadata().map_err(|e| io(path, e))?.len();
@@ -491,6 +517,7 @@ impl Run {
             .read_exact_at(buf, e.offset)
             .map_err(|err| io(&self.path, err))?;
         if xxh3_64(buf) != e.digest {
+            quarantine(&self.path);
             return Err(damaged(
                 &self.path,
                 format!("block {b} at offset {} fails its digest", e.offset),

@@ -154,7 +154,7 @@ impl Shared {
             &path,
             &identity,
             self.range,
-            Arc::clone(&self.dir),
+            Some(Arc::clone(&self.dir)),
         )?)))
     }
 }
@@ -715,7 +715,7 @@ impl DiskKeyedStore {
             .path
             .join(format!("{}.{}-{}.run", file.name, clip.start, clip.end));
         link_or_copy(&file.path, &local)?;
-        let run = Run::open(&local, &identity, clip, Arc::clone(&self.shared.dir))?;
+        let run = Run::open(&local, &identity, clip, Some(Arc::clone(&self.shared.dir)))?;
         if run.bytes != file.size {
             run.make_obsolete();
             return Err(StateError::Disk {

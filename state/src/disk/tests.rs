@@ -51,7 +51,7 @@ fn a_run_answers_lookups_and_cursors() {
     let dir = tempfile::tempdir().unwrap();
     for bloom in [0, 10] {
         let path = write_run(dir.path(), 20_000, bloom);
-        let run = Run::open(&path, &identity(7), clip(), guard(dir.path())).unwrap();
+        let run = Run::open(&path, &identity(7), clip(), Some(guard(dir.path()))).unwrap();
         assert_eq!(run.entries, 10_000);
         let (mut block, mut value) = (Vec::new(), Vec::new());
         for i in 0..20_001u32 {
@@ -92,7 +92,7 @@ fn a_damaged_or_foreign_run_is_refused_by_name() {
             run_id: 7,
         },
     ] {
-        let e = Run::open(&path, &other, clip(), guard(dir.path())).unwrap_err();
+        let e = Run::open(&path, &other, clip(), Some(guard(dir.path()))).unwrap_err();
         assert!(e.to_string().contains("where run"), "{e}");
     }
     // A flipped byte in the index or footer fails at open; in a block, at the read.
@@ -105,7 +105,7 @@ fn a_damaged_or_foreign_run_is_refused_by_name() {
         let mut bad = good.clone();
         bad[at] ^= 0x40;
         std::fs::write(&path, &bad).unwrap();
-        let opened = Run::open(&path, &identity(7), clip(), guard(dir.path()));
+        let opened = Run::open(&path, &identity(7), clip(), Some(guard(dir.path())));
         let e = match (opened, at_open) {
             (Err(e), true) => e,
             (Ok(run), false) => {
@@ -127,7 +127,7 @@ fn a_damaged_or_foreign_run_is_refused_by_name() {
     }
     // Truncated: no end magic.
     std::fs::write(&path, &good[..len / 2]).unwrap();
-    let e = Run::open(&path, &identity(7), clip(), guard(dir.path())).unwrap_err();
+    let e = Run::open(&path, &identity(7), clip(), Some(guard(dir.path()))).unwrap_err();
     assert!(e.to_string().contains("truncated"), "{e}");
 }
 

@@ -1,0 +1,267 @@
+//! Local recovery of the disk backend's native checkpoints: a restore at the same parallelism
+//! takes the files from the subtasks' local copies; a damaged local copy is downloaded instead;
+//! a file damaged in checkpoint storage makes its checkpoint unusable and the job restores from
+//! the previous one. Every run is compared with totals computed without the engine.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+use support::*;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use weir_runtime::{DiskStateBackend, JobResult, StreamEnvironment};
+
+const RECORDS: u64 = 100_000;
+/// Keys: enough state that run files are files, not inlined into `_metadata`.
+const KEY_SPACE: u64 = 20_000;
+
+fn key(i: u64) -> u64 {
+    weir_runtime::source::splitmix64(i) % KEY_SPACE
+}
+/// The job fails once, at a record past this one, once three checkpoints completed (one to
+/// restore, older ones to fall back to).
+const FAIL_AFTER: u64 = 40_000;
+
+/// generator → map (fails once, after `before_failure`: see [`FAIL_AFTER`]) → key_by → reduce (count,
+/// max) → latest per key, on the disk backend with native incremental checkpoints every 50 ms.
+async fn run(
+    dir: &Path,
+    backend: DiskStateBackend,
+    before_failure: impl Fn() + Send + Sync + 'static,
+) -> JobResult {
+    let env = StreamEnvironment::new();
+    env.set_job_name("local-recovery-test")
+        .set_parallelism(2)
+        .enable_checkpointing(Duration::from_millis(50));
+    // Every file a file (none inline in `_metadata`), so that restores fetch them.
+    let storage = weir_runtime::checkpoint::OpendalCheckpointStorage::fs(dir.join("checkpoints"))
+        .unwrap()
+        .with_inline_threshold(0);
+    env.set_checkpoint_storage(weir_runtime::config::StorageConfig::Custom(Arc::new(
+        storage,
+    )));
+    env.set_state_backend(backend);
+    env.config_mut().incremental = true;
+    // Older checkpoints to fall back to when the newest is found damaged.
+    env.config_mut().checkpoint.num_retained = 3;
+    // Little in flight, so that barriers pass quickly and checkpoints complete while the
+    // source still reads.
+    env.config_mut().buffers_per_channel = 2;
+    env.config_mut().batch_size = 64;
+    let fired = Arc::new(AtomicBool::new(false));
+    let hook = Arc::new(before_failure);
+    let checkpoints = dir.join("checkpoints");
+    let handle = env
+        .from_generator(Some(RECORDS), |i| i)
+        .uid("source")
+        .map(move |i: u64| {
+            // Paced, so that checkpoints complete between records.
+            if i.is_multiple_of(100) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if i >= FAIL_AFTER
+                && i.is_multiple_of(1_000)
+                && !fired.load(Ordering::SeqCst)
+                && complete_checkpoints(&checkpoints) >= 3
+                && !fired.swap(true, Ordering::SeqCst)
+            {
+                hook();
+                panic!("injected failure at record {i}");
+            }
+            (key(i), 1i64, i as i64)
+        })
+        .uid("fail-once")
+        .key_by(|t: &(u64, i64, i64)| &t.0)
+        .reduce(|a, b| (a.0, a.1 + b.1, a.2.max(b.2)))
+        .uid("reduce")
+        .map(|(k, count, max)| (k, (count, max)))
+        .uid("pairs")
+        .latest_per_key();
+    let r = env.execute().bounded().await.unwrap();
+    let mut expected: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
+    for i in 0..RECORDS {
+        let e = expected.entry(key(i)).or_insert((0, i64::MIN));
+        e.0 += 1;
+        e.1 = e.1.max(i as i64);
+    }
+    assert_eq!(
+        handle.get(),
+        expected,
+        "totals against the independently computed ones"
+    );
+    assert!(
+        r.source_records_since_restore < RECORDS,
+        "the job restored from a checkpoint, not from scratch: {r:?}"
+    );
+    r
+}
+
+fn backend(dir: &Path) -> DiskStateBackend {
+    DiskStateBackend::new(dir.join("state"))
+        .with_options(weir_runtime::state::DiskOptions::default().with_memtable_bytes(256 << 10))
+}
+
+/// The local-recovery copies under a backend's directory.
+fn local_copies(state_dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for process in std::fs::read_dir(state_dir).into_iter().flatten().flatten() {
+        if !process.file_name().to_string_lossy().starts_with("local-p") {
+            continue;
+        }
+        for task in std::fs::read_dir(process.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for f in std::fs::read_dir(task.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                found.push(f.path());
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_at_the_same_parallelism_takes_the_local_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let r = run(dir.path(), backend(dir.path()), || {}).await;
+    assert_eq!(r.restarts, 1);
+    let f = r.restore_files;
+    assert!(f.local_files > 0 && f.local_bytes > 0, "{f:?}");
+    assert_eq!(f.local_refused, 0, "{f:?}");
+    // Files a pending checkpoint uploaded are linked as well: nothing was downloaded.
+    assert_eq!(f.downloaded_files, 0, "{f:?}");
+    assert_eq!(f.inline_files, 0, "{f:?}");
+    // The job is over: its stores and downloads are gone; local copies of a finished job go
+    // with the process (a later backend removes them).
+    let left: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with("local-p"))
+        .collect();
+    assert!(left.is_empty(), "left under the state directory: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_local_copy_is_downloaded_instead() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let damaged = Arc::new(std::sync::Mutex::new(0usize));
+    let count = damaged.clone();
+    let r = run(dir.path(), backend(dir.path()), move || {
+        // Every local copy loses its last byte (the run's end magic): each fails the check.
+        for path in local_copies(&state) {
+            let len = std::fs::metadata(&path).unwrap().len();
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.set_len(len - 1).unwrap();
+            *count.lock().unwrap() += 1;
+        }
+    })
+    .await;
+    let damaged = *damaged.lock().unwrap();
+    assert!(damaged > 0, "no local copy to damage");
+    let f = r.restore_files;
+    assert!(f.local_refused > 0, "{f:?}");
+    assert!(f.downloaded_files >= f.local_refused, "{f:?}");
+    assert_eq!(f.local_files, 0, "{f:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_damaged_in_storage_falls_back_to_the_previous_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let root = dir.path().join("checkpoints");
+    let flipped = Arc::new(std::sync::Mutex::new(None::<PathBuf>));
+    let record = flipped.clone();
+    let r = run(dir.path(), backend(dir.path()), move || {
+        // No local copies: the restore downloads. One checkpoint's own uploads (named
+        // `-c<id>-`) are each flipped in one byte, the size unchanged.
+        for path in local_copies(&state) {
+            std::fs::remove_file(path).unwrap();
+        }
+        // The newest retained checkpoint but the oldest that uploaded run files of its own:
+        // files a checkpoint uploads are referenced by it and later ones only, so the oldest
+        // retained checkpoint stays whole.
+        let mut ids: Vec<u64> = checkpoints(&root).into_iter().map(|(id, _)| id).collect();
+        ids.sort_unstable();
+        let shared = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .map(|job| job.path().join("shared"))
+            .find(|p| p.is_dir())
+            .unwrap();
+        let files: Vec<PathBuf> = std::fs::read_dir(shared)
+            .unwrap()
+            .flatten()
+            .map(|f| f.path())
+            .collect();
+        let own = |id: u64, f: &PathBuf| {
+            let name = f.file_name().unwrap().to_string_lossy().into_owned();
+            name.contains(&format!("-c{id}-")) && name.contains('@')
+        };
+        let Some(&id) = ids
+            .iter()
+            .skip(1)
+            .rev()
+            .find(|&&id| files.iter().any(|f| own(id, f)))
+        else {
+            return;
+        };
+        for f in files.iter().filter(|f| own(id, f)) {
+            let mut bytes = std::fs::read(f).unwrap();
+            let at = bytes.len() / 2;
+            bytes[at] ^= 0x40;
+            std::fs::write(f, bytes).unwrap();
+            *record.lock().unwrap() = Some(f.clone());
+        }
+    })
+    .await;
+    assert!(
+        flipped.lock().unwrap().is_some(),
+        "no retained checkpoint but the oldest uploaded a run file"
+    );
+    // The injected failure, then each restore that found a damaged file (the newest
+    // checkpoint's, and the damaged one's if it is an older one).
+    assert!((2..=3).contains(&r.restarts), "{r:?}");
+    assert!(
+        r.restore_files.downloaded_files > 0,
+        "{:?}",
+        r.restore_files
+    );
+}
+
+/// How many complete checkpoints are under a checkpoint root.
+fn complete_checkpoints(root: &Path) -> usize {
+    checkpoints(root).len()
+}
+
+/// The complete checkpoints under a checkpoint root: id and directory.
+fn checkpoints(root: &Path) -> Vec<(u64, PathBuf)> {
+    let mut found = Vec::new();
+    for job in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for chk in std::fs::read_dir(job.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = chk.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name
+                .strip_prefix("chk-")
+                .and_then(|n| n.parse::<u64>().ok())
+                && chk.path().join("_metadata").is_file()
+            {
+                found.push((id, chk.path()));
+            }
+        }
+    }
+    found
+}

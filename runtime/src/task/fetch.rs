@@ -1,0 +1,253 @@
+//! Puts the files of a subtask's native keyed snapshots on local disk before it opens (Flink's
+//! local recovery, `execution.state-recovery.from-local`): the subtask's local-recovery copy
+//! where one is present and sound, else a download from checkpoint storage in bounded ranges,
+//! checked on the way (size, digest, identity frame). A damaged download makes the checkpoint
+//! unusable ([`TaskError::UnusableCheckpoint`]); a damaged local copy is only a download more.
+
+use super::TaskEnv;
+use crate::error::TaskError;
+use crate::operator::{NativeSource, RestoreContext};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use tracing::warn;
+use weir_checkpoint::{CheckpointLocation, CheckpointStorage};
+use weir_core::handle::{NativeFileHandle, StreamStateHandle};
+use weir_core::identity::{DigestHasher, ExpectedIdentity};
+
+/// How much of a file one read from checkpoint storage fetches: a download holds no more than
+/// this in memory, whatever the file's size.
+pub(crate) const DOWNLOAD_RANGE: u64 = 8 << 20;
+
+/// Counts of where restored native files came from, over all attempts (Flink reports local
+/// recovery the same way: which state came from local disk).
+#[derive(Debug, Default)]
+pub(crate) struct RestoreFileCounts {
+    /// Files a subtask took from its local-recovery copy.
+    pub local_files: AtomicU64,
+    /// Bytes of those.
+    pub local_bytes: AtomicU64,
+    /// Files downloaded from checkpoint storage.
+    pub downloaded_files: AtomicU64,
+    /// Bytes of those (payloads, without identity frames).
+    pub downloaded_bytes: AtomicU64,
+    /// Local copies refused by the state backend's check (then downloaded).
+    pub local_refused: AtomicU64,
+    /// Small files kept inline in `_metadata` (nothing to download).
+    pub inline_files: AtomicU64,
+}
+
+impl RestoreFileCounts {
+    /// The counts now.
+    pub(crate) fn read(&self) -> crate::local_recovery::RestoreFiles {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        crate::local_recovery::RestoreFiles {
+            local_files: get(&self.local_files),
+            local_bytes: get(&self.local_bytes),
+            downloaded_files: get(&self.downloaded_files),
+            downloaded_bytes: get(&self.downloaded_bytes),
+            local_refused: get(&self.local_refused),
+            inline_files: get(&self.inline_files),
+        }
+    }
+}
+
+/// Removes a restore's downloads when dropped (after the open, when the backend holds links).
+pub(crate) struct Downloads(Option<PathBuf>);
+
+impl Drop for Downloads {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Turns every native file source of `restore` into a local file.
+pub(crate) async fn fetch_native(
+    restore: &mut RestoreContext,
+    env: &TaskEnv,
+) -> Result<Downloads, TaskError> {
+    static DOWNLOADS: AtomicU64 = AtomicU64::new(0);
+    let mut downloads = Downloads(None);
+    let needed = restore.operators.values().any(|o| !o.native.is_empty());
+    // A backend without a directory cannot take native files: the open says so.
+    let Some(state_dir) = env.state_backend.local_dir().filter(|_| needed) else {
+        return Ok(downloads);
+    };
+    let local = crate::local_recovery::local_recovery_dir(&state_dir, env.job_id, env.task);
+    let counts = &env.metrics.restore_files;
+    for state in restore.operators.values_mut() {
+        for r in &mut state.native {
+            let storage = r.storage.clone().unwrap_or_else(|| env.storage.clone());
+            let location = CheckpointLocation {
+                dir: r.location_dir.clone(),
+            };
+            for (f, source) in r.handle.files.iter().zip(r.files.iter_mut()) {
+                let Some(taken) = source.take() else {
+                    continue;
+                };
+                let dir = match &downloads.0 {
+                    Some(d) => d.clone(),
+                    None => {
+                        let n = DOWNLOADS.fetch_add(1, Ordering::Relaxed);
+                        let d = state_dir.join(format!("restore-p{}-{n}", std::process::id()));
+                        std::fs::create_dir_all(&d).map_err(|e| io_error(env, "create", &d, e))?;
+                        downloads.0 = Some(d.clone());
+                        d
+                    }
+                };
+                let target = dir.join(format!(
+                    "{}@{}-{}",
+                    f.name, f.key_groups.start, f.key_groups.end
+                ));
+                *source = Some(match taken {
+                    NativeSource::Local { path, size } => NativeSource::Local { path, size },
+                    NativeSource::Fetched(bytes) => {
+                        std::fs::write(&target, &bytes)
+                            .map_err(|e| io_error(env, "write", &target, e))?;
+                        NativeSource::Local {
+                            path: target,
+                            size: bytes.len() as u64,
+                        }
+                    }
+                    NativeSource::Stored { stream, expected } => {
+                        if let Some(found) = local_copy(env, &local, &stream, f, &r.handle.format) {
+                            counts.local_files.fetch_add(1, Ordering::Relaxed);
+                            counts.local_bytes.fetch_add(found.1, Ordering::Relaxed);
+                            NativeSource::Local {
+                                path: found.0,
+                                size: found.1,
+                            }
+                        } else {
+                            let size =
+                                download(&*storage, &location, &stream, &expected, &target, env)
+                                    .await?;
+                            if matches!(stream, StreamStateHandle::Inline(_)) {
+                                counts.inline_files.fetch_add(1, Ordering::Relaxed);
+                            } else {
+                                counts.downloaded_files.fetch_add(1, Ordering::Relaxed);
+                                counts.downloaded_bytes.fetch_add(size, Ordering::Relaxed);
+                            }
+                            NativeSource::Local { path: target, size }
+                        }
+                    }
+                });
+            }
+        }
+    }
+    Ok(downloads)
+}
+
+fn io_error(env: &TaskEnv, what: &str, path: &Path, e: std::io::Error) -> TaskError {
+    TaskError::Operator {
+        operator: env.name.clone(),
+        message: format!("cannot {what} {}: {e}", path.display()),
+    }
+}
+
+/// The subtask's local-recovery copy of `f` and its length, when present and sound by the
+/// state backend's check; a copy the check refuses is removed (and downloaded instead).
+fn local_copy(
+    env: &TaskEnv,
+    local: &Path,
+    stream: &StreamStateHandle,
+    f: &NativeFileHandle,
+    format: &str,
+) -> Option<(PathBuf, u64)> {
+    let path = local.join(crate::local_recovery::local_name(stream)?);
+    let size = std::fs::metadata(&path).ok()?.len();
+    let file = weir_state::NativeFile {
+        name: f.name.clone(),
+        key_groups: f.key_groups,
+        size,
+        path: path.clone(),
+    };
+    match env.state_backend.check_native_file(format, &file) {
+        Ok(()) => Some((path, size)),
+        Err(e) => {
+            warn!(task = %env.name, file = %path.display(), error = %e, "the local-recovery copy is unusable; downloading the file");
+            env.metrics
+                .restore_files
+                .local_refused
+                .fetch_add(1, Ordering::Relaxed);
+            let _ = std::fs::remove_file(&path);
+            None
+        }
+    }
+}
+
+/// Downloads one native file to `target` in ranges of [`DOWNLOAD_RANGE`], checking its
+/// identity frame against `expected` and its size and digest against the handle's; returns the
+/// payload's length. A file that fails a check is [`TaskError::UnusableCheckpoint`], naming it.
+async fn download(
+    storage: &dyn CheckpointStorage,
+    location: &CheckpointLocation,
+    stream: &StreamStateHandle,
+    expected: &ExpectedIdentity,
+    target: &Path,
+    env: &TaskEnv,
+) -> Result<u64, TaskError> {
+    let file_name = match stream.path() {
+        Some(p) => format!("{}{p}", location.dir),
+        None => format!("{}_metadata", location.dir),
+    };
+    let unusable = |reason: String| TaskError::UnusableCheckpoint {
+        location: location.dir.clone(),
+        file: file_name.clone(),
+        reason,
+    };
+    let (size, digest) = match stream {
+        StreamStateHandle::File { size, digest, .. } => (*size, Some(*digest)),
+        // Inline (served from `_metadata`, whose envelope is checked) or a legacy file (which
+        // a native snapshot never is): read whole, as the storage verifies it.
+        _ => (stream.size(), None),
+    };
+    let mut out = std::fs::File::create(target).map_err(|e| io_error(env, "create", target, e))?;
+    let mut hasher = DigestHasher::new();
+    let mut at = 0u64;
+    let mut payload = 0u64;
+    let mut framed = false;
+    while at < size || !framed {
+        let chunk = if digest.is_some() {
+            let end = size.min(at + DOWNLOAD_RANGE);
+            storage
+                .read_state(location, stream, Some((at, end)))
+                .await?
+        } else {
+            storage.read_state(location, stream, None).await?
+        };
+        if chunk.is_empty() && !framed {
+            return Err(unusable("the file is empty: no identity frame".into()));
+        }
+        hasher.update(&chunk);
+        at += chunk.len() as u64;
+        let mut body = &chunk[..];
+        if !framed {
+            let (identity, len) = weir_core::identity::open_frame(&chunk)
+                .map_err(|e| unusable(format!("identity frame: {e}")))?;
+            crate::verify::check_native_identity(&identity, expected)
+                .map_err(|e| unusable(format!("identity frame: {e}")))?;
+            body = &chunk[len..];
+            framed = true;
+        }
+        out.write_all(body)
+            .map_err(|e| io_error(env, "write", target, e))?;
+        payload += body.len() as u64;
+        if digest.is_none() {
+            break;
+        }
+    }
+    if let Some(digest) = digest {
+        let got = hasher.finish();
+        if at != size || got != digest {
+            return Err(unusable(format!(
+                "{at} bytes with digest {got}, and the handle says {size} bytes with digest \
+                 {digest}"
+            )));
+        }
+    }
+    out.sync_data()
+        .map_err(|e| io_error(env, "write", target, e))?;
+    Ok(payload)
+}
