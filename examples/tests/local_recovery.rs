@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use weir_runtime::{DiskStateBackend, JobResult, StreamEnvironment};
+use weir_runtime::{DiskStateBackend, JobResult, LatestHandle, RestartStrategy, StreamEnvironment};
 
 const RECORDS: u64 = 100_000;
 /// Keys: enough state that run files are files, not inlined into `_metadata`.
@@ -32,6 +32,38 @@ async fn run(
     backend: DiskStateBackend,
     before_failure: impl Fn() + Send + Sync + 'static,
 ) -> JobResult {
+    let (env, handle) = job(dir, backend, Some(Box::new(before_failure)));
+    let r = env.execute().bounded().await.unwrap();
+    assert_exact(&handle.get());
+    assert!(
+        r.source_records_since_restore < RECORDS,
+        "the job restored from a checkpoint, not from scratch: {r:?}"
+    );
+    r
+}
+
+/// The totals, against those computed without the engine.
+fn assert_exact(got: &BTreeMap<u64, (i64, i64)>) {
+    let mut expected: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
+    for i in 0..RECORDS {
+        let e = expected.entry(key(i)).or_insert((0, i64::MIN));
+        e.0 += 1;
+        e.1 = e.1.max(i as i64);
+    }
+    assert_eq!(
+        got, &expected,
+        "totals against the independently computed ones"
+    );
+}
+
+type Hook = Box<dyn Fn() + Send + Sync>;
+
+/// The job: it fails once when `fail` is given (after calling it).
+fn job(
+    dir: &Path,
+    backend: DiskStateBackend,
+    fail: Option<Hook>,
+) -> (StreamEnvironment, LatestHandle<u64, (i64, i64)>) {
     let env = StreamEnvironment::new();
     env.set_job_name("local-recovery-test")
         .set_parallelism(2)
@@ -51,8 +83,8 @@ async fn run(
     // source still reads.
     env.config_mut().buffers_per_channel = 2;
     env.config_mut().batch_size = 64;
-    let fired = Arc::new(AtomicBool::new(false));
-    let hook = Arc::new(before_failure);
+    let fired = Arc::new(AtomicBool::new(fail.is_none()));
+    let hook: Arc<Hook> = Arc::new(fail.unwrap_or_else(|| Box::new(|| {})));
     let checkpoints = dir.join("checkpoints");
     let handle = env
         .from_generator(Some(RECORDS), |i| i)
@@ -80,23 +112,7 @@ async fn run(
         .map(|(k, count, max)| (k, (count, max)))
         .uid("pairs")
         .latest_per_key();
-    let r = env.execute().bounded().await.unwrap();
-    let mut expected: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
-    for i in 0..RECORDS {
-        let e = expected.entry(key(i)).or_insert((0, i64::MIN));
-        e.0 += 1;
-        e.1 = e.1.max(i as i64);
-    }
-    assert_eq!(
-        handle.get(),
-        expected,
-        "totals against the independently computed ones"
-    );
-    assert!(
-        r.source_records_since_restore < RECORDS,
-        "the job restored from a checkpoint, not from scratch: {r:?}"
-    );
-    r
+    (env, handle)
 }
 
 fn backend(dir: &Path) -> DiskStateBackend {
@@ -140,13 +156,11 @@ async fn a_restore_at_the_same_parallelism_takes_the_local_copies() {
     // Files a pending checkpoint uploaded are linked as well: nothing was downloaded.
     assert_eq!(f.downloaded_files, 0, "{f:?}");
     assert_eq!(f.inline_files, 0, "{f:?}");
-    // The job is over: its stores and downloads are gone; local copies of a finished job go
-    // with the process (a later backend removes them).
+    // The job is over: its stores, downloads and local-recovery copies are gone.
     let left: Vec<_> = std::fs::read_dir(&state)
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.starts_with("local-p"))
         .collect();
     assert!(left.is_empty(), "left under the state directory: {left:?}");
 }
@@ -178,60 +192,59 @@ async fn a_damaged_local_copy_is_downloaded_instead() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_damaged_in_storage_falls_back_to_the_previous_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
     let root = dir.path().join("checkpoints");
-    let flipped = Arc::new(std::sync::Mutex::new(None::<PathBuf>));
-    let record = flipped.clone();
-    let r = run(dir.path(), backend(dir.path()), move || {
-        // No local copies: the restore downloads. One checkpoint's own uploads (named
-        // `-c<id>-`) are each flipped in one byte, the size unchanged.
-        for path in local_copies(&state) {
-            std::fs::remove_file(path).unwrap();
-        }
-        // The newest retained checkpoint but the oldest that uploaded run files of its own:
-        // files a checkpoint uploads are referenced by it and later ones only, so the oldest
-        // retained checkpoint stays whole.
-        let mut ids: Vec<u64> = checkpoints(&root).into_iter().map(|(id, _)| id).collect();
-        ids.sort_unstable();
-        let shared = std::fs::read_dir(&root)
-            .unwrap()
-            .flatten()
-            .map(|job| job.path().join("shared"))
-            .find(|p| p.is_dir())
-            .unwrap();
-        let files: Vec<PathBuf> = std::fs::read_dir(shared)
-            .unwrap()
-            .flatten()
-            .map(|f| f.path())
-            .collect();
-        let own = |id: u64, f: &PathBuf| {
-            let name = f.file_name().unwrap().to_string_lossy().into_owned();
-            name.contains(&format!("-c{id}-")) && name.contains('@')
-        };
-        let Some(&id) = ids
-            .iter()
-            .skip(1)
-            .rev()
-            .find(|&&id| files.iter().any(|f| own(id, f)))
-        else {
-            return;
-        };
-        for f in files.iter().filter(|f| own(id, f)) {
-            let mut bytes = std::fs::read(f).unwrap();
-            let at = bytes.len() / 2;
-            bytes[at] ^= 0x40;
-            std::fs::write(f, bytes).unwrap();
-            *record.lock().unwrap() = Some(f.clone());
-        }
-    })
-    .await;
+    // A job that fails for good (no restarts), leaving three retained checkpoints.
+    let (env, _) = job(dir.path(), backend(dir.path()), Some(Box::new(|| {})));
+    env.set_restart_strategy(RestartStrategy::NoRestart);
+    let e = env.execute().bounded().await.unwrap_err();
+    assert!(e.to_string().contains("injected failure"), "{e}");
+    // The newest retained checkpoint but the oldest that uploaded run files of its own: each
+    // is flipped in one byte, the size unchanged. Files a checkpoint uploads are referenced by
+    // it and later ones only, so the oldest retained checkpoint stays whole.
+    let mut ids: Vec<u64> = checkpoints(&root).into_iter().map(|(id, _)| id).collect();
+    ids.sort_unstable();
+    let shared = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .map(|job| job.path().join("shared"))
+        .find(|p| p.is_dir())
+        .unwrap();
+    let files: Vec<PathBuf> = std::fs::read_dir(shared)
+        .unwrap()
+        .flatten()
+        .map(|f| f.path())
+        .collect();
+    let own = |id: u64, f: &PathBuf| {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        name.contains(&format!("-c{id}-")) && name.contains('@')
+    };
+    let damaged = *ids
+        .iter()
+        .skip(1)
+        .rev()
+        .find(|&&id| files.iter().any(|f| own(id, f)))
+        .expect("a retained checkpoint but the oldest uploaded a run file");
+    for f in files.iter().filter(|f| own(damaged, f)) {
+        let mut bytes = std::fs::read(f).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x40;
+        std::fs::write(f, bytes).unwrap();
+    }
+    // Resumed from the failed job's checkpoints: the restores that find a damaged file fail,
+    // and the job goes on from an older checkpoint, with exact totals.
+    let (env, handle) = job(dir.path(), backend(dir.path()), None);
+    env.restore_from(&root);
+    let r = env.execute().bounded().await.unwrap();
+    assert_exact(&handle.get());
+    let from = r.restored_from.clone().unwrap();
+    let from_id: u64 = from.rsplit("chk-").next().unwrap().parse().unwrap();
     assert!(
-        flipped.lock().unwrap().is_some(),
-        "no retained checkpoint but the oldest uploaded a run file"
+        from_id < damaged,
+        "restored from {from}, at or after the damaged {damaged}: restarts {}, {:?}",
+        r.restarts,
+        r.restore_files
     );
-    // The injected failure, then each restore that found a damaged file (the newest
-    // checkpoint's, and the damaged one's if it is an older one).
-    assert!((2..=3).contains(&r.restarts), "{r:?}");
+    assert!((1..=2).contains(&r.restarts), "{r:?}");
     assert!(
         r.restore_files.downloaded_files > 0,
         "{:?}",

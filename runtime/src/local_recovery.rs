@@ -38,6 +38,16 @@ pub(crate) fn local_recovery_dir(
         .join(format!("v{}-{}", task.vertex.0, task.subtask))
 }
 
+/// Removes this process's local-recovery copies of `job` (when the job has ended).
+pub(crate) fn remove_job(state_dir: &Path, job: weir_core::ids::JobId) {
+    let dir = state_dir.join(format!("local-p{}-{job}", std::process::id()));
+    if let Err(e) = std::fs::remove_dir_all(&dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        warn!(dir = %dir.display(), error = %e, "cannot remove the job's local-recovery copies");
+    }
+}
+
 /// The name of a local-recovery copy: the last part of the uploaded file's path, which is
 /// unique per upload. `None` for a file kept inline in `_metadata`.
 pub(crate) fn local_name(stream: &StreamStateHandle) -> Option<&str> {
@@ -71,16 +81,48 @@ impl LocalRecovery {
         }
     }
 
-    /// Removes every copy whose name `keep` does not hold.
-    pub(crate) fn retain(&self, keep: &std::collections::HashSet<String>) {
+    /// Checkpoint `completed` completed: removes every copy whose name `keep` does not hold,
+    /// but those a later checkpoint uploaded (its upload may still be under way, not yet
+    /// recorded).
+    pub(crate) fn retain(
+        &self,
+        keep: &std::collections::HashSet<String>,
+        completed: weir_core::ids::CheckpointId,
+    ) {
         let Some(dir) = &self.dir else {
             return;
         };
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !keep.contains(&name) {
+            let later = uploaded_by(&name).is_some_and(|c| c > completed.0);
+            if !keep.contains(&name) && !later {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
+    }
+}
+
+/// The checkpoint that uploaded a file, from its upload name
+/// (`v<vertex>-<subtask>-g<generation>-<operator, 8 hex digits>-c<id>-…`, see `upload.rs`).
+fn uploaded_by(name: &str) -> Option<u64> {
+    name.split('-').nth(4)?.strip_prefix('c')?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_uploading_checkpoint_is_read_from_the_name() {
+        assert_eq!(
+            uploaded_by("v1-0-g2-0badf00d-c17-op-s0-a0-p9-3-ab.0000000004@0-63"),
+            Some(17)
+        );
+        // An operator id that looks like a checkpoint number is not taken for one.
+        assert_eq!(
+            uploaded_by("v1-0-g2-c0123456-c5-op-s0-a0-p9-3-ab.0000000004@0-63"),
+            Some(5)
+        );
+        assert_eq!(uploaded_by("v1-0-g2-0badf00d-keyed"), None);
     }
 }

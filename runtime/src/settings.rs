@@ -39,8 +39,14 @@ pub fn apply(config: &mut JobConfig, settings: &[(String, String)]) -> Result<()
     let mut local_dir: Option<PathBuf> = None;
     let mut incremental = None;
     let mut retained = None;
+    let mut seen = std::collections::HashSet::new();
     for (key, value) in settings {
         let (key, value) = (key.trim(), value.trim());
+        if !seen.insert(key) {
+            return Err(JobError::Invalid(format!(
+                "configuration key {key} is given twice"
+            )));
+        }
         match key {
             "state.backend.type" => {
                 let name = if value == "hashmap" { "heap" } else { value };
@@ -92,6 +98,8 @@ pub fn apply(config: &mut JobConfig, settings: &[(String, String)]) -> Result<()
                 "state.backend.disk.local-dir needs state.backend.type=disk".into(),
             ));
         }
+        // The program's own backend of that type stays (its directory and options).
+        (Some(name), None) if config.state_backend.name() == name => None,
         (Some(name), None) => Some(
             weir_state::built_in_state_backend(name)
                 .map_err(|e| JobError::Invalid(e.to_string()))?,
@@ -150,6 +158,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.state_backend.local_dir(), Some(dir.path().to_path_buf()));
+        // The type alone keeps a backend of that type as the program set it.
+        apply(&mut c, &pairs(&[("state.backend.type", "disk")])).unwrap();
+        assert_eq!(c.state_backend.local_dir(), Some(dir.path().to_path_buf()));
         assert!(c.incremental);
         assert_eq!(c.checkpoint.num_retained, 3);
     }
@@ -166,6 +177,13 @@ mod tests {
             (vec![("state.backend.incremental", "yes")], "true or false"),
             (vec![("state.checkpoints.num-retained", "0")], "at least 1"),
             (vec![("state.backend.disk.local-dir", "/tmp/x")], "needs"),
+            (
+                vec![
+                    ("state.backend.type", "disk"),
+                    ("state.backend.type", "heap"),
+                ],
+                "twice",
+            ),
             (
                 vec![
                     ("state.backend.type", "heap"),

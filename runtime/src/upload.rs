@@ -83,7 +83,21 @@ impl NativeUploads {
             .chain(pending.map(|f| &f.stream))
             .filter_map(|s| crate::local_recovery::local_name(s).map(str::to_string))
             .collect();
-        self.local.retain(&keep);
+        self.local.retain(&keep, id);
+    }
+
+    /// `operator` restored `files` from a checkpoint of this job's own storage: later
+    /// checkpoints reference them instead of uploading them again (a failover's first
+    /// checkpoint uploads only what changed, and never re-uploads a local copy's bytes).
+    pub(crate) fn restored<'a>(
+        &mut self,
+        operator: OperatorId,
+        files: impl Iterator<Item = &'a NativeFileHandle>,
+    ) {
+        let by_name = self.confirmed.entry(operator).or_default();
+        for f in files {
+            by_name.insert(file_key(&f.name, f.key_groups), f.stream.clone());
+        }
     }
 
     /// Forgets every upload: the next native snapshots upload all their files (new chains).

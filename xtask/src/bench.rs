@@ -5,6 +5,7 @@
 //! benchmark runs weir-state's `state_bench` example instead, which prints one `keys=N ...` line
 //! per key count (see [`StateRow`]).
 
+pub use crate::lines::{last_line, median, parse_fields};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -45,6 +46,21 @@ const BENCHES: &[Named] = &[
         run: network,
     },
     Named {
+        name: "state-disk",
+        what: "disk keyed-state backend against heap at 1M, 10M and 50M keys: write and read speed, checkpoint sync pause, incremental bytes, recovery with and without local files, RSS, state size; word_count --key-space 10000000 on disk against heap",
+        build: &[
+            "-p",
+            "weir-state",
+            "--example",
+            "state_disk_bench",
+            "-p",
+            "weir-examples",
+            "--bin",
+            "word_count",
+        ],
+        run: state_disk,
+    },
+    Named {
         name: "state",
         what: "heap keyed-state backend at 1M and 10M keys: checkpoint pause, copy-on-write, write and restore speed",
         build: &["-p", "weir-state", "--example", "state_bench"],
@@ -74,6 +90,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let ctx = Bench {
         word_count: release.join("word_count"),
         state_bench: release.join("examples").join("state_bench"),
+        state_disk_bench: release.join("examples").join("state_disk_bench"),
         scratch: target.join("xtask-bench"),
     };
     println!("\nbench `{name}`: {}\n", bench.what);
@@ -86,6 +103,8 @@ pub struct Bench {
     pub word_count: PathBuf,
     /// The release `state_bench` example of weir-state.
     pub state_bench: PathBuf,
+    /// The release `state_disk_bench` example of weir-state.
+    pub state_disk_bench: PathBuf,
     /// Where fresh checkpoint directories are made.
     pub scratch: PathBuf,
 }
@@ -212,11 +231,6 @@ pub struct Summary {
     pub extra: BTreeMap<String, String>,
 }
 
-/// The last non-blank line of `text`.
-pub fn last_line(text: &str) -> Option<&str> {
-    text.lines().rev().map(str::trim).find(|l| !l.is_empty())
-}
-
 /// Parses a `summary:` line (see [`Summary`]).
 pub fn parse_summary(line: &str) -> Result<Summary> {
     let Some(rest) = line.trim().strip_prefix("summary:") else {
@@ -234,21 +248,6 @@ pub fn parse_summary(line: &str) -> Result<Summary> {
         recovery_ms: take(&mut fields, "recovery_ms")?,
         extra: fields,
     })
-}
-
-/// Splits whitespace-separated `key=value` tokens; a token without `=`, an empty key or a
-/// repeated key is an error.
-pub fn parse_fields(text: &str) -> Result<BTreeMap<String, String>> {
-    let mut fields = BTreeMap::new();
-    for token in text.split_whitespace() {
-        let Some((key, value)) = token.split_once('=') else {
-            bail!("token {token:?} is not key=value");
-        };
-        if key.is_empty() || fields.insert(key.to_string(), value.to_string()).is_some() {
-            bail!("bad or repeated key in {token:?}");
-        }
-    }
-    Ok(fields)
 }
 
 /// Removes and parses `key`, if present.
@@ -317,18 +316,6 @@ pub fn parse_state_row(line: &str) -> Result<StateRow> {
         incremental_bytes,
         extra: fields,
     })
-}
-
-/// The median (mean of the middle two for an even count); `None` when empty.
-pub fn median(values: &[f64]) -> Option<f64> {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -811,6 +798,21 @@ fn state(b: &Bench) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `state-disk`: the disk backend's benchmark ([`crate::bench_disk`]), with `word_count` runs
+/// of this bench's contract.
+fn state_disk(b: &Bench) -> Result<()> {
+    crate::bench_disk::state_disk(&b.state_disk_bench, &b.scratch, &|backend| {
+        let cfg = Config {
+            records: 20_000_000,
+            parallelism: 2,
+            checkpoint_interval: Some("1s"),
+            fail_after: None,
+            extra: vec!["--key-space", "10000000", "--state-backend", backend],
+        };
+        b.run(&cfg).map(|s| s.records_per_s)
+    })
 }
 
 #[cfg(test)]

@@ -20,7 +20,9 @@
 //! Plain `std::process::Command` throughout; no shell scripts.
 
 mod bench;
+mod bench_disk;
 mod compare;
+mod lines;
 mod mutants;
 mod netns;
 mod s3;

@@ -203,6 +203,10 @@ pub(crate) async fn run_job(spec: JobSpec, client: JobClient) -> Result<JobResul
         // The job runs in here, so that task managers hear of its end however it ends.
         let result = master.run().await;
         master.close(&result).await;
+        // However it ended, the job needs its local-recovery copies no more.
+        if let Some(dir) = spec.config.state_backend.local_dir() {
+            crate::local_recovery::remove_job(&dir, job_id);
+        }
         result
     }
     .instrument(span)
@@ -548,8 +552,7 @@ impl<'s> JobMaster<'s> {
         };
         // Subtasks fetch native snapshots' files from the job's own storage unless the restore
         // point is in another.
-        let own = Arc::ptr_eq(&point.storage, &self.storage)
-            || point.storage.describe() == self.storage.describe();
+        let own = Arc::ptr_eq(&point.storage, &self.storage);
         let mut contexts = contexts;
         if own {
             for ctx in contexts.values_mut() {
@@ -578,7 +581,14 @@ impl<'s> JobMaster<'s> {
             point.metadata.checkpoint_id.0,
         ));
         self.since_restore_base = self.metrics.source_records.load(Ordering::Relaxed);
-        if self.restored_from.is_none() {
+        // The checkpoint the job started from: the first restore's, unless a subtask found
+        // that one unusable and the job fell back.
+        let fell_back = self.restored_from.as_ref().is_some_and(|from| {
+            self.unusable
+                .iter()
+                .any(|dir| from.ends_with(dir.trim_end_matches('/')))
+        });
+        if self.restored_from.is_none() || fell_back {
             self.restored_from = Some(point.describe());
             if let (Some(c), Some(k)) = (self.claim.as_mut(), self.keeper.as_ref()) {
                 c.restored(&point.location, k).await;

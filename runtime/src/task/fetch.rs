@@ -77,8 +77,16 @@ pub(crate) async fn fetch_native(
     };
     let local = crate::local_recovery::local_recovery_dir(&state_dir, env.job_id, env.task);
     let counts = &env.metrics.restore_files;
-    for state in restore.operators.values_mut() {
+    for (&operator, state) in restore.operators.iter_mut() {
         for r in &mut state.native {
+            if r.storage.is_none()
+                && let Ok(mut chains) = env.chains.lock()
+            {
+                let used = r.handle.files.iter().zip(&r.files);
+                chains
+                    .native
+                    .restored(operator, used.filter(|(_, s)| s.is_some()).map(|(f, _)| f));
+            }
             let storage = r.storage.clone().unwrap_or_else(|| env.storage.clone());
             let location = CheckpointLocation {
                 dir: r.location_dir.clone(),
@@ -208,17 +216,33 @@ async fn download(
     let mut at = 0u64;
     let mut payload = 0u64;
     let mut framed = false;
+    // As `restore::load_first_good` decides for the files the master reads: an error the
+    // storage calls temporary is retried (the same checkpoint, by the restart strategy); any
+    // other (a missing, truncated or damaged file) makes the checkpoint unusable.
+    let failed = |e: weir_checkpoint::CheckpointError| {
+        if e.is_temporary() {
+            TaskError::Checkpoint(e)
+        } else {
+            unusable(e.to_string())
+        }
+    };
     while at < size || !framed {
         let chunk = if digest.is_some() {
             let end = size.min(at + DOWNLOAD_RANGE);
             storage
                 .read_state(location, stream, Some((at, end)))
-                .await?
+                .await
+                .map_err(failed)?
         } else {
-            storage.read_state(location, stream, None).await?
+            storage
+                .read_state(location, stream, None)
+                .await
+                .map_err(failed)?
         };
-        if chunk.is_empty() && !framed {
-            return Err(unusable("the file is empty: no identity frame".into()));
+        if chunk.is_empty() {
+            return Err(unusable(format!(
+                "nothing to read at byte {at} of {size}: the file is shorter than its handle says"
+            )));
         }
         hasher.update(&chunk);
         at += chunk.len() as u64;
