@@ -51,6 +51,14 @@ pub enum CheckpointError {
         /// Who holds it now.
         by: String,
     },
+    /// A local file to upload could not be read, or does not have the length expected.
+    #[error("cannot upload the local file '{path}': {reason}")]
+    LocalFile {
+        /// The local file.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// The storage was configured wrongly.
     #[error("invalid checkpoint storage configuration: {0}")]
     Config(String),

@@ -184,9 +184,10 @@ async fn a_damaged_local_copy_is_downloaded_instead() {
     let damaged = *damaged.lock().unwrap();
     assert!(damaged > 0, "no local copy to damage");
     let f = r.restore_files;
+    // Every damaged copy the restore needed was refused and downloaded instead (a checkpoint
+    // that completed after the damage may have linked sound copies, which are taken).
     assert!(f.local_refused > 0, "{f:?}");
     assert!(f.downloaded_files >= f.local_refused, "{f:?}");
-    assert_eq!(f.local_files, 0, "{f:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

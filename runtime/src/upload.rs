@@ -473,16 +473,20 @@ async fn write_native(
         let stream = match reused {
             Some(handle) => handle,
             None => {
-                let mut file = FramedFile::new();
-                read_local(&f.path, f.size, file.payload()).await?;
-                let (bytes, _) = file.finish(identity(StateFileKind::NativeFile, f.key_groups))?;
+                let mut who = identity(StateFileKind::NativeFile, f.key_groups);
+                who.format_version = format_version_of(&f.path)?;
+                let frame = Bytes::from(who.frame().map_err(|e| e.to_string())?);
                 // Unique per upload: a run uploaded again (its first checkpoint never
                 // confirmed) must not overwrite the file another checkpoint may reference.
                 let name = format!(
                     "v{}-{}-g{generation}-{short}-c{}-{key}",
                     task.vertex.0, task.subtask, id.0
                 );
-                let handle = write_file(storage, location, &name, bytes, true).await?;
+                // Streamed from local disk: a run of any size costs a bounded buffer.
+                let handle = storage
+                    .write_shared_state_from_file(location, &name, frame, &f.path, f.size)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 if matches!(handle, StreamStateHandle::File { .. }) {
                     new_shared.push(handle.clone());
                 }
@@ -519,24 +523,15 @@ async fn write_native(
     })
 }
 
-/// Appends the local file at `path`, which must have `size` bytes, to `out` (off the
-/// runtime's threads).
-async fn read_local(path: &std::path::Path, size: u64, out: &mut Vec<u8>) -> Result<(), String> {
-    let path = path.to_path_buf();
-    let bytes = tokio::task::spawn_blocking(move || std::fs::read(&path).map(|b| (path, b)))
-        .await
-        .map_err(|e| format!("reading a native snapshot's file: {e}"))?
-        .map_err(|e| format!("cannot read a native snapshot's file: {e}"))?;
-    let (path, bytes) = bytes;
-    if bytes.len() as u64 != size {
-        return Err(format!(
-            "the native snapshot's file {} has {} bytes, and the snapshot listed {size}",
-            path.display(),
-            bytes.len()
-        ));
-    }
-    out.extend_from_slice(&bytes);
-    Ok(())
+/// The format version of a local file's payload (bytes 4..6 of its envelope header), for its
+/// identity frame.
+fn format_version_of(path: &std::path::Path) -> Result<u16, String> {
+    use std::io::Read;
+    let mut head = [0u8; 6];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .map_err(|e| format!("cannot read the native file {}: {e}", path.display()))?;
+    Ok(u16::from_le_bytes([head[4], head[5]]))
 }
 
 /// Writes one state file into `location` (or, `shared`, beside it) and returns its handle.

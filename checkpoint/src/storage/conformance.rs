@@ -7,6 +7,7 @@
 //! so the checks can share one storage and be run again on it.
 
 pub mod lease;
+pub mod streamed;
 
 use crate::storage::{CheckpointListing, CheckpointLocation, CheckpointStorage};
 use crate::{CheckpointError, CheckpointMetadata, OperatorState};
@@ -54,6 +55,7 @@ macro_rules! checkpoint_storage_conformance {
             state_corruption_detected => check_state_corruption_detected,
             discard_idempotent => check_discard_idempotent,
             shared_state => check_shared_state,
+            shared_state_from_file => streamed::check_shared_state_from_file,
             list_and_find => check_list_and_find,
             name_validation => check_name_validation,
             job_lock => check_job_lock,
@@ -85,6 +87,7 @@ pub async fn run_all(storage: &dyn CheckpointStorage) {
     check_state_corruption_detected(storage).await;
     check_discard_idempotent(storage).await;
     check_shared_state(storage).await;
+    streamed::check_shared_state_from_file(storage).await;
     check_list_and_find(storage).await;
     check_name_validation(storage).await;
     check_job_lock(storage).await;

@@ -152,6 +152,24 @@ pub trait CheckpointStorage: Send + Sync + 'static {
         bytes: Bytes,
     ) -> Result<StreamStateHandle, CheckpointError>;
 
+    /// Writes a shared state file whose bytes are `head` followed by the `len` bytes of the
+    /// local file at `path` (a native keyed snapshot's run, behind its identity frame): the same
+    /// file and handle as [`write_shared_state`](Self::write_shared_state) over the
+    /// concatenation. A storage that streams the file holds a bounded part of it in memory,
+    /// whatever its size; the default reads it whole and calls `write_shared_state`. A local
+    /// file that cannot be read or has another length is [`CheckpointError::LocalFile`].
+    async fn write_shared_state_from_file(
+        &self,
+        location: &CheckpointLocation,
+        name: &str,
+        head: Bytes,
+        path: &std::path::Path,
+        len: u64,
+    ) -> Result<StreamStateHandle, CheckpointError> {
+        let bytes = concat_local(head, path, len).await?;
+        self.write_shared_state(location, name, bytes).await
+    }
+
     /// Deletes the one file a handle in `location`'s `_metadata` refers to: a shared file that no
     /// retained checkpoint needs any more. An inline handle has nothing to delete. Idempotent.
     async fn discard_state(
@@ -254,6 +272,38 @@ pub use s3::{S3Config, is_s3_url};
 
 /// The directory shared files are written to, relative to a checkpoint's location.
 pub const SHARED_DIR_FROM_LOCATION: &str = "../shared/";
+
+/// `head` followed by the `len` bytes of the local file at `path`, read whole (off the
+/// runtime's threads).
+pub(crate) async fn concat_local(
+    head: Bytes,
+    path: &std::path::Path,
+    len: u64,
+) -> Result<Bytes, CheckpointError> {
+    let local = path.to_path_buf();
+    let read = tokio::task::spawn_blocking(move || std::fs::read(&local))
+        .await
+        .map_err(|e| local_file_error(path, e.to_string()))?
+        .map_err(|e| local_file_error(path, e.to_string()))?;
+    if read.len() as u64 != len {
+        return Err(local_file_error(
+            path,
+            format!("{} bytes, and {len} were expected", read.len()),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(head.len() + read.len());
+    bytes.extend_from_slice(&head);
+    bytes.extend_from_slice(&read);
+    Ok(Bytes::from(bytes))
+}
+
+/// The error for a local file that cannot be uploaded.
+pub fn local_file_error(path: &std::path::Path, reason: String) -> CheckpointError {
+    CheckpointError::LocalFile {
+        path: path.display().to_string(),
+        reason,
+    }
+}
 
 /// Whether `handle` is a file in the job's `shared/` directory, as
 /// [`CheckpointStorage::write_shared_state`] writes them: owned by no single checkpoint, and

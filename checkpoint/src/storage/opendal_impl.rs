@@ -3,7 +3,7 @@
 
 use super::{
     CheckpointListing, CheckpointLocation, CheckpointStorage, JobLock, S3Config,
-    SHARED_DIR_FROM_LOCATION, join_path,
+    SHARED_DIR_FROM_LOCATION, join_path, local_file_error,
 };
 use crate::metadata::MAX_METADATA_SIZE;
 use crate::{CheckpointError, CheckpointMetadata};
@@ -371,6 +371,18 @@ fn last_segment(dir: &str) -> &str {
     dir.trim_end_matches('/').rsplit('/').next().unwrap_or("")
 }
 
+/// How a streamed write failed: reading the local file, or writing to the storage.
+enum Streamed {
+    Local(CheckpointError),
+    Storage(opendal::Error),
+}
+
+impl From<opendal::Error> for Streamed {
+    fn from(e: opendal::Error) -> Streamed {
+        Streamed::Storage(e)
+    }
+}
+
 /// The error for a range outside the data.
 fn range_error(path: String, range: (u64, u64), len: u64) -> CheckpointError {
     CheckpointError::Storage {
@@ -474,6 +486,100 @@ impl CheckpointStorage for OpendalCheckpointStorage {
         Ok(StreamStateHandle::File {
             path: format!("{SHARED_DIR_FROM_LOCATION}{name}"),
             size,
+            digest,
+        })
+    }
+
+    async fn write_shared_state_from_file(
+        &self,
+        location: &CheckpointLocation,
+        name: &str,
+        head: Bytes,
+        path: &std::path::Path,
+        len: u64,
+    ) -> Result<StreamStateHandle, CheckpointError> {
+        validate_state_name(name)?;
+        let total = head.len() as u64 + len;
+        if total <= self.inline_threshold as u64 || total <= MULTIPART_CHUNK as u64 {
+            // Small: one write, as `write_shared_state` does (inline below the threshold).
+            let bytes = super::concat_local(head, path, len).await?;
+            return self.write_shared_state(location, name, bytes).await;
+        }
+        let dir = dir_of(location);
+        let shared = resolve(&dir, &format!("{SHARED_DIR_FROM_LOCATION}{name}"))?;
+        let err = self.storage_err(&shared);
+        let mut writer = if self.op.info().capability().write_can_multi {
+            self.op
+                .writer_with(&shared)
+                .chunk(MULTIPART_CHUNK)
+                .concurrent(MULTIPART_CONCURRENCY)
+                .await
+        } else {
+            self.op.writer(&shared).await
+        }
+        .map_err(err)?;
+        let mut hasher = weir_core::identity::DigestHasher::new();
+        hasher.update(&head);
+        let streamed = async {
+            writer.write(head).await?;
+            // One part of the file in memory at a time, read off the runtime's threads.
+            let mut file = Some(
+                std::fs::File::open(path)
+                    .map_err(|e| local_file_error(path, e.to_string()))
+                    .map_err(Streamed::Local)?,
+            );
+            let mut left = len;
+            while left > 0 {
+                let want = left.min(MULTIPART_CHUNK as u64) as usize;
+                let mut f = file.take().ok_or_else(|| {
+                    Streamed::Local(local_file_error(path, "lost the file".into()))
+                })?;
+                let (f, part) = tokio::task::spawn_blocking(move || {
+                    use std::io::Read;
+                    let mut part = vec![0u8; want];
+                    let read = f.read_exact(&mut part);
+                    (f, read.map(|_| part))
+                })
+                .await
+                .map_err(|e| Streamed::Local(local_file_error(path, e.to_string())))?;
+                let part = part.map_err(|e| {
+                    Streamed::Local(local_file_error(
+                        path,
+                        format!("{e} after {} of {len} bytes", len - left),
+                    ))
+                })?;
+                file = Some(f);
+                hasher.update(&part);
+                writer.write(part).await?;
+                left -= want as u64;
+            }
+            // A longer file than expected is another file.
+            let longer = file.as_mut().is_some_and(|f| {
+                use std::io::Read;
+                f.read(&mut [0u8; 1]).is_ok_and(|n| n > 0)
+            });
+            if longer {
+                return Err(Streamed::Local(local_file_error(
+                    path,
+                    format!("longer than the {len} bytes expected"),
+                )));
+            }
+            writer.close().await?;
+            Ok::<_, Streamed>(())
+        }
+        .await;
+        if let Err(e) = streamed {
+            let _ = writer.abort().await;
+            return Err(match e {
+                Streamed::Local(e) => e,
+                Streamed::Storage(e) => self.storage_err(&shared)(e),
+            });
+        }
+        let digest = hasher.finish();
+        debug!(path = %self.full_path(&shared), size = total, %digest, "streamed shared state file");
+        Ok(StreamStateHandle::File {
+            path: format!("{SHARED_DIR_FROM_LOCATION}{name}"),
+            size: total,
             digest,
         })
     }
