@@ -19,24 +19,6 @@ use weir_runtime::{
     CollectHandle, JobError, JobResult, JobStatus, LatestHandle, RestartStrategy, StreamEnvironment,
 };
 
-/// The complete checkpoints (`<job>/chk-<n>/_metadata`) under a checkpoint root.
-fn complete_checkpoints(root: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    for job in std::fs::read_dir(root).into_iter().flatten().flatten() {
-        for chk in std::fs::read_dir(job.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let is_chk = chk.file_name().to_string_lossy().starts_with("chk-");
-            if is_chk && chk.path().join("_metadata").is_file() {
-                found.push(chk.path());
-            }
-        }
-    }
-    found
-}
-
 // ---------------------------------------------------------------------------------------------
 // The word-count job of `weir_examples::build`.
 // ---------------------------------------------------------------------------------------------

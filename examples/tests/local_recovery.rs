@@ -97,7 +97,7 @@ fn job(
             if i >= FAIL_AFTER
                 && i.is_multiple_of(1_000)
                 && !fired.load(Ordering::SeqCst)
-                && complete_checkpoints(&checkpoints) >= 3
+                && complete_checkpoints(&checkpoints).len() >= 3
                 && !fired.swap(true, Ordering::SeqCst)
             {
                 hook();
@@ -202,7 +202,10 @@ async fn a_file_damaged_in_storage_falls_back_to_the_previous_checkpoint() {
     // The newest retained checkpoint but the oldest that uploaded run files of its own: each
     // is flipped in one byte, the size unchanged. Files a checkpoint uploads are referenced by
     // it and later ones only, so the oldest retained checkpoint stays whole.
-    let mut ids: Vec<u64> = checkpoints(&root).into_iter().map(|(id, _)| id).collect();
+    let mut ids: Vec<u64> = complete_checkpoints(&root)
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
     ids.sort_unstable();
     let shared = std::fs::read_dir(&root)
         .unwrap()
@@ -251,31 +254,4 @@ async fn a_file_damaged_in_storage_falls_back_to_the_previous_checkpoint() {
         "{:?}",
         r.restore_files
     );
-}
-
-/// How many complete checkpoints are under a checkpoint root.
-fn complete_checkpoints(root: &Path) -> usize {
-    checkpoints(root).len()
-}
-
-/// The complete checkpoints under a checkpoint root: id and directory.
-fn checkpoints(root: &Path) -> Vec<(u64, PathBuf)> {
-    let mut found = Vec::new();
-    for job in std::fs::read_dir(root).into_iter().flatten().flatten() {
-        for chk in std::fs::read_dir(job.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = chk.file_name().to_string_lossy().into_owned();
-            if let Some(id) = name
-                .strip_prefix("chk-")
-                .and_then(|n| n.parse::<u64>().ok())
-                && chk.path().join("_metadata").is_file()
-            {
-                found.push((id, chk.path()));
-            }
-        }
-    }
-    found
 }

@@ -57,7 +57,7 @@ pub struct RestoredOperatorState {
 
 /// One native keyed snapshot to restore: its manifest, read and checked by the job master, and
 /// where each file this subtask needs is. The subtask fetches the files itself before it opens
-/// ([`crate::task`]): from its local-recovery copy when one is present and sound, else from
+/// (`task/fetch.rs`): from its local-recovery copy when one is present and sound, else from
 /// checkpoint storage, in ranges, each checked (digest and identity frame).
 #[derive(serde::Serialize, serde::Deserialize)]
 pub struct RestoredNative {

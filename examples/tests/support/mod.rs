@@ -216,3 +216,26 @@ mod restored;
 // Each test binary uses one or both.
 #[allow(unused_imports)]
 pub use restored::{assert_restored, assert_resumed};
+
+/// The complete checkpoints (`<job>/chk-<n>/_metadata`) under a checkpoint root: each id and
+/// directory, in no particular order.
+pub fn complete_checkpoints(root: &Path) -> Vec<(u64, PathBuf)> {
+    let mut found = Vec::new();
+    for job in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for chk in std::fs::read_dir(job.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = chk.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name
+                .strip_prefix("chk-")
+                .and_then(|n| n.parse::<u64>().ok())
+                && chk.path().join("_metadata").is_file()
+            {
+                found.push((id, chk.path()));
+            }
+        }
+    }
+    found
+}
