@@ -6,6 +6,7 @@ use crate::broadcast::{
     KeyedBroadcastProcessOperator,
 };
 use crate::cluster::ClusterRole;
+#[cfg(feature = "cluster")]
 use crate::cluster::taskexecutor::run_task_manager;
 use crate::config::{JobConfig, StorageConfig};
 use crate::deploy::{
@@ -381,7 +382,12 @@ impl StreamEnvironment {
         async move {
             let spec = spec?;
             match spec.config.cluster.clone() {
+                #[cfg(feature = "cluster")]
                 Some(ClusterRole::TaskManager(options)) => run_task_manager(spec, options).await,
+                #[cfg(not(feature = "cluster"))]
+                Some(ClusterRole::TaskManager(_)) => {
+                    Err(JobError::Invalid(crate::cluster::MISSING.to_string()))
+                }
                 _ => run_job(spec, canceller).await,
             }
         }

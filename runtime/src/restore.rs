@@ -685,6 +685,7 @@ async fn read_native(
 /// Reads, for subtasks on task managers, the native files of a restore point in a storage other
 /// than the job's (which task managers may not reach): each read whole and checked (size,
 /// digest, identity frame) and sent with the deployment.
+#[cfg(feature = "cluster")]
 pub(crate) async fn fetch_foreign_native(
     tasks: &mut [crate::spec::TaskDeployment],
 ) -> Result<(), JobError> {

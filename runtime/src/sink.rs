@@ -411,6 +411,7 @@ impl<K: Ord + Clone, V: Clone> LatestHandle<K, V> {
 /// A handle whose published values cross processes: in cluster mode, each task manager sends
 /// what its sinks published when the job finishes, and the job manager merges it into its own
 /// handle (the program built the same handles in every process, in the same order).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) trait SharedResult: Send + Sync {
     /// What this process published, encoded.
     fn encode(&self) -> Result<Vec<u8>, String>;

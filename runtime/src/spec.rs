@@ -83,6 +83,7 @@ pub(crate) struct JobSpec {
     pub key_hashes: HashMap<(NodeId, NodeId), Arc<dyn Any + Send + Sync>>,
     pub enumerators: HashMap<NodeId, EnumeratorFactory>,
     /// Handles whose published values the job manager gathers in cluster mode.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub results: Vec<Arc<dyn crate::sink::SharedResult>>,
 }
 

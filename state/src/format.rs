@@ -105,9 +105,7 @@ pub const SECTION_COMPRESSED: u16 = 0x8000;
 /// The most a compressed section's blocks may hold uncompressed (1 GiB). The writer stores larger
 /// sections uncompressed; a reader refuses a compressed section claiming more, before allocating.
 pub const MAX_COMPRESSED_BLOCKS_LEN: usize = 1 << 30;
-/// The zstd compression level of [`Compression::Zstd`]: the fastest, as checkpoints are on the
-/// hot path. (Readers need not know it.)
-pub const ZSTD_LEVEL: i32 = 1;
+pub use crate::zstd_codec::ZSTD_LEVEL;
 /// The serializer version recorded for postcard-encoded keys and values.
 pub const SERIALIZER_VERSION: u32 = 1;
 /// The most states a snapshot can number (state ids are `i16`).
@@ -212,19 +210,31 @@ impl fmt::Display for Compression {
     }
 }
 
-/// A string that names no [`Compression`].
+/// A string that names no [`Compression`] this build has.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown snapshot compression '{0}': expected none, lz4 or zstd")]
-pub struct ParseCompressionError(pub String);
+pub enum ParseCompressionError {
+    /// No codec has the name.
+    #[error("unknown snapshot compression '{0}': expected none, lz4 or zstd")]
+    Unknown(String),
+    /// `zstd`, in a build without weir-state's `zstd` feature.
+    #[error("snapshot compression 'zstd': {}", crate::zstd_codec::MISSING)]
+    NotBuilt,
+}
 
 impl FromStr for Compression {
     type Err = ParseCompressionError;
 
     fn from_str(s: &str) -> Result<Compression, ParseCompressionError> {
-        Compression::ALL
+        match Compression::ALL
             .into_iter()
             .find(|c| c.as_str().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| ParseCompressionError(s.to_string()))
+        {
+            Some(Compression::Zstd) if !crate::zstd_codec::AVAILABLE => {
+                Err(ParseCompressionError::NotBuilt)
+            }
+            Some(c) => Ok(c),
+            None => Err(ParseCompressionError::Unknown(s.to_string())),
+        }
     }
 }
 
@@ -598,7 +608,7 @@ pub struct SectionWriter {
     overlays: bool,
     /// The compressed form of the section, when `finish` stores it so.
     packed: Vec<u8>,
-    zstd: Option<zstd::bulk::Compressor<'static>>,
+    zstd: Option<crate::zstd_codec::Compressor>,
 }
 
 impl fmt::Debug for SectionWriter {
@@ -782,16 +792,13 @@ impl SectionWriter {
             Compression::Zstd => {
                 let compressor = match &mut self.zstd {
                     Some(c) => c,
-                    None => self.zstd.insert(
-                        zstd::bulk::Compressor::new(ZSTD_LEVEL)
-                            .map_err(|e| encode_err(format!("zstd: {e}")))?,
-                    ),
+                    None => self
+                        .zstd
+                        .insert(crate::zstd_codec::Compressor::new().map_err(encode_err)?),
                 };
-                self.packed
-                    .resize(start + zstd::zstd_safe::compress_bound(blocks.len()), 0);
                 compressor
-                    .compress_to_buffer(blocks, &mut self.packed[start..])
-                    .map_err(|e| encode_err(format!("zstd: {e}")))?
+                    .compress(blocks, &mut self.packed, start)
+                    .map_err(encode_err)?
             }
         };
         self.packed.truncate(start + written);
@@ -1158,28 +1165,7 @@ fn decompress(
             out.truncate(n);
             out
         }
-        Compression::Zstd => {
-            // The frame records its content size (Weir's writer always has it written): a
-            // header that does not parse, or a size other than the claim, is refused before
-            // the claimed bytes are allocated.
-            match zstd::zstd_safe::get_frame_content_size(payload) {
-                Ok(Some(size)) if size != len as u64 => {
-                    return Err(corrupt(format!(
-                        "the zstd frame holds {size} bytes, the section claims {len}; \
-                         refusing to allocate"
-                    )));
-                }
-                Ok(_) => {}
-                Err(_) => {
-                    return Err(corrupt(
-                        "zstd cannot decompress the blocks: the frame header does not parse"
-                            .to_string(),
-                    ));
-                }
-            }
-            zstd::bulk::decompress(payload, len)
-                .map_err(|e| corrupt(format!("zstd cannot decompress the blocks: {e}")))?
-        }
+        Compression::Zstd => crate::zstd_codec::decompress(payload, len).map_err(corrupt)?,
     };
     if out.len() != len {
         return Err(corrupt(format!(

@@ -33,6 +33,7 @@ pub mod keyed;
 pub mod operator;
 mod restored;
 pub mod store;
+mod zstd_codec;
 
 pub use backend::{
     BUILT_IN_BACKENDS as BUILT_IN_STATE_BACKENDS, DiskStateBackend, HeapStateBackend, KeyedBackend,

@@ -22,8 +22,18 @@ struct Named {
     run: fn(&Bench) -> Result<()>,
 }
 
-/// Builds the `word_count` binary.
+/// Builds the `word_count` binary, as the README's first command does (default features).
 const WORD_COUNT: &[&str] = &["-p", "weir-examples", "--bin", "word_count"];
+
+/// Builds the `word_count` binary with cluster mode.
+const WORD_COUNT_CLUSTER: &[&str] = &[
+    "-p",
+    "weir-examples",
+    "--bin",
+    "word_count",
+    "--features",
+    "weir-examples/cluster",
+];
 
 /// The named benchmarks; the first is the default.
 const BENCHES: &[Named] = &[
@@ -42,7 +52,7 @@ const BENCHES: &[Named] = &[
     Named {
         name: "network",
         what: "word_count at p=4 on two task managers over TCP (a job manager and two task managers, separate processes, loopback) against one process; bytes per record on the wire",
-        build: WORD_COUNT,
+        build: WORD_COUNT_CLUSTER,
         run: network,
     },
     Named {

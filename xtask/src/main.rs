@@ -284,7 +284,9 @@ fn ci(root: &Path) -> Result<()> {
         "warnings",
     ]);
     steps.push(("clippy", Box::new(move || run_cmd(clippy))));
-    // The runtime without its `weir checkpoints` tool (the `cli` feature) still builds.
+    // The builds that leave features out: the runtime without its `weir checkpoints` tool (the
+    // `cli` feature), and the README's `word_count` without cluster mode, S3 or zstd (the tests
+    // build it with all three), linted so that code only a full build uses is seen.
     let mut lean = cargo(root);
     lean.args([
         "check",
@@ -293,7 +295,21 @@ fn ci(root: &Path) -> Result<()> {
         "--no-default-features",
         "--lib",
     ]);
-    steps.push(("runtime-without-cli", Box::new(move || run_cmd(lean))));
+    let mut lean_example = cargo(root);
+    lean_example.args([
+        "clippy",
+        "-p",
+        "weir-examples",
+        "--bin",
+        "word_count",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    steps.push((
+        "lean-builds",
+        Box::new(move || run_cmd(lean).and_then(|()| run_cmd(lean_example))),
+    ));
     // Before the steps, so that a missing tool fails CI at once, not after clippy.
     let s3s_fs = s3::ensure_s3s_fs()?;
     netns::ensure_iproute2()?;

@@ -366,14 +366,28 @@ fn exit_codes_help() -> String {
     )
 }
 
-fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
+/// Logs to stderr, filtered by `RUST_LOG` (`warn` when unset): directives `target=level` or
+/// `level`, comma-separated (`RUST_LOG=info,weir_runtime::master=debug`). A value that does not
+/// parse is reported, and `warn` applies.
+fn init_logging() {
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::prelude::*;
+    let warn = || Targets::new().with_default(tracing::Level::WARN);
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(value) => value.parse::<Targets>().unwrap_or_else(|e| {
+            eprintln!("warning: RUST_LOG={value:?} does not parse ({e}); logging warnings only");
+            warn()
+        }),
+        Err(_) => warn(),
+    };
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
         .init();
+}
+
+fn main() -> ExitCode {
+    init_logging();
     let args = Args::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,4 +1,6 @@
-//! Cluster mode: a job manager and task managers, each a process running the same job binary
+//! Cluster mode (weir-runtime's `cluster` feature; without it only the roles and membership
+//! are here, and a job asked to run as either role fails at once saying so): a job manager and
+//! task managers, each a process running the same job binary
 //! (as timely and Bytewax clusters do), so a task manager builds the job's operators itself and
 //! is only told which subtasks to run. Task managers register with the job manager over RPC,
 //! and heartbeats in both directions tell each side when the other is gone.
@@ -31,25 +33,41 @@
 //! learn of the other's death within the timeout, whatever the cause: a killed process, a cut
 //! link, a stuck machine.
 
+#[cfg(feature = "cluster")]
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(feature = "cluster")]
 pub mod jobmanager;
+#[cfg(feature = "cluster")]
 pub(crate) mod jobmaster;
 pub mod membership;
+#[cfg(feature = "cluster")]
 pub(crate) mod protocol;
+#[cfg(feature = "cluster")]
 pub mod rpc;
+#[cfg(feature = "cluster")]
 pub(crate) mod taskexecutor;
+#[cfg(feature = "cluster")]
 pub mod taskmanager;
+#[cfg(feature = "cluster")]
 pub(crate) mod transport;
 
+#[cfg(feature = "cluster")]
 pub use jobmanager::JobManagerServer;
 
 /// The version of the task protocol this build speaks; a task manager of another version is
 /// refused at registration.
+#[cfg(feature = "cluster")]
 pub const TASK_PROTOCOL_VERSION: u8 = protocol::PROTOCOL_VERSION;
 pub use membership::{MembershipEvent, TaskManagerId, TaskManagerInfo};
+#[cfg(feature = "cluster")]
 pub use taskmanager::{JobManagerLost, TaskManagerSession};
 
 pub use crate::roles::{
     ClusterRole, HeartbeatConfig, JobManagerOptions, MAX_HEARTBEAT_TIMEOUT, TaskManagerOptions,
 };
+
+/// Why a job manager or task manager cannot start in a build without the `cluster` feature.
+#[cfg_attr(feature = "cluster", allow(dead_code))]
+pub(crate) const MISSING: &str = "cluster mode is not in this build: build with weir-runtime's \
+     `cluster` feature (weir-examples' `cluster` turns it on)";

@@ -20,7 +20,9 @@ mod teardown;
 
 use crate::claim::Claim;
 use crate::cluster::ClusterRole;
+#[cfg(feature = "cluster")]
 use crate::cluster::jobmaster::{RemoteGateway, RemoteHost};
+#[cfg(feature = "cluster")]
 use crate::cluster::taskexecutor::graph_fingerprint;
 use crate::config::{ClaimMode, JobConfig, StorageConfig, build_storage};
 use crate::error::JobError;
@@ -731,6 +733,12 @@ async fn task_host(parts: HostParts<'_>) -> Result<Box<dyn TaskHost + '_>, JobEr
     } = parts;
     let (config, job) = (&spec.config, &spec.job);
     Ok(match &config.cluster {
+        #[cfg(not(feature = "cluster"))]
+        Some(ClusterRole::JobManager(_)) => {
+            let _ = (storage_root, job);
+            return Err(JobError::Invalid(crate::cluster::MISSING.to_string()));
+        }
+        #[cfg(feature = "cluster")]
         Some(ClusterRole::JobManager(options)) => {
             if config.checkpoint.is_enabled() && storage_root.is_none() {
                 return Err(JobError::Invalid(format!(
