@@ -366,3 +366,18 @@ pub fn write_totals(path: &Path, totals: &BTreeMap<String, i64>) -> std::io::Res
     }
     Ok(())
 }
+
+/// The CPU time (user + system) this process has used so far, in seconds, from
+/// `/proc/self/stat` (Linux; `None` elsewhere or if it does not parse). Its resolution is a
+/// clock tick (10 ms).
+pub fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: fields after it count
+    // from its closing parenthesis; utime and stime are fields 14 and 15.
+    let after = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    // USER_HZ is 100 on every Linux architecture the kernel exports to user space.
+    Some((user + system) as f64 / 100.0)
+}

@@ -1164,6 +1164,11 @@ fn a_version_1_metadata_is_still_inspected() {
 // Native keyed snapshots: the disk backend's runs, shared between checkpoints.
 
 const NATIVE_JOB: &str = "cli-native-test";
+/// Distinct keys of the native job: its runs are shared files whatever their size, so fewer
+/// keys than [`KEYS`] do (and the disk backend is slow in a debug build).
+const NATIVE_KEYS: u64 = 10_000;
+/// Records the native job reads: the warm-up, then as many again.
+const NATIVE_RECORDS: u64 = 4 * NATIVE_KEYS;
 
 /// Runs the keyed job of [`run_job`] with its keyed state on the disk backend (stores under
 /// `local`) and incremental checkpoints, so that each checkpoint records native snapshots: a
@@ -1178,9 +1183,9 @@ async fn run_native_job(root: &Path, local: &Path) {
     env.checkpoint_config().num_retained = 3;
     env.config_mut().incremental = true;
     KeyedJob {
-        keys: KEYS,
-        records: RECORDS,
-        warm_up: WARM_UP,
+        keys: NATIVE_KEYS,
+        records: NATIVE_RECORDS,
+        warm_up: 2 * NATIVE_KEYS,
         wanted: WANTED,
         give_up: Duration::from_secs(20),
     }

@@ -23,7 +23,15 @@ struct Named {
 }
 
 /// Builds the `word_count` binary, as the README's first command does (default features).
-const WORD_COUNT: &[&str] = &["-p", "weir-examples", "--bin", "word_count"];
+/// With it, the bare loop the `wordcount` benchmark compares it with.
+const WORD_COUNT: &[&str] = &[
+    "-p",
+    "weir-examples",
+    "--bin",
+    "word_count",
+    "--bin",
+    "bare_loop",
+];
 
 /// Builds the `word_count` binary with cluster mode.
 const WORD_COUNT_CLUSTER: &[&str] = &[
@@ -41,7 +49,7 @@ const BENCHES: &[Named] = &[
         name: "wordcount",
         what: "word_count throughput with and without checkpoints, checkpoint latency, recovery time",
         build: WORD_COUNT,
-        run: wordcount,
+        run: crate::bench_wordcount::wordcount,
     },
     Named {
         name: "backpressure",
@@ -99,6 +107,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let release = target.join("release");
     let ctx = Bench {
         word_count: release.join("word_count"),
+        bare_loop: release.join("bare_loop"),
         state_bench: release.join("examples").join("state_bench"),
         state_disk_bench: release.join("examples").join("state_disk_bench"),
         scratch: target.join("xtask-bench"),
@@ -111,6 +120,8 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
 pub struct Bench {
     /// The release `word_count` binary.
     pub word_count: PathBuf,
+    /// The release `bare_loop` binary: the same word count without the engine.
+    pub bare_loop: PathBuf,
     /// The release `state_bench` example of weir-state.
     pub state_bench: PathBuf,
     /// The release `state_disk_bench` example of weir-state.
@@ -135,7 +146,7 @@ pub struct Config {
 }
 
 impl Config {
-    fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         let mut s = format!("p={}", self.parallelism);
         match self.checkpoint_interval {
             Some(i) => s.push_str(&format!(" ckpt={i}")),
@@ -194,11 +205,22 @@ impl Bench {
         parse_summary(line).with_context(|| format!("`{shown}`: bad closing line {line:?}"))
     }
 
-    /// Runs `cfg` `reps` times and returns the records/s of each run.
-    pub fn repeat(&self, cfg: &Config, reps: usize) -> Result<Vec<f64>> {
-        (0..reps)
-            .map(|_| self.run(cfg).map(|s| s.records_per_s))
-            .collect()
+    /// Runs the bare loop once over `records` records and returns its summary.
+    pub fn run_bare(&self, records: u64) -> Result<Summary> {
+        let mut cmd = Command::new(&self.bare_loop);
+        cmd.arg("--records").arg(records.to_string());
+        let shown = crate::show(&cmd);
+        eprintln!("  $ {shown}");
+        let out = cmd
+            .stderr(Stdio::inherit())
+            .output()
+            .with_context(|| format!("could not start `{shown}`"))?;
+        if !out.status.success() {
+            bail!("`{shown}` failed ({})", out.status);
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = last_line(&stdout).with_context(|| format!("`{shown}` printed nothing"))?;
+        parse_summary(line).with_context(|| format!("`{shown}`: bad closing line {line:?}"))
     }
 
     fn fresh_dir(&self) -> Result<PathBuf> {
@@ -237,6 +259,8 @@ pub struct Summary {
     pub checkpoint_p99_ms: Option<f64>,
     /// Time from failure to running again, if reported.
     pub recovery_ms: Option<f64>,
+    /// CPU seconds (user + system) of the whole process, if reported.
+    pub cpu_seconds: Option<f64>,
     /// Any other `key=value` tokens, kept as text.
     pub extra: BTreeMap<String, String>,
 }
@@ -256,6 +280,7 @@ pub fn parse_summary(line: &str) -> Result<Summary> {
         checkpoint_p50_ms: take(&mut fields, "checkpoint_p50_ms")?,
         checkpoint_p99_ms: take(&mut fields, "checkpoint_p99_ms")?,
         recovery_ms: take(&mut fields, "recovery_ms")?,
+        cpu_seconds: take(&mut fields, "cpu_seconds")?,
         extra: fields,
     })
 }
@@ -328,124 +353,19 @@ pub fn parse_state_row(line: &str) -> Result<StateRow> {
     })
 }
 
-fn verdict(ok: bool) -> &'static str {
+pub(crate) fn verdict(ok: bool) -> &'static str {
     if ok { "met" } else { "MISSED" }
 }
 
-fn mrec(r: f64) -> String {
+pub(crate) fn mrec(r: f64) -> String {
     format!("{:.2}M/s", r / 1e6)
 }
 
-fn opt_ms(v: Option<f64>) -> String {
+pub(crate) fn opt_ms(v: Option<f64>) -> String {
     v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.1} ms"))
 }
 
 /// The default benchmark: word count throughput, checkpoint overhead, latency and recovery.
-fn wordcount(b: &Bench) -> Result<()> {
-    const RECORDS: u64 = 20_000_000;
-    const REPS: usize = 5;
-    const TARGET_RATE: f64 = 10e6; // records/s at p=2 with 1s checkpoints
-    const TARGET_OVERHEAD: f64 = 0.05; // 1 - with/without
-    const TARGET_P99_MS: f64 = 20.0;
-    const TARGET_RECOVERY_MS: f64 = 50.0;
-
-    // Throughput: p ∈ {1, 2} × checkpoints {off, 1s}, REPS runs each. The configurations are
-    // interleaved (round after round of all four), so that drift in a shared machine's speed
-    // lands on every configuration alike instead of on the with/without ratio.
-    let configs: Vec<Config> = [1u32, 2]
-        .into_iter()
-        .flat_map(|parallelism| {
-            [None, Some("1s")].into_iter().map(move |interval| Config {
-                records: RECORDS,
-                parallelism,
-                checkpoint_interval: interval,
-                ..Config::default()
-            })
-        })
-        .collect();
-    let mut runs: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    for _ in 0..REPS {
-        for (cfg, r) in configs.iter().zip(runs.iter_mut()) {
-            r.extend(b.repeat(cfg, 1)?);
-        }
-    }
-    let mut medians = BTreeMap::new();
-    let mut rows = Vec::new();
-    for (cfg, runs) in configs.iter().zip(&runs) {
-        let (parallelism, interval) = (cfg.parallelism, cfg.checkpoint_interval);
-        let med = median(runs).context("no runs")?;
-        medians.insert((parallelism, interval.is_some()), med);
-        let target = if parallelism == 2 && interval == Some("1s") {
-            format!(">= {}  {}", mrec(TARGET_RATE), verdict(med >= TARGET_RATE))
-        } else {
-            String::new()
-        };
-        let runs: Vec<String> = runs.iter().map(|r| mrec(*r)).collect();
-        rows.push((cfg.label(), runs.join(" "), mrec(med), target));
-    }
-    println!("\nthroughput ({RECORDS} records, {REPS} runs each, median):");
-    println!("  {:<18} {:<50} {:>10}  target", "config", "runs", "median");
-    for (label, runs, med, target) in rows {
-        println!("  {label:<18} {runs:<50} {med:>10}  {target}");
-    }
-
-    println!("\ncheckpoint overhead (median with 1s checkpoints / median without):");
-    for parallelism in [1u32, 2] {
-        let with = medians[&(parallelism, true)];
-        let without = medians[&(parallelism, false)];
-        let ratio = with / without;
-        let overhead = 1.0 - ratio;
-        println!(
-            "  p={parallelism}  ratio {ratio:.3}  overhead {:>5.1}%  target <= {:.0}%  {}",
-            overhead * 100.0,
-            TARGET_OVERHEAD * 100.0,
-            verdict(overhead <= TARGET_OVERHEAD)
-        );
-    }
-
-    let latency = b.run(&Config {
-        records: RECORDS,
-        parallelism: 2,
-        checkpoint_interval: Some("100ms"),
-        ..Config::default()
-    })?;
-    println!(
-        "\ncheckpoint latency (p=2, every 100ms, {} checkpoints):",
-        latency.checkpoints
-    );
-    println!("  p50  {}", opt_ms(latency.checkpoint_p50_ms));
-    println!(
-        "  p99  {}  target < {TARGET_P99_MS} ms  {}",
-        opt_ms(latency.checkpoint_p99_ms),
-        latency
-            .checkpoint_p99_ms
-            .map_or("not reported", |v| verdict(v < TARGET_P99_MS))
-    );
-
-    let recovery = b.run(&Config {
-        records: RECORDS,
-        parallelism: 2,
-        checkpoint_interval: Some("100ms"),
-        fail_after: Some(10_000_000),
-        ..Config::default()
-    })?;
-    println!(
-        "\nrecovery (p=2, every 100ms, one failure after 10000000 records, {} restart(s)):",
-        recovery.restarts
-    );
-    println!(
-        "  recovery  {}  target < {TARGET_RECOVERY_MS} ms  {}",
-        opt_ms(recovery.recovery_ms),
-        recovery
-            .recovery_ms
-            .map_or("not reported", |v| verdict(v < TARGET_RECOVERY_MS))
-    );
-    if recovery.restarts == 0 {
-        println!("  note: the run reported no restart; was the failure injected?");
-    }
-    Ok(())
-}
-
 /// One cluster run: what the job manager summarized, and the bytes each task manager sent.
 struct ClusterRun {
     summary: Summary,

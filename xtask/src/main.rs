@@ -21,6 +21,7 @@
 
 mod bench;
 mod bench_disk;
+mod bench_wordcount;
 mod compare;
 mod lines;
 mod mutants;

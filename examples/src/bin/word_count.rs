@@ -677,5 +677,8 @@ fn summary(records: Option<u64>, result: &JobResult) -> String {
     if let Some(r) = result.recovery_times.first() {
         summary.push_str(&format!(" recovery_ms={}", ms(*r)));
     }
+    if let Some(cpu) = weir_examples::process_cpu_seconds() {
+        summary.push_str(&format!(" cpu_seconds={cpu:.2}"));
+    }
     summary
 }
