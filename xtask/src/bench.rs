@@ -1,6 +1,7 @@
-//! `cargo xtask bench [name]`: release benchmarks of the example jobs, printed beside their targets.
+//! The benchmarks' runner and most benchmarks: release runs of the example jobs, printed beside
+//! their targets.
 //!
-//! A benchmark is a function in [`BENCHES`]; it runs the `word_count` binary (or another) through
+//! A benchmark is a function listed in `benches::BENCHES`; it runs the `word_count` binary (or another) through
 //! [`Bench::run`], which reads the binary's closing `summary:` line (see [`Summary`]). The `state`
 //! benchmark runs weir-state's `state_bench` example instead, which prints one `keys=N ...` line
 //! per key count (see [`StateRow`]).
@@ -8,113 +9,10 @@
 pub use crate::lines::{last_line, median, parse_fields};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
-
-/// A named benchmark: a function of the [`Bench`] context.
-struct Named {
-    name: &'static str,
-    what: &'static str,
-    /// The arguments of the `cargo build --release ...` that makes its binary.
-    build: &'static [&'static str],
-    run: fn(&Bench) -> Result<()>,
-}
-
-/// Builds the `word_count` binary, as the README's first command does (default features).
-/// With it, the bare loop the `wordcount` benchmark compares it with.
-const WORD_COUNT: &[&str] = &[
-    "-p",
-    "weir-examples",
-    "--bin",
-    "word_count",
-    "--bin",
-    "bare_loop",
-];
-
-/// Builds the `word_count` binary with cluster mode.
-const WORD_COUNT_CLUSTER: &[&str] = &[
-    "-p",
-    "weir-examples",
-    "--bin",
-    "word_count",
-    "--features",
-    "weir-examples/cluster",
-];
-
-/// The named benchmarks; the first is the default.
-const BENCHES: &[Named] = &[
-    Named {
-        name: "wordcount",
-        what: "word_count throughput with and without checkpoints, checkpoint latency, recovery time",
-        build: WORD_COUNT,
-        run: crate::bench_wordcount::wordcount,
-    },
-    Named {
-        name: "backpressure",
-        what: "checkpoints under backpressure (a sink busy 2us per record): aligned, unaligned, alternating",
-        build: WORD_COUNT,
-        run: backpressure,
-    },
-    Named {
-        name: "network",
-        what: "word_count at p=4 on two task managers over TCP (a job manager and two task managers, separate processes, loopback) against one process; bytes per record on the wire",
-        build: WORD_COUNT_CLUSTER,
-        run: network,
-    },
-    Named {
-        name: "state-disk",
-        what: "disk keyed-state backend against heap at 1M, 10M and 50M keys: write and read speed, checkpoint sync pause, incremental bytes, recovery with and without local files, RSS, state size; word_count --key-space 10000000 on disk against heap",
-        build: &[
-            "-p",
-            "weir-state",
-            "--example",
-            "state_disk_bench",
-            "-p",
-            "weir-examples",
-            "--bin",
-            "word_count",
-        ],
-        run: state_disk,
-    },
-    Named {
-        name: "state",
-        what: "heap keyed-state backend at 1M and 10M keys: checkpoint pause, copy-on-write, write and restore speed",
-        build: &["-p", "weir-state", "--example", "state_bench"],
-        run: state,
-    },
-];
-
-/// The benchmark names, for the usage text.
-pub fn names() -> Vec<&'static str> {
-    BENCHES.iter().map(|b| b.name).collect()
-}
-
-/// Runs the benchmark called `args[0]` (default: the first in [`BENCHES`]).
-pub fn run(root: &Path, args: &[String]) -> Result<()> {
-    let name = args.first().map_or(BENCHES[0].name, String::as_str);
-    let Some(bench) = BENCHES.iter().find(|b| b.name == name) else {
-        bail!("unknown benchmark `{name}`; known: {}", names().join(", "));
-    };
-    if args.len() > 1 {
-        bail!("bench takes at most one argument (a benchmark name)");
-    }
-    let mut build = crate::cargo(root);
-    build.args(["build", "--release"]).args(bench.build);
-    crate::run_cmd(build)?;
-    let target = crate::tidy::target_dir(root)?;
-    let release = target.join("release");
-    let ctx = Bench {
-        word_count: release.join("word_count"),
-        bare_loop: release.join("bare_loop"),
-        state_bench: release.join("examples").join("state_bench"),
-        state_disk_bench: release.join("examples").join("state_disk_bench"),
-        scratch: target.join("xtask-bench"),
-    };
-    println!("\nbench `{name}`: {}\n", bench.what);
-    (bench.run)(&ctx)
-}
 
 /// What a benchmark function gets: the binaries and a scratch directory under `target/`.
 pub struct Bench {
@@ -455,7 +353,7 @@ fn running_rate(s: &Summary) -> Result<f64> {
 /// `word_count` at p=4 with 1 s checkpoints: on two task managers of two slots each (a job
 /// manager and two task managers on loopback, TCP between the task managers), against one
 /// process. Rounds interleave the two; the ratio is of the medians.
-fn network(b: &Bench) -> Result<()> {
+pub(crate) fn network(b: &Bench) -> Result<()> {
     const RECORDS: u64 = 40_000_000;
     const ROUNDS: usize = 3;
     const TARGET_RATIO: f64 = 0.5;
@@ -514,7 +412,7 @@ wire: {:.0} bytes sent by the task managers (median): {:.2} bytes per record, ab
 /// Checkpoints under backpressure, per barrier mode: the sink busy-waits 2 µs per record so
 /// every buffer stays full, p=2, a checkpoint every 200 ms, default buffers. The modes run in
 /// interleaved rounds; each line gives the medians over the rounds.
-fn backpressure(b: &Bench) -> Result<()> {
+pub(crate) fn backpressure(b: &Bench) -> Result<()> {
     const RECORDS: u64 = 5_000_000;
     const ROUNDS: usize = 3;
     const TARGET_UNALIGNED_P99_MS: f64 = 25.0;
@@ -599,7 +497,7 @@ unaligned p99 {u:.1} ms: target < {TARGET_UNALIGNED_P99_MS} ms {}, and not above
 /// copy-on-write cost of the first writes after a snapshot, the bytes of an incremental
 /// checkpoint after 1% of the keys changed against a full one, a full snapshot written to a
 /// local file and restored from it.
-fn state(b: &Bench) -> Result<()> {
+pub(crate) fn state(b: &Bench) -> Result<()> {
     const KEYS: [u64; 2] = [1_000_000, 10_000_000];
     const CHECKPOINTS: usize = 50;
     const TARGET_PAUSE_US: f64 = 1000.0; // at 10M keys
@@ -732,7 +630,7 @@ fn state(b: &Bench) -> Result<()> {
 
 /// `state-disk`: the disk backend's benchmark ([`crate::bench_disk`]), with `word_count` runs
 /// of this bench's contract.
-fn state_disk(b: &Bench) -> Result<()> {
+pub(crate) fn state_disk(b: &Bench) -> Result<()> {
     crate::bench_disk::state_disk(&b.state_disk_bench, &b.scratch, &|backend| {
         let cfg = Config {
             records: 20_000_000,

@@ -22,6 +22,7 @@
 mod bench;
 mod bench_disk;
 mod bench_wordcount;
+mod benches;
 mod compare;
 mod lines;
 mod mutants;
@@ -89,7 +90,7 @@ fn run(args: &[String]) -> Result<()> {
         Some("bench") if rest.first().is_some_and(|a| a == "compare") => {
             compare::run(&root, rest.get(1..).unwrap_or_default())
         }
-        Some("bench") => bench::run(&root, rest),
+        Some("bench") => benches::run(&root, rest),
         Some("mutants") => mutants::run(&root, &s3::ensure_s3s_fs()?),
         Some("chaos") => match rest.first().map(String::as_str) {
             None => chaos(&root),
@@ -107,7 +108,7 @@ fn run(args: &[String]) -> Result<()> {
 }
 
 fn usage() -> String {
-    USAGE.replace("{benches}", &bench::names().join(", "))
+    USAGE.replace("{benches}", &benches::names().join(", "))
 }
 
 /// The workspace root: the parent of this crate's directory.
