@@ -47,6 +47,16 @@ fn utf16_hash(s: &str) -> i32 {
 }
 
 impl KeyHash for String {
+    #[inline]
+    fn key_hash(&self) -> i32 {
+        self.as_str().key_hash()
+    }
+}
+
+/// A short string kept inline (no allocation up to 24 bytes) hashes as the same text in a
+/// `String` does, so either type puts a key in the same key group.
+impl KeyHash for compact_str::CompactString {
+    #[inline]
     fn key_hash(&self) -> i32 {
         self.as_str().key_hash()
     }
@@ -99,6 +109,7 @@ impl<A: KeyHash, B: KeyHash> KeyHash for (A, B) {
 }
 
 /// Flink's `MathUtils.murmurHash(int)`: one murmur3 round plus its finalizer, made non-negative.
+#[inline]
 pub fn murmur_hash(code: i32) -> i32 {
     let mut code = code;
     code = code.wrapping_mul(0xcc9e_2d51_u32 as i32);
@@ -118,6 +129,7 @@ pub fn murmur_hash(code: i32) -> i32 {
 }
 
 /// Flink's `MathUtils.bitMix`: the murmur3 finalizer.
+#[inline]
 pub fn bit_mix(input: i32) -> i32 {
     let mut h = input as u32;
     h ^= h >> 16;
@@ -134,11 +146,13 @@ pub fn assign_to_key_group<K: KeyHash + ?Sized>(key: &K, max_parallelism: u32) -
 }
 
 /// The key group of a key hash (Flink's `computeKeyGroupForKeyHash`).
+#[inline]
 pub fn compute_key_group_for_key_hash(key_hash: i32, max_parallelism: u32) -> KeyGroup {
     (murmur_hash(key_hash) as u32) % max_parallelism
 }
 
 /// The subtask that owns a key group (Flink's `computeOperatorIndexForKeyGroup`).
+#[inline]
 pub fn compute_operator_index_for_key_group(
     max_parallelism: u32,
     parallelism: u32,
@@ -274,6 +288,37 @@ impl fmt::Display for KeyGroupRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_compact_string_hashes_and_serializes_as_the_same_string() {
+        // Inline (short), at the inline limit, and on the heap (long); ASCII and not.
+        for text in [
+            "",
+            "7",
+            "hello",
+            "ü€😀",
+            "abcdefghijklmnopqrstuvwx",
+            &"long ".repeat(20),
+        ] {
+            let compact = compact_str::CompactString::from(text);
+            let string = text.to_string();
+            assert_eq!(compact.key_hash(), string.key_hash(), "{text:?}");
+            assert_eq!(
+                assign_to_key_group(&compact, 128),
+                assign_to_key_group(&string, 128)
+            );
+            assert_eq!(
+                postcard::to_stdvec(&compact).unwrap(),
+                postcard::to_stdvec(&string).unwrap(),
+                "{text:?}"
+            );
+        }
+        // Java's "hello".hashCode().
+        assert_eq!(
+            compact_str::CompactString::from("hello").key_hash(),
+            99_162_322
+        );
+    }
 
     #[test]
     fn the_widest_range_decoded_from_a_damaged_file_has_a_length() {

@@ -35,4 +35,6 @@ pub mod partition;
 pub mod sim;
 pub mod splitmix;
 
+/// A string kept inline up to 24 bytes: a key type that costs no allocation per record.
+pub use compact_str::{CompactString, ToCompactString};
 pub use error::CoreError;

@@ -30,6 +30,7 @@ impl Partitioner {
 
 /// The consumer channel of a key group under hash partitioning (Flink's
 /// `KeyGroupStreamPartitioner`): the subtask that owns the key group.
+#[inline]
 pub fn channel_for_key_group(key_group: KeyGroup, max_parallelism: u32, channels: u32) -> u32 {
     compute_operator_index_for_key_group(max_parallelism, channels, key_group)
 }

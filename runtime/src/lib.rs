@@ -73,6 +73,9 @@ pub use weir_checkpoint::coordinator::{
 };
 pub use weir_checkpoint::storage::S3Config;
 pub use weir_core::config::{CheckpointConfig, CheckpointingMode, ExternalizedRetention};
+/// A string kept inline up to 24 bytes, for keys that should cost no allocation per record
+/// (word_count's words); it hashes, and so partitions, like the same text in a `String`.
+pub use weir_core::{CompactString, ToCompactString};
 /// What a stream's records must be (`Clone + Send + 'static` and serializable across the
 /// network), so that a user's generic function over `DataStream<T>` needs no other crate.
 pub use weir_network::Data;
