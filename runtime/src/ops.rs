@@ -22,11 +22,14 @@ where
     }
 
     fn process_batch(&mut self, batch: Vec<T>, out: &mut dyn Output<U>) -> OpResult {
+        // A plain loop: collecting `Result`s through an adapter cost twice the user function
+        // (measured in word_count's profile).
         let (f, cancellation) = (&*self.0, &self.1);
-        let mapped = batch
-            .into_iter()
-            .map(|r| cancellation.check().map(|()| f(r)))
-            .collect::<Result<Vec<U>, _>>()?;
+        let mut mapped = Vec::with_capacity(batch.len());
+        for record in batch {
+            cancellation.check()?;
+            mapped.push(f(record));
+        }
         out.push_batch(mapped)
     }
 }

@@ -162,6 +162,29 @@ impl<T: Data> Output<T> for RecordWriter<T> {
         Ok(())
     }
 
+    /// A batch: the selector is matched once, and a hash exchange computes each record's
+    /// channel in one loop.
+    fn push_batch(&mut self, batch: Vec<T>) -> OpResult {
+        if let ChannelSelector::Hash {
+            key_hash,
+            max_parallelism,
+        } = &self.selector
+        {
+            let (key_hash, max_parallelism) = (Arc::clone(key_hash), *max_parallelism);
+            let channels = self.channels.len() as u32;
+            for record in batch {
+                let kg = compute_key_group_for_key_hash(key_hash(&record), max_parallelism);
+                let c = channel_for_key_group(kg, max_parallelism, channels);
+                self.add(c as usize, record);
+            }
+            return Ok(());
+        }
+        for record in batch {
+            self.push(record)?;
+        }
+        Ok(())
+    }
+
     fn watermark(&mut self, watermark: Watermark) -> OpResult {
         self.broadcast_event(Event::Watermark(watermark));
         Ok(())
