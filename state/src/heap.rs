@@ -1,10 +1,11 @@
 //! The heap keyed-state backend: one hash table per state and key group behind an `Arc`,
 //! copy-on-write snapshots, and restore by key group.
 //!
-//! Each registered state keeps, for every key group of the backend's range, an
-//! `Arc<HashMap<K, V>>` (hashbrown with the Fx hasher, the map inside `rustc_hash::FxHashMap`).
-//! Writes go through [`Arc::make_mut`], so a key group's table is copied only when it is written
-//! while a snapshot still holds it. [`KeyedStateBackend::snapshot`] clones the `Arc`s (cost
+//! Each registered state keeps, for every key group of the backend's range, a `HashMap<K, V>`
+//! (hashbrown with the Fx hasher, the map inside `rustc_hash::FxHashMap`) in a `CowGroup`: owned
+//! while no snapshot holds it, so a write costs no atomic operation, and behind an `Arc` from a
+//! snapshot on, so a key group's table is copied only when it is written while a snapshot still
+//! holds it. [`KeyedStateBackend::snapshot`] moves each table behind an `Arc` and clones it (cost
 //! O(key groups × states), whatever the number of entries); the returned [`KeyedSnapshot`] owns
 //! that frozen view and encodes it later, on another thread, in the [`crate::format`].
 //!
@@ -14,6 +15,7 @@
 //! into later snapshots, so a state registered lazily is not lost by a checkpoint taken first.
 
 use crate::StateError;
+use crate::cow_group::CowGroup;
 use crate::format::{
     Compression, EntryEncoder, MAX_STATES, SERIALIZER_VERSION, SectionWriter, SnapshotHeader,
     StateKind, StateMeta,
@@ -40,7 +42,7 @@ type ChangeSet<K> = Arc<Vec<Changed<K>>>;
 
 /// A value state's table: one copy-on-write map per key group, indexed by `kg - range.start`.
 struct ValueTable<K, V> {
-    groups: Vec<Arc<Group<K, V>>>,
+    groups: Vec<CowGroup<Group<K, V>>>,
     /// What a key without a value reads as.
     default: Option<V>,
     /// The expiry check of a TTL state.
@@ -61,7 +63,9 @@ struct ValueTable<K, V> {
 impl<K: StateKey, V: StateValue> ValueTable<K, V> {
     fn empty(groups: usize) -> Self {
         ValueTable {
-            groups: (0..groups).map(|_| Arc::new(Group::default())).collect(),
+            groups: (0..groups)
+                .map(|_| CowGroup::new(Group::default()))
+                .collect(),
             default: None,
             expiry: None,
             cleanup_full_snapshot: false,
@@ -92,7 +96,7 @@ impl<K: StateKey, V: StateValue> ValueTable<K, V> {
         self.cleanup_budget = self.cleanup_budget.saturating_add(budget);
         for _ in 0..self.groups.len() {
             let index = self.cleanup_cursor % self.groups.len();
-            let cost = self.groups[index].len().max(1);
+            let cost = self.groups[index].get().len().max(1);
             if self.cleanup_budget < cost {
                 return;
             }
@@ -100,11 +104,12 @@ impl<K: StateKey, V: StateValue> ValueTable<K, V> {
             self.cleanup_cursor = (index + 1) % self.groups.len();
             let group = &mut self.groups[index];
             let stale = group
+                .get()
                 .values()
                 .any(|v| !matches!(expiry(v, now_ms), Expiry::Keep));
             if stale {
                 let mut changed = self.changed.as_mut().and_then(|c| c.get_mut(index));
-                Arc::make_mut(group).retain(|k, v| match expiry(v, now_ms) {
+                group.get_mut().retain(|k, v| match expiry(v, now_ms) {
                     Expiry::Keep => true,
                     Expiry::Drop => {
                         if let Some(set) = changed.as_deref_mut() {
@@ -131,8 +136,8 @@ trait ErasedTable<K>: Send + Sync {
     fn as_any(&self) -> &dyn Any;
     /// For typed write access.
     fn as_any_mut(&mut self) -> &mut dyn Any;
-    /// The synchronous part of a snapshot: clones the `Arc` of every key group.
-    fn freeze(&self, now_ms: i64) -> Box<dyn FrozenTable>;
+    /// The synchronous part of a snapshot: shares every key group's table (behind an `Arc`).
+    fn freeze(&mut self, now_ms: i64) -> Box<dyn FrozenTable>;
     /// Number of entries over all key groups.
     fn len(&self) -> usize;
     /// Removes `key` from the key group at `index`; a group shared with a snapshot is copied
@@ -165,32 +170,27 @@ impl<K: StateKey, V: StateValue> ErasedTable<K> for ValueTable<K, V> {
         self
     }
 
-    fn freeze(&self, now_ms: i64) -> Box<dyn FrozenTable> {
+    fn freeze(&mut self, now_ms: i64) -> Box<dyn FrozenTable> {
         let expiry = match &self.expiry {
             Some(e) if self.cleanup_full_snapshot => Some((e.clone(), now_ms)),
             _ => None,
         };
         Box::new(FrozenValueTable {
-            groups: self.groups.clone(),
+            groups: self.groups.iter_mut().map(CowGroup::share).collect(),
             expiry,
         })
     }
 
     fn len(&self) -> usize {
-        self.groups.iter().map(|g| g.len()).sum()
+        self.groups.iter().map(|g| g.get().len()).sum()
     }
 
     fn remove(&mut self, index: usize, key: &K) {
         let Some(group) = self.groups.get_mut(index) else {
             return;
         };
-        let removed = if let Some(map) = Arc::get_mut(group) {
-            map.remove(key).is_some()
-        } else if group.contains_key(key) {
-            Arc::make_mut(group).remove(key).is_some()
-        } else {
-            false
-        };
+        // A shared table is taken back (copied, if a snapshot holds it) only if the key is there.
+        let removed = group.get().contains_key(key) && group.get_mut().remove(key).is_some();
         if removed {
             self.touch(index, key);
         }
@@ -225,7 +225,7 @@ impl<K: StateKey, V: StateValue> ErasedTable<K> for ValueTable<K, V> {
             _ => None,
         };
         Box::new(FrozenDelta {
-            groups: self.groups.clone(),
+            groups: self.groups.iter_mut().map(CowGroup::share).collect(),
             changes: self.history.iter().map(|(_, c)| Arc::clone(c)).collect(),
             expiry,
         })
@@ -523,7 +523,7 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
         &self,
         state: ValueState<V>,
     ) -> impl Iterator<Item = (&K, &V)> + '_ {
-        self.table(state).groups.iter().flat_map(|g| g.iter())
+        self.table(state).groups.iter().flat_map(|g| g.get().iter())
     }
 
     /// Number of entries over all registered states and key groups.
@@ -691,7 +691,10 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                         p,
                         self.range,
                         self.max_parallelism,
-                    )?,
+                    )?
+                    .into_iter()
+                    .map(CowGroup::from_shared)
+                    .collect(),
                     ..ValueTable::empty(0)
                 }
             }
@@ -730,7 +733,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
     ) -> Option<&V> {
         let table = self.table(state);
         match table.groups.get(self.index(key_group)) {
-            Some(g) => g.get(key).or(table.default.as_ref()),
+            Some(g) => g.get().get(key).or(table.default.as_ref()),
             None => misuse(format!("key group {key_group} has no table")),
         }
     }
@@ -745,7 +748,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
     ) -> &mut V {
         let (table, index) = self.table_mut(state, key_group);
         table.touch(index, key);
-        match Arc::make_mut(&mut table.groups[index]).entry_ref(key) {
+        match table.groups[index].get_mut().entry_ref(key) {
             EntryRef::Occupied(e) => e.into_mut(),
             EntryRef::Vacant(e) => e.insert_with_key(key.clone(), init()),
         }
@@ -761,7 +764,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
     ) {
         let (table, index) = self.table_mut(state, key_group);
         table.touch(index, key);
-        match Arc::make_mut(&mut table.groups[index]).entry_ref(key) {
+        match table.groups[index].get_mut().entry_ref(key) {
             EntryRef::Occupied(mut e) => {
                 e.insert(value);
             }
@@ -1268,7 +1271,7 @@ mod tests {
             b.update(s, &k, g, i);
         }
         let strong = |b: &HeapKeyedStateBackend<String>| -> Vec<usize> {
-            b.table(s).groups.iter().map(Arc::strong_count).collect()
+            b.table(s).groups.iter().map(CowGroup::holders).collect()
         };
         assert_eq!(strong(&b), vec![1; 8]);
         let snapshot = b.snapshot().unwrap();

@@ -25,6 +25,7 @@
 pub mod backend;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+mod cow_group;
 pub mod disk;
 pub mod error;
 pub mod format;
