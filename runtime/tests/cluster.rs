@@ -52,12 +52,15 @@ async fn run_child(jobmanager: SocketAddr) -> ! {
 
 /// Starts this test binary again as a task manager of `jobmanager`.
 fn spawn_task_manager(jobmanager: SocketAddr, name: &str) -> Child {
+    // The harness names a test by its module path without the crate (`cluster::…` in the
+    // crate's one test binary).
+    let test = "task_managers_in_other_processes_are_lost_and_replaced";
+    let test = match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{test}"),
+        None => test.to_string(),
+    };
     Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "task_managers_in_other_processes_are_lost_and_replaced",
-            "--nocapture",
-        ])
+        .args(["--exact", test.as_str(), "--nocapture"])
         .env(CHILD_ENV, jobmanager.to_string())
         .env(NAME_ENV, name)
         .stdout(Stdio::null())
