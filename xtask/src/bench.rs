@@ -6,6 +6,7 @@
 //! benchmark runs weir-state's `state_bench` example instead, which prints one `keys=N ...` line
 //! per key count (see [`StateRow`]).
 
+use crate::lines::run_logged;
 pub use crate::lines::{last_line, median, parse_fields};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
@@ -85,40 +86,18 @@ impl Bench {
             cmd.arg("--fail-after").arg(k.to_string());
         }
         cmd.args(&cfg.extra);
-        let shown = crate::show(&cmd);
-        eprintln!("  $ {shown}");
-        let out = cmd
-            .stderr(Stdio::inherit())
-            .output()
-            .with_context(|| format!("could not start `{shown}`"));
+        let out = run_logged(&mut cmd);
         if let Some(dir) = dir {
             let _ = std::fs::remove_dir_all(dir);
         }
-        let out = out?;
-        if !out.status.success() {
-            bail!("`{shown}` failed ({})", out.status);
-        }
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let line = last_line(&stdout).with_context(|| format!("`{shown}` printed nothing"))?;
-        parse_summary(line).with_context(|| format!("`{shown}`: bad closing line {line:?}"))
+        summary_of(out?)
     }
 
     /// Runs the bare loop once over `records` records and returns its summary.
     pub fn run_bare(&self, records: u64) -> Result<Summary> {
         let mut cmd = Command::new(&self.bare_loop);
         cmd.arg("--records").arg(records.to_string());
-        let shown = crate::show(&cmd);
-        eprintln!("  $ {shown}");
-        let out = cmd
-            .stderr(Stdio::inherit())
-            .output()
-            .with_context(|| format!("could not start `{shown}`"))?;
-        if !out.status.success() {
-            bail!("`{shown}` failed ({})", out.status);
-        }
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let line = last_line(&stdout).with_context(|| format!("`{shown}` printed nothing"))?;
-        parse_summary(line).with_context(|| format!("`{shown}`: bad closing line {line:?}"))
+        summary_of(run_logged(&mut cmd)?)
     }
 
     fn fresh_dir(&self) -> Result<PathBuf> {
@@ -161,6 +140,12 @@ pub struct Summary {
     pub cpu_seconds: Option<f64>,
     /// Any other `key=value` tokens, kept as text.
     pub extra: BTreeMap<String, String>,
+}
+
+/// The summary in the closing line of a run's stdout (from [`run_logged`]).
+fn summary_of((shown, stdout): (String, String)) -> Result<Summary> {
+    let line = last_line(&stdout).with_context(|| format!("`{shown}` printed nothing"))?;
+    parse_summary(line).with_context(|| format!("`{shown}`: bad closing line {line:?}"))
 }
 
 /// Parses a `summary:` line (see [`Summary`]).

@@ -3,10 +3,10 @@
 //! --key-space 10000000` records/s on disk against heap, with the targets.
 
 use crate::lines::{last_line, median, parse_fields};
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 const KEYS: [u64; 3] = [1_000_000, 10_000_000, 50_000_000];
 /// Heap runs up to this many keys (it holds them all in memory).
@@ -38,17 +38,9 @@ fn run_state(bench: &Path, scratch: &Path, backend: &str, keys: u64) -> Result<R
     let mut cmd = Command::new(bench);
     cmd.args(["--backend", backend, "--keys", &keys.to_string(), "--dir"])
         .arg(&dir);
-    let shown = crate::show(&cmd);
-    eprintln!("  $ {shown}");
-    let out = cmd
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("could not start `{shown}`"))?;
+    let out = crate::lines::run_logged(&mut cmd);
     let _ = std::fs::remove_dir_all(&dir);
-    if !out.status.success() {
-        bail!("`{shown}` failed ({})", out.status);
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (_, stdout) = out?;
     let line = last_line(&stdout).context("no output")?;
     println!("{line}");
     Ok(Row {

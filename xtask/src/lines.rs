@@ -1,7 +1,9 @@
-//! Reading benchmark binaries' output: `key=value` lines, the last line, medians.
+//! Running benchmark binaries and reading their output: `key=value` lines, the last line,
+//! medians.
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
 
 /// The last non-blank line of `text`.
 pub fn last_line(text: &str) -> Option<&str> {
@@ -33,4 +35,19 @@ pub fn median(values: &[f64]) -> Option<f64> {
         _ if n % 2 == 1 => Some(v[n / 2]),
         _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
     }
+}
+
+/// Runs `cmd` with its stderr shown, after printing it; returns the command as shown and its
+/// stdout. Fails, naming the command, if it cannot start or exits unsuccessfully.
+pub(crate) fn run_logged(cmd: &mut Command) -> Result<(String, String)> {
+    let shown = crate::show(cmd);
+    eprintln!("  $ {shown}");
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not start `{shown}`"))?;
+    if !out.status.success() {
+        bail!("`{shown}` failed ({})", out.status);
+    }
+    Ok((shown, String::from_utf8_lossy(&out.stdout).into_owned()))
 }
