@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::warn;
 use weir_checkpoint::CheckpointStorage;
@@ -39,7 +38,9 @@ pub(crate) struct TaskRuntime {
 }
 
 impl TaskRuntime {
-    /// A multi-threaded runtime with a worker per core, its threads named `weir-task`.
+    /// A multi-threaded runtime with a worker per core, its threads named `weir-runtime`: it
+    /// runs what subtasks spawn (uploads), their timers and I/O; each subtask's loop has a
+    /// thread of its own ([`SubtaskHandle`]).
     /// Under a simulation (`weir_core::sim`), the subtasks run on the simulation's own
     /// single-threaded runtime, the caller's, so that one seed gives one schedule.
     pub fn new() -> Result<TaskRuntime, JobError> {
@@ -52,7 +53,7 @@ impl TaskRuntime {
             });
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .thread_name("weir-task")
+            .thread_name("weir-runtime")
             .enable_all()
             .build()
             .map_err(|e| JobError::Invalid(format!("cannot start the task runtime: {e}")))?;
@@ -96,7 +97,7 @@ pub(crate) struct ProcessTasks<'a> {
 pub(crate) struct Running {
     mailboxes: BTreeMap<TaskKey, mpsc::Sender<TaskMessage>>,
     /// Each subtask's name and handle.
-    handles: Vec<(String, JoinHandle<()>)>,
+    handles: Vec<(String, SubtaskHandle)>,
     uploads: Arc<AtomicUsize>,
     /// The generation's cancellation signal, raised when it is stopped other than finished.
     cancellation: Cancellation,
@@ -190,7 +191,7 @@ impl ProcessTasks<'_> {
             };
             let reports = reports.clone();
             let task_name = name.clone();
-            let handle = self.runtime.spawn(async move {
+            let run = async move {
                 // Panics in user code are caught at each call into the chain (see
                 // `task::guarded`); this catches any other panic in the task.
                 let run = AssertUnwindSafe(run_task(input, env, restore)).catch_unwind();
@@ -205,7 +206,8 @@ impl ProcessTasks<'_> {
                         }),
                     });
                 }
-            });
+            };
+            let handle = SubtaskHandle::start(&self.runtime, &task_name, run)?;
             handles.push((task_name, handle));
         }
         Ok(Running {
@@ -248,7 +250,10 @@ impl Running {
         let mut abandoned = Vec::new();
         for (name, mut handle) in std::mem::take(&mut self.handles) {
             // A handle that is done counts even past the deadline: it is polled first.
-            if tokio::time::timeout_at(give_up, &mut handle).await.is_err() {
+            if tokio::time::timeout_at(give_up, handle.ended())
+                .await
+                .is_err()
+            {
                 abandoned.push(name);
             }
         }
@@ -264,5 +269,69 @@ impl Running {
     /// Whether no asynchronous snapshot upload of these subtasks is running.
     pub fn uploads_idle(&self) -> bool {
         self.uploads.load(Ordering::Acquire) == 0
+    }
+}
+
+/// A running subtask. Each has a thread of its own (Flink's one thread per task), named after
+/// the subtask, that drives its main loop with the task runtime's handle: records go from one
+/// subtask to the next across threads, and a subtask never waits for a runtime worker that
+/// another subtask occupies (on tokio's workers, a producer and the consumer it woke took
+/// turns on one worker: the woken task waits in the waker's LIFO slot, which no idle worker
+/// steals). What a subtask spawns (snapshot uploads) runs on the runtime's workers. Under a
+/// simulation, subtasks are tasks of the simulation's runtime.
+pub(crate) enum SubtaskHandle {
+    /// A task of the runtime (simulation).
+    Task(tokio::task::JoinHandle<()>),
+    /// A thread of its own.
+    Thread {
+        /// Ends the main loop at its next await.
+        abort: futures::future::AbortHandle,
+        /// Closed when the thread's main loop has returned (or unwound).
+        ended: tokio::sync::oneshot::Receiver<()>,
+    },
+}
+
+impl SubtaskHandle {
+    /// Starts `run` for the subtask `name`.
+    fn start(
+        runtime: &tokio::runtime::Handle,
+        name: &str,
+        run: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<SubtaskHandle, JobError> {
+        if weir_core::sim::active() {
+            return Ok(SubtaskHandle::Task(runtime.spawn(run)));
+        }
+        let (run, abort) = futures::future::abortable(run);
+        let (done, ended) = tokio::sync::oneshot::channel::<()>();
+        let handle = runtime.clone();
+        std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                // Dropped when the loop returns, is aborted, or unwinds: the receiver sees it.
+                let _done = done;
+                let _ = handle.block_on(run);
+            })
+            .map_err(|e| JobError::Invalid(format!("cannot start a thread for {name}: {e}")))?;
+        Ok(SubtaskHandle::Thread { abort, ended })
+    }
+
+    /// Ends the subtask at its next await.
+    fn abort(&self) {
+        match self {
+            SubtaskHandle::Task(h) => h.abort(),
+            SubtaskHandle::Thread { abort, .. } => abort.abort(),
+        }
+    }
+
+    /// Resolves when the subtask has ended.
+    async fn ended(&mut self) {
+        match self {
+            SubtaskHandle::Task(h) => {
+                let _ = h.await;
+            }
+            SubtaskHandle::Thread { ended, .. } => {
+                let _ = ended.await;
+            }
+        }
     }
 }

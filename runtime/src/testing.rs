@@ -52,7 +52,6 @@
 
 use crate::CheckpointStatus;
 use crate::env::DataStream;
-use crate::error::TaskError;
 use crate::job::JobClient;
 use crate::operator::{Cancellation, Chained, OneInputOperator, OpResult, Output};
 use std::marker::PhantomData;
@@ -110,46 +109,24 @@ impl Gate {
         self.changed.notify_all();
     }
 
-    /// Waits until a record may pass, or the task is cancelled (checked every 10 ms).
-    ///
-    /// Subtasks share the task runtime's worker threads (one per core), so a subtask that
-    /// blocks holds a worker: with as many closed gates as cores, no other subtask would run,
-    /// and the sources could not even take a checkpoint. A closed gate therefore waits in
-    /// `block_in_place`, which hands the worker's other subtasks to another thread first (as a
-    /// sink that blocks on an external system should).
+    /// Waits until a record may pass, or the task is cancelled (checked every 10 ms). The
+    /// subtask has a thread of its own (see `gateway::SubtaskHandle`), so a closed gate holds
+    /// up no other subtask. (A simulation, whose subtasks share one thread, uses no gate.)
     fn pass(&self, cancellation: &Cancellation) -> OpResult {
         let mut permits = self.permits.lock().unwrap_or_else(PoisonError::into_inner);
-        if *permits == 0 {
-            drop(permits);
-            permits = in_place(|| -> Result<_, TaskError> {
-                let mut permits = self.permits.lock().unwrap_or_else(PoisonError::into_inner);
-                while *permits == 0 {
-                    cancellation.check()?;
-                    permits = self
-                        .changed
-                        .wait_timeout(permits, Duration::from_millis(10))
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0;
-                }
-                Ok(permits)
-            })?;
+        while *permits == 0 {
+            cancellation.check()?;
+            permits = self
+                .changed
+                .wait_timeout(permits, Duration::from_millis(10))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
         if *permits != u64::MAX {
             *permits -= 1;
         }
         self.passed.fetch_add(1, Ordering::SeqCst);
         Ok(())
-    }
-}
-
-/// Runs `wait`, which blocks, without holding up the other tasks of a multi-threaded tokio
-/// runtime (`block_in_place`); elsewhere it just runs it.
-fn in_place<R>(wait: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(wait)
-        }
-        _ => wait(),
     }
 }
 

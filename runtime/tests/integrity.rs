@@ -24,8 +24,9 @@ const KEYS: u64 = 50;
 const SUBSTITUTED: &[&str] = &["digest mismatch", "length mismatch"];
 
 /// Runs generator → map → key_by → sum → latest_per_key at parallelism 2, checkpointing every
-/// 10 ms into `root` (nothing inlined, four retained: the newest are taken after the sources
-/// ended, the final one included, and hold no source state), optionally restoring from `from`.
+/// 10 ms into `root` (nothing inlined, all retained: the newest are taken after the sources
+/// ended, the final one included, and hold no source state, and however fast the sources then
+/// end, the checkpoints taken while they ran are still there), optionally restoring from `from`.
 /// The map slows down until five checkpoints are complete, so there are checkpoints to swap.
 async fn run(
     root: &Path,
@@ -44,7 +45,7 @@ async fn run(
         .set_checkpoint_storage(StorageConfig::Custom(std::sync::Arc::new(storage)))
         .set_source_config("records", RECORDS)
         .set_source_config("seed", seed);
-    env.config_mut().checkpoint.num_retained = 4;
+    env.config_mut().checkpoint.num_retained = 1000;
     env.config_mut().incremental = incremental;
     if let Some(from) = from {
         env.restore_from(from);

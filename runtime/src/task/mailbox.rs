@@ -178,9 +178,9 @@ pub(super) async fn run(
                     }
                     input.lifecycle(&mut Lifecycle::FlushPartial)?;
                     output_pending = true;
-                    // Tasks share the runtime's worker threads: a task that processes slowly
+                    // Under a simulation tasks share one thread: a task that processes slowly
                     // (a busy sink) yields by time too, so sources, uploads and the job master
-                    // are not starved.
+                    // are not starved. On a thread of its own a yield costs one poll.
                     steps_since_yield += 1;
                     if steps_since_yield >= 32 || last_yield.elapsed() >= YIELD_AFTER {
                         steps_since_yield = 0;
@@ -221,7 +221,7 @@ pub(super) fn wall_clock() -> Duration {
     weir_core::sim::wall_clock()
 }
 
-/// The longest a task runs records before it yields its worker thread.
+/// The longest a task runs records before it yields (to the tasks sharing its thread, if any).
 pub(super) const YIELD_AFTER: Duration = Duration::from_micros(500);
 
 /// One relaxed add per batch (not per record) to the job's shared counters.
