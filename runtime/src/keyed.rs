@@ -277,6 +277,26 @@ where
         out.push((record.0, total))
     }
 
+    /// A batch, summed in place: each record's second field becomes its key's new total, and
+    /// the batch goes downstream whole (one call for the chained sink, not one per record).
+    fn process_batch(&mut self, mut batch: Vec<(A, N)>, out: &mut dyn Output<(A, N)>) -> OpResult {
+        let state = self.state.ok_or_else(|| not_open("Sum"))?;
+        for record in &mut batch {
+            let total = {
+                let key = (self.key)(record);
+                let kg = self.base.key_group(key);
+                let slot = self
+                    .base
+                    .backend
+                    .value_mut_or_insert(state, key, kg, N::default);
+                *slot = *slot + record.1;
+                *slot
+            };
+            record.1 = total;
+        }
+        out.push_batch(batch)
+    }
+
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<(A, N)>) -> OpResult {
         if self.base.lifecycle(event)? {
             self.state = Some(
@@ -492,7 +512,7 @@ impl<K: StateKey> TimerService<K> {
             + self.processing_queue.values().map(Vec::len).sum::<usize>()
     }
 
-    fn register(
+    pub(crate) fn register(
         &mut self,
         backend: &mut KeyedBackend<K>,
         domain: TimeDomain,

@@ -452,17 +452,10 @@ impl<K: StateKey + Ord, A, V: StateValue> LatestPerKeySink<K, A, V> {
     }
 }
 
-impl<K: StateKey + Ord, A: Send + 'static, V: StateValue> OneInputOperator<(A, V)>
-    for LatestPerKeySink<K, A, V>
-{
-    type Out = ();
-
+impl<K: StateKey + Ord, A, V: StateValue> LatestPerKeySink<K, A, V> {
+    /// Keeps `record`'s value as its key's latest.
     #[inline]
-    fn process(&mut self, record: (A, V), _out: &mut dyn Output<()>) -> OpResult {
-        let state = self.state.ok_or_else(|| TaskError::Operator {
-            operator: "Latest-per-key Sink".into(),
-            message: "a record arrived before the operator was opened".into(),
-        })?;
+    fn keep(&mut self, state: ValueState<V>, record: (A, V)) -> OpResult {
         let key = (self.key)(&record);
         let kg = self.base.key_group(key);
         if !self.range.contains(kg) {
@@ -480,6 +473,34 @@ impl<K: StateKey + Ord, A: Send + 'static, V: StateValue> OneInputOperator<(A, V
         self.base.backend().update(state, key, kg, value);
         Ok(())
     }
+}
+
+fn not_open() -> TaskError {
+    TaskError::Operator {
+        operator: "Latest-per-key Sink".into(),
+        message: "a record arrived before the operator was opened".into(),
+    }
+}
+
+impl<K: StateKey + Ord, A: Send + 'static, V: StateValue> OneInputOperator<(A, V)>
+    for LatestPerKeySink<K, A, V>
+{
+    type Out = ();
+
+    #[inline]
+    fn process(&mut self, record: (A, V), _out: &mut dyn Output<()>) -> OpResult {
+        let state = self.state.ok_or_else(not_open)?;
+        self.keep(state, record)
+    }
+
+    fn process_batch(&mut self, batch: Vec<(A, V)>, _out: &mut dyn Output<()>) -> OpResult {
+        let state = self.state.ok_or_else(not_open)?;
+        for record in batch {
+            self.keep(state, record)?;
+        }
+        Ok(())
+    }
+
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<()>) -> OpResult {
         if self.base.lifecycle(event)? {
             self.state = Some(

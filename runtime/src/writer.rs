@@ -78,6 +78,19 @@ impl<T: Data> RecordWriter<T> {
         }
     }
 
+    /// Every record of `batch` to the one channel, in order: a whole batch as it is when no
+    /// partial one is waiting.
+    fn add_batch(&mut self, batch: Vec<T>) {
+        if self.buffers[0].is_empty() && batch.len() == self.batch_size {
+            self.queued[0].push_back(StreamElement::Batch(batch));
+            self.any_queued = true;
+            return;
+        }
+        for record in batch {
+            self.add(0, record);
+        }
+    }
+
     fn flush_partial(&mut self) {
         for (buf, q) in self.buffers.iter_mut().zip(&mut self.queued) {
             if !buf.is_empty() {
@@ -163,8 +176,13 @@ impl<T: Data> Output<T> for RecordWriter<T> {
     }
 
     /// A batch: the selector is matched once, and a hash exchange computes each record's
-    /// channel in one loop.
+    /// channel in one loop. With one channel (a forward edge, or any exchange to one consumer)
+    /// every record goes there: no key is hashed, and a batch that fills one is queued as it is.
     fn push_batch(&mut self, batch: Vec<T>) -> OpResult {
+        if self.channels.len() == 1 {
+            self.add_batch(batch);
+            return Ok(());
+        }
         if let ChannelSelector::Hash {
             key_hash,
             max_parallelism,
