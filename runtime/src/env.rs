@@ -63,6 +63,9 @@ struct EnvInner {
     /// differs), so a later parallelism change can re-choose it.
     defaulted: HashSet<(NodeId, NodeId)>,
     explicit_parallelism: HashSet<NodeId>,
+    /// What makes the job, as built, impossible to run (a window of size 0): `execute` fails
+    /// naming each.
+    build_errors: Vec<String>,
 }
 
 /// Where a job is built and from which it runs (Flink's `StreamExecutionEnvironment`).
@@ -96,6 +99,7 @@ impl StreamEnvironment {
                 results: Vec::new(),
                 defaulted: HashSet::new(),
                 explicit_parallelism: HashSet::new(),
+                build_errors: Vec::new(),
             })),
         }
     }
@@ -350,6 +354,10 @@ impl StreamEnvironment {
         // The settings first: a graph error can be a consequence of one (a max parallelism out
         // of range).
         self.inner.borrow().config.validate()?;
+        let build_errors = self.inner.borrow().build_errors.clone();
+        if !build_errors.is_empty() {
+            return Err(JobError::Invalid(build_errors.join("; ")));
+        }
         let job = self.job_graph()?;
         let i = self.inner.borrow();
         Ok(JobSpec {
@@ -647,7 +655,19 @@ pub struct KeyedStream<K, T> {
 }
 
 impl<K: StateKey, T: Data> KeyedStream<K, T> {
-    fn keyed<U: Data>(
+    /// Records why the job, as built so far, cannot run: `execute` fails naming it.
+    pub(crate) fn record_build_error(&self, problem: String) {
+        self.stream
+            .env
+            .inner
+            .borrow_mut()
+            .build_errors
+            .push(problem);
+    }
+
+    /// Adds a keyed operator, made per subtask by `factory`, after this stream (hash-partitioned
+    /// by the key, or forward when the stream was declared keyed).
+    pub(crate) fn keyed<U: Data>(
         self,
         name: &str,
         factory: impl Fn(

@@ -54,6 +54,7 @@ pub(crate) mod task;
 pub mod testing;
 pub(crate) mod upload;
 pub(crate) mod verify;
+pub mod window;
 pub mod writer;
 
 pub use config::{ClaimMode, JobConfig, StorageConfig};

@@ -43,3 +43,5 @@ mod storage_schemes;
 mod timers;
 #[path = "transport_layer.rs"]
 mod transport_layer;
+#[path = "windows.rs"]
+mod windows;
