@@ -513,6 +513,52 @@ impl<T: Data> DataStream<T> {
         })
     }
 
+    /// Merges this stream with `others` of the same type into one (Flink's `union`): the next
+    /// operator reads every input's records, each input in its own order, and its watermark is
+    /// the minimum over all of them. Each other stream reaches it forward when the parallelisms
+    /// match and round-robin otherwise, unless it set its own partitioning (`rebalance`,
+    /// `broadcast`). A stream from another environment, or this stream itself among `others`,
+    /// fails `execute` naming the problem.
+    pub fn union(self, others: Vec<DataStream<T>>) -> DataStream<T> {
+        let env = self.env.clone();
+        let own = self.node;
+        let out = self.transform::<T>("Union", |_, next| next);
+        let mut inner = env.inner.borrow_mut();
+        let parallelism = inner.graph.node(out.node).parallelism;
+        let mut seen = vec![own];
+        for other in others {
+            if !Rc::ptr_eq(&other.env.inner, &env.inner) {
+                inner
+                    .build_errors
+                    .push("union: a stream of another StreamEnvironment".into());
+                continue;
+            }
+            if seen.contains(&other.node) {
+                inner.build_errors.push(
+                    "union: the same stream twice (map it to a second stream first to read its \
+                     records twice)"
+                        .into(),
+                );
+                continue;
+            }
+            seen.push(other.node);
+            let partitioner = match other.partitioner {
+                Some(p) => p,
+                None => {
+                    inner.defaulted.insert((other.node, out.node));
+                    if inner.graph.node(other.node).parallelism == parallelism {
+                        Partitioner::Forward
+                    } else {
+                        Partitioner::Rebalance
+                    }
+                }
+            };
+            inner.graph.add_edge(other.node, out.node, partitioner);
+        }
+        drop(inner);
+        out
+    }
+
     /// Sends records round-robin to the next operator.
     pub fn rebalance(mut self) -> Self {
         self.partitioner = Some(Partitioner::Rebalance);
@@ -563,6 +609,11 @@ impl<T: Data> DataStream<T> {
     pub fn name(self, name: &str) -> Self {
         self.env.inner.borrow_mut().graph.nodes[self.node.0 as usize].name = name.to_string();
         self
+    }
+
+    /// The operator's parallelism as set so far.
+    pub(crate) fn parallelism(&self) -> u32 {
+        self.env.inner.borrow().graph.node(self.node).parallelism
     }
 
     /// Sets the operator's parallelism.

@@ -28,6 +28,7 @@ mod claim;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod cluster;
+pub mod co;
 pub mod config;
 pub(crate) mod deploy;
 pub mod env;
@@ -36,6 +37,7 @@ pub(crate) mod gateway;
 pub mod gc;
 pub(crate) mod host;
 pub(crate) mod job;
+pub mod join;
 pub mod keyed;
 mod lease;
 pub(crate) mod local_recovery;

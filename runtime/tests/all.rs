@@ -27,6 +27,8 @@ mod integrity;
 mod integrity_channels;
 #[path = "integrity_s3.rs"]
 mod integrity_s3;
+#[path = "joins.rs"]
+mod joins;
 #[path = "one_writer.rs"]
 mod one_writer;
 #[path = "pipeline.rs"]
@@ -43,5 +45,7 @@ mod storage_schemes;
 mod timers;
 #[path = "transport_layer.rs"]
 mod transport_layer;
+#[path = "union.rs"]
+mod union;
 #[path = "windows.rs"]
 mod windows;

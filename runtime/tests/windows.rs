@@ -474,3 +474,151 @@ async fn processing_time_windows_fire_on_the_wall_clock_and_count_each_record_on
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Stop with a savepoint: suspended or drained windows.
+// ---------------------------------------------------------------------------------------------
+
+const STOP_RECORDS: u64 = 60_000;
+const STOP_WINDOW_MS: i64 = 1_000;
+
+/// Counts per key and tumbling window of record indices as milliseconds, records `0..n` in
+/// order per subtask, written exactly once as `(key,start,count)` lines into part files under
+/// `dir` (each transaction one file, a repeated commit a no-op: a restore commits the
+/// savepoint's pending transactions again).
+fn counting_job(failures: &Arc<Failures>, dir: &std::path::Path) -> StreamEnvironment {
+    let env = StreamEnvironment::new();
+    env.set_parallelism(2).set_max_parallelism(128);
+    env.config_mut().batch_size = 64;
+    let records: Vec<(u64, i64)> = (0..STOP_RECORDS).map(|i| (i % 3, i as i64)).collect();
+    let s = env
+        .from_collection(records)
+        .uid("records")
+        .assign_timestamps_and_watermarks(Duration::from_millis(10), |r: &(u64, i64)| r.1)
+        .uid("watermarks");
+    inject(s, failures)
+        .key_by(|r: &(u64, i64)| &r.0)
+        .window(TumblingEventTimeWindows::of(Duration::from_millis(
+            STOP_WINDOW_MS as u64,
+        )))
+        .timestamps(|r: &(u64, i64)| r.1)
+        .aggregate_with(Count, |k: &u64, w: &TimeWindow, n: i64| (*k, w.start, n))
+        .uid("counts")
+        .write_to_files(dir)
+        .uid("files");
+    env
+}
+
+/// The `(key,start,count)` lines of every part file under `dir`.
+fn written(dir: &std::path::Path) -> Vec<(u64, i64, i64)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !name.starts_with("part-") {
+            continue;
+        }
+        for line in std::fs::read_to_string(e.path()).unwrap().lines() {
+            let f: Vec<i64> = line
+                .trim_matches(|c| c == '(' || c == ')')
+                .split(',')
+                .map(|x| x.parse().unwrap())
+                .collect();
+            out.push((f[0] as u64, f[1], f[2]));
+        }
+    }
+    out.sort();
+    out
+}
+struct Count;
+
+impl AggregateFunction<(u64, i64), i64, i64> for Count {
+    fn create_accumulator(&self) -> i64 {
+        0
+    }
+    fn add(&self, _: (u64, i64), acc: &mut i64) {
+        *acc += 1;
+    }
+    fn get_result(&self, acc: &i64) -> i64 {
+        *acc
+    }
+    fn merge(&self, a: i64, b: i64) -> i64 {
+        a + b
+    }
+}
+
+fn expected_counts() -> Vec<(u64, i64, i64)> {
+    let mut c: BTreeMap<(u64, i64), i64> = BTreeMap::new();
+    for i in 0..STOP_RECORDS {
+        let ts = i as i64;
+        *c.entry((i % 3, ts - ts.rem_euclid(STOP_WINDOW_MS)))
+            .or_default() += 1;
+    }
+    c.into_iter().map(|((k, s), n)| (k, s, n)).collect()
+}
+
+/// Runs the counting job until a third of the records went through, then stops it with a
+/// savepoint (`drain` or not); returns the savepoint and the job's result.
+async fn stop_part_way(
+    drain: bool,
+    savepoints: &std::path::Path,
+    out: &std::path::Path,
+) -> (String, weir_runtime::JobResult) {
+    let paced = Failures::paced(Vec::new(), 200);
+    let env = counting_job(&paced, out);
+    env.set_savepoint_dir(savepoints);
+    let client = weir_runtime::JobClient::default();
+    let run = tokio::spawn(env.execute_with(client.clone()).bounded());
+    while paced.seen() < STOP_RECORDS / 3 {
+        assert!(!run.is_finished(), "the run ended before it was stopped");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let savepoint = client.stop_with_savepoint(None, drain).await.unwrap();
+    let result = run.await.unwrap().unwrap();
+    (savepoint, result)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_drain_windows_are_suspended_in_the_savepoint_and_complete_after_the_resume() {
+    let (savepoints, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (savepoint, first) = stop_part_way(false, savepoints.path(), dir.path()).await;
+    assert!(first.source_records < STOP_RECORDS, "stopped part way");
+    let before = written(dir.path());
+    // Nothing fired early: every window written before the stop is complete.
+    let want = expected_counts();
+    assert!(!before.is_empty());
+    for w in &before {
+        assert!(want.contains(w), "a window fired before its end: {w:?}");
+    }
+    assert!(before.len() < want.len());
+    let env = counting_job(&Failures::at(Vec::new()), dir.path());
+    env.restore_from(&savepoint);
+    let second = env.execute().bounded().await.unwrap();
+    assert_eq!(
+        second.source_records_since_restore,
+        STOP_RECORDS - first.source_records
+    );
+    // Each window once, with every record: those counted before the stop came back from the
+    // savepoint.
+    assert_eq!(written(dir.path()), want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_drain_every_window_fires_before_the_savepoint() {
+    let (savepoints, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_, first) = stop_part_way(true, savepoints.path(), dir.path()).await;
+    let emitted = first.source_records;
+    assert!(emitted < STOP_RECORDS, "stopped part way");
+    let fired = written(dir.path());
+    // Event time advanced to the end: every record emitted was counted in a window that fired,
+    // once, the last windows with what they held at the stop.
+    let counted: i64 = fired.iter().map(|w| w.2).sum();
+    assert_eq!(counted as u64, emitted);
+    let windows: std::collections::BTreeSet<(u64, i64)> =
+        fired.iter().map(|(k, s, _)| (*k, *s)).collect();
+    assert_eq!(windows.len(), fired.len(), "a window fired twice");
+    let want = expected_counts();
+    assert!(
+        fired.iter().any(|w| !want.contains(w)),
+        "the drain fired the open windows with what they held"
+    );
+}
