@@ -295,7 +295,34 @@ impl StreamEnvironment {
         } else {
             1
         };
-        self.indexed_source("Generator Source", count, make, per_reader)
+        self.indexed_source("Generator Source", count, make, per_reader, None)
+    }
+
+    /// [`from_generator`](Self::from_generator) with watermarks generated per split inside the
+    /// source (Flink's `fromSource(source, WatermarkStrategy.forBoundedOutOfOrderness(..)
+    /// .withTimestampAssigner(..))`): each split's watermark trails the largest `timestamp` it
+    /// emitted by `max_out_of_orderness`, and the source's is the minimum over the splits it
+    /// reads, checkpointed per split. Each reader starts with one split (every `p`-th record,
+    /// in order) so that no split is handed out after the watermark passed its records; a reader
+    /// that restores several (after a rescale to fewer subtasks) reads them a batch at a time,
+    /// far more out of order than any one, and its watermark follows the slowest.
+    pub fn from_generator_with_watermarks<T: Data>(
+        &self,
+        count: Option<u64>,
+        make: impl Fn(u64) -> T + Send + Sync + 'static,
+        max_out_of_orderness: Duration,
+        timestamp: impl Fn(&T) -> i64 + Send + Sync + 'static,
+    ) -> DataStream<T> {
+        let make: Arc<dyn Fn(u64) -> T + Send + Sync> = Arc::new(make);
+        let per_reader = 1;
+        let bound = i64::try_from(max_out_of_orderness.as_millis()).unwrap_or(i64::MAX);
+        self.indexed_source(
+            "Generator Source",
+            count,
+            make,
+            per_reader,
+            Some((Arc::new(timestamp), bound)),
+        )
     }
 
     /// A source over indices whose splits an [`IndexSplitEnumerator`] hands out.
@@ -305,9 +332,15 @@ impl StreamEnvironment {
         count: Option<u64>,
         make: Arc<dyn Fn(u64) -> T + Send + Sync>,
         splits_per_reader: u32,
+        watermarks: Option<(crate::split_watermarks::TimestampFn<T>, i64)>,
     ) -> DataStream<T> {
         let stream = self.add_source(name, move |_| {
-            Box::new(IndexedSource::new(count, make.clone())) as Box<dyn SourceFunction<T>>
+            let source = IndexedSource::new(count, make.clone());
+            let source = match &watermarks {
+                Some((timestamp, bound)) => source.with_watermarks(timestamp.clone(), *bound),
+                None => source,
+            };
+            Box::new(source) as Box<dyn SourceFunction<T>>
         });
         let enumerator: EnumeratorFactory = Arc::new(move |parallelism| {
             Box::new(IndexSplitEnumerator::new(
@@ -328,7 +361,7 @@ impl StreamEnvironment {
         let make: Arc<dyn Fn(u64) -> T + Send + Sync> =
             Arc::new(move |i| items[i as usize].clone());
         // One split per reader: at parallelism 1 the elements come out in the collection's order.
-        self.indexed_source("Collection Source", Some(n), make, 1)
+        self.indexed_source("Collection Source", Some(n), make, 1, None)
     }
 
     /// The StreamGraph as built so far, with max parallelism filled in.

@@ -52,6 +52,7 @@ pub mod settings;
 pub mod sink;
 pub mod source;
 pub(crate) mod spec;
+pub mod split_watermarks;
 pub(crate) mod task;
 pub mod testing;
 pub(crate) mod upload;

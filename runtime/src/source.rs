@@ -52,6 +52,12 @@ pub trait SourceFunction<T>: Send + 'static {
 
     /// The enumerator has no more splits for this subtask: once its splits are read, it ends.
     fn no_more_splits(&mut self) {}
+
+    /// The source's own watermark, for a source that generates watermarks per split; the driver
+    /// emits it after a batch when it advanced. `None`: none (yet).
+    fn current_watermark(&self) -> Option<i64> {
+        None
+    }
 }
 
 /// What an enumerator answers a reader that asks for work.
@@ -159,9 +165,24 @@ pub struct IndexedSource<T> {
     state: Option<OperatorListState<IndexSplit>>,
     current: usize,
     no_more_splits: bool,
+    /// Per-split watermarks, when the source generates them.
+    watermarks: Option<crate::split_watermarks::SplitWatermarks<T>>,
 }
 
 impl<T: Send + 'static> IndexedSource<T> {
+    /// Generates watermarks per split: each `bound_ms` behind the largest `timestamp` its split
+    /// emitted, the source's the minimum over its splits.
+    pub fn with_watermarks(
+        mut self,
+        timestamp: crate::split_watermarks::TimestampFn<T>,
+        bound_ms: i64,
+    ) -> Self {
+        self.watermarks = Some(crate::split_watermarks::SplitWatermarks::new(
+            timestamp, bound_ms,
+        ));
+        self
+    }
+
     /// A source of `count` records (`None`: unbounded) where record `i` is `make(i)`.
     pub fn new(count: Option<u64>, make: Arc<dyn Fn(u64) -> T + Send + Sync>) -> Self {
         IndexedSource {
@@ -171,6 +192,7 @@ impl<T: Send + 'static> IndexedSource<T> {
             state: None,
             current: 0,
             no_more_splits: false,
+            watermarks: None,
         }
     }
 }
@@ -189,11 +211,22 @@ impl<T: Send + 'static> SourceFunction<T> for IndexedSource<T> {
         let _ = info;
         self.splits = state.get(&list)?;
         self.state = Some(list);
+        if let Some(w) = &mut self.watermarks {
+            w.open(state)?;
+            for s in &self.splits {
+                w.add_split(s.split);
+            }
+        }
         Ok(())
     }
 
     fn next_batch(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, TaskError> {
         let end = self.count.unwrap_or(u64::MAX);
+        if let Some(w) = &mut self.watermarks {
+            for s in self.splits.iter().filter(|s| s.next >= end) {
+                w.remove_split(s.split);
+            }
+        }
         self.splits.retain(|s| s.next < end);
         if self.splits.is_empty() {
             self.current = 0;
@@ -218,11 +251,15 @@ impl<T: Send + 'static> SourceFunction<T> for IndexedSource<T> {
             let left = (end - s.next).div_ceil(s.stride);
             let take = room.min(left);
             let (mut i, stride) = (s.next, s.stride);
+            let first = out.len();
             for _ in 0..take {
                 out.push((self.make)(i));
                 i += stride;
             }
             s.next = i;
+            if let Some(w) = &mut self.watermarks {
+                w.emitted(s.split, &out[first..]);
+            }
             self.current = (self.current + 1) % n;
         }
         Ok(SourceStatus::More)
@@ -232,6 +269,9 @@ impl<T: Send + 'static> SourceFunction<T> for IndexedSource<T> {
         for bytes in splits {
             let split: IndexSplit = weir_core::codec::decode("index split", &bytes)
                 .map_err(weir_state::StateError::from)?;
+            if let Some(w) = &mut self.watermarks {
+                w.add_split(split.split);
+            }
             self.splits.push(split);
         }
         Ok(())
@@ -245,7 +285,15 @@ impl<T: Send + 'static> SourceFunction<T> for IndexedSource<T> {
         if let Some(list) = &self.state {
             state.update(list, &self.splits)?;
         }
+        if let Some(w) = &self.watermarks {
+            w.snapshot(state)?;
+        }
         Ok(())
+    }
+
+    fn current_watermark(&self) -> Option<i64> {
+        let w = self.watermarks.as_ref()?;
+        w.current(self.splits.iter().map(|s| s.split))
     }
 }
 
@@ -297,6 +345,8 @@ pub struct SourceDriver<T> {
     state: OperatorStateBackend,
     next: Box<dyn Output<T>>,
     batch_size: usize,
+    /// The last watermark the source generated and the driver emitted.
+    emitted_watermark: i64,
 }
 
 impl<T: Send + 'static> SourceDriver<T> {
@@ -315,6 +365,7 @@ impl<T: Send + 'static> SourceDriver<T> {
             state: OperatorStateBackend::new(),
             next,
             batch_size: batch_size.max(1),
+            emitted_watermark: i64::MIN,
         }
     }
 
@@ -331,6 +382,12 @@ impl<T: Send + 'static> SourceDriver<T> {
                 Err(TaskError::Canceled) => {}
                 other => other?,
             }
+        }
+        if let Some(w) = self.source.current_watermark()
+            && w > self.emitted_watermark
+        {
+            self.emitted_watermark = w;
+            self.next.watermark(weir_core::element::Watermark(w))?;
         }
         Ok((n, status))
     }
@@ -413,6 +470,55 @@ mod tests {
                 _ => {}
             }
         }
+    }
+
+    /// A reader of several splits, read a batch at a time: every record it emits after a
+    /// watermark is above it (nothing is late), though the records interleave far out of order;
+    /// and a restored reader resumes each split's watermark.
+    #[test]
+    fn per_split_watermarks_never_pass_a_record_still_to_come() {
+        let mut src = IndexedSource::new(Some(3_000), Arc::new(|i| i))
+            .with_watermarks(Arc::new(|t: &u64| *t as i64), 0);
+        let mut state = OperatorStateBackend::new();
+        src.open(&info(0, 1, false), &mut state).unwrap();
+        let mut e = IndexSplitEnumerator::new(3);
+        for _ in 0..3 {
+            if let SplitAssignment::Splits(s) = e.assign(0) {
+                src.add_splits(s).unwrap();
+            }
+        }
+        let (mut watermark, mut emitted, mut disorder) = (i64::MIN, 0u64, 0i64);
+        let mut max_seen = i64::MIN;
+        loop {
+            let mut b = Vec::new();
+            let st = src.next_batch(&mut b, 50).unwrap();
+            for &r in &b {
+                assert!(
+                    r as i64 > watermark,
+                    "record {r} behind watermark {watermark}"
+                );
+                disorder = disorder.max(max_seen - r as i64);
+                max_seen = max_seen.max(r as i64);
+            }
+            emitted += b.len() as u64;
+            if let Some(w) = src.current_watermark() {
+                assert!(w >= watermark, "the watermark went back");
+                watermark = w;
+            }
+            if emitted == 1_500 {
+                src.snapshot_state(&mut state).unwrap();
+                let mut restored = IndexedSource::new(Some(3_000), Arc::new(|i| i))
+                    .with_watermarks(Arc::new(|t: &u64| *t as i64), 0);
+                restored.open(&info(0, 1, true), &mut state).unwrap();
+                assert_eq!(restored.current_watermark(), src.current_watermark());
+            }
+            if st == SourceStatus::End || b.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(emitted, 3_000);
+        assert!(disorder > 100, "the splits interleave: disorder {disorder}");
+        assert!(watermark > 2_900, "{watermark}");
     }
 
     #[test]

@@ -622,3 +622,57 @@ async fn with_drain_every_window_fires_before_the_savepoint() {
         "the drain fired the open windows with what they held"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Per-split watermarks in the source.
+// ---------------------------------------------------------------------------------------------
+
+const SPLIT_RECORDS: u64 = 40_000;
+
+/// Counts per key (`i % 5`) and 100 ms window of the generator's records, record `i` at `i` ms,
+/// with watermarks per split in the source and no bound: results and late records.
+/// The job, its failures, its results and its late records.
+type SplitJob = (
+    StreamEnvironment,
+    Arc<Failures>,
+    weir_runtime::CollectHandle<(u64, i64, i64)>,
+    weir_runtime::CollectHandle<(u64, i64)>,
+);
+
+fn split_job(failures: &[u64]) -> SplitJob {
+    let (env, injected) = env(2, failures);
+    let make = |i: u64| (i % 5, i as i64);
+    let records = env.from_generator_with_watermarks(
+        Some(SPLIT_RECORDS),
+        make,
+        Duration::ZERO,
+        |r: &(u64, i64)| r.1,
+    );
+    let (results, late) = inject(records.uid("generator"), &injected)
+        .key_by(|r: &(u64, i64)| &r.0)
+        .window(TumblingEventTimeWindows::of(Duration::from_millis(100)))
+        .timestamps(|r: &(u64, i64)| r.1)
+        .side_output_late_data()
+        .uid("split-windows")
+        .aggregate_with(Count, |k: &u64, w: &TimeWindow, n: i64| (*k, w.start, n));
+    (env, injected, results.collect(), late.collect())
+}
+
+fn expected_split_counts() -> Vec<(u64, i64, i64)> {
+    let mut c: BTreeMap<(u64, i64), i64> = BTreeMap::new();
+    for i in 0..SPLIT_RECORDS {
+        *c.entry((i % 5, (i as i64) - (i as i64).rem_euclid(100)))
+            .or_default() += 1;
+    }
+    c.into_iter().map(|((k, s), n)| (k, s, n)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_split_watermarks_make_no_record_of_an_in_order_split_late_under_failures() {
+    let (env, injected, results, late) = split_job(&[SPLIT_RECORDS / 2]);
+    let r = env.execute().bounded().await.unwrap();
+    assert_eq!(injected.injected(), 1);
+    assert_eq!(r.restarts, 1);
+    assert!(late.records().is_empty(), "{} late", late.records().len());
+    assert_eq!(sorted(results.records()), expected_split_counts());
+}
