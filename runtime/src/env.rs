@@ -1,10 +1,6 @@
 //! The DataStream API: [`StreamEnvironment`], [`DataStream`] and [`KeyedStream`], which build the
 //! StreamGraph and the typed factories that deployment turns into running chains.
 
-use crate::broadcast::{
-    BroadcastProcessFunction, BroadcastProcessOperator, Connected, KeyedBroadcastProcessFunction,
-    KeyedBroadcastProcessOperator,
-};
 use crate::cluster::ClusterRole;
 #[cfg(feature = "cluster")]
 use crate::cluster::taskexecutor::run_task_manager;
@@ -46,6 +42,9 @@ use weir_core::keygroup::compute_default_max_parallelism;
 use weir_core::partition::Partitioner;
 use weir_network::Data;
 use weir_state::{StateKey, StateValue};
+
+mod connect_broadcast;
+pub use connect_broadcast::{BroadcastConnectedStream, KeyedBroadcastConnectedStream};
 
 /// Splits the generator starts with, per reader: readers come back to the enumerator for work,
 /// so assignment, its checkpointed state and reassignment on restore are exercised all the time.
@@ -302,8 +301,9 @@ impl StreamEnvironment {
     /// source (Flink's `fromSource(source, WatermarkStrategy.forBoundedOutOfOrderness(..)
     /// .withTimestampAssigner(..))`): each split's watermark trails the largest `timestamp` it
     /// emitted by `max_out_of_orderness`, and the source's is the minimum over the splits it
-    /// reads, checkpointed per split. Each reader starts with one split (every `p`-th record,
-    /// in order) so that no split is handed out after the watermark passed its records; a reader
+    /// reads, checkpointed per split. Each reader owns one split (every `p`-th record, in
+    /// order) and takes the splits it owns before it emits anything, so that no split is handed
+    /// out after the watermark passed its records; a reader
     /// that restores several (after a rescale to fewer subtasks) reads them a batch at a time,
     /// far more out of order than any one, and its watermark follows the slowest.
     pub fn from_generator_with_watermarks<T: Data>(
@@ -334,6 +334,7 @@ impl StreamEnvironment {
         splits_per_reader: u32,
         watermarks: Option<(crate::split_watermarks::TimestampFn<T>, i64)>,
     ) -> DataStream<T> {
+        let owned = watermarks.is_some();
         let stream = self.add_source(name, move |_| {
             let source = IndexedSource::new(count, make.clone());
             let source = match &watermarks {
@@ -343,9 +344,12 @@ impl StreamEnvironment {
             Box::new(source) as Box<dyn SourceFunction<T>>
         });
         let enumerator: EnumeratorFactory = Arc::new(move |parallelism| {
-            Box::new(IndexSplitEnumerator::new(
-                parallelism.saturating_mul(splits_per_reader),
-            )) as Box<dyn SplitEnumerator>
+            let splits = parallelism.saturating_mul(splits_per_reader);
+            Box::new(if owned {
+                IndexSplitEnumerator::owned(splits, parallelism)
+            } else {
+                IndexSplitEnumerator::new(splits)
+            }) as Box<dyn SplitEnumerator>
         });
         self.inner
             .borrow_mut()
@@ -866,146 +870,5 @@ impl<T: Data> DataStream<T> {
     fn partition_by(mut self, p: Partitioner) -> Self {
         self.partitioner = Some(p);
         self
-    }
-}
-
-/// A stream connected to a broadcast stream ([`DataStream::connect_broadcast`]).
-pub struct BroadcastConnectedStream<T, B> {
-    main: DataStream<Connected<T, B>>,
-    broadcast: DataStream<Connected<T, B>>,
-}
-
-/// A keyed stream connected to a broadcast stream ([`KeyedStream::connect_broadcast`]).
-pub struct KeyedBroadcastConnectedStream<K, T, B> {
-    main: DataStream<Connected<T, B>>,
-    broadcast: DataStream<Connected<T, B>>,
-    key: KeyFn<T, K>,
-}
-
-/// Wraps both sides of a connection into one record type; the broadcast side goes to every
-/// subtask of the operator that reads them.
-fn connect_sides<T: Data, B: Data>(
-    mut main: DataStream<T>,
-    broadcast: DataStream<B>,
-) -> BroadcastConnectedStream<T, B> {
-    // Each wrapping map runs at its input's parallelism, so it chains to it (a direct call, the
-    // records' order kept) whatever the environment's default parallelism is.
-    let parallelism_of =
-        |env: &StreamEnvironment, node: NodeId| env.inner.borrow().graph.node(node).parallelism;
-    let partitioner = main.partitioner.take();
-    let main_parallelism = parallelism_of(&main.env, main.node);
-    let mut main = main
-        .map(Connected::Element)
-        .set_parallelism(main_parallelism);
-    main.partitioner = partitioner;
-    let broadcast_parallelism = parallelism_of(&broadcast.env, broadcast.node);
-    let broadcast = broadcast
-        .map(Connected::Broadcast)
-        .set_parallelism(broadcast_parallelism)
-        .partition_by(Partitioner::Broadcast);
-    BroadcastConnectedStream { main, broadcast }
-}
-
-impl<T: Data> DataStream<T> {
-    /// Connects a broadcast stream: every subtask of the next operator sees all of its records
-    /// and keeps broadcast state from them, which this stream's records read (Flink's broadcast
-    /// state pattern).
-    pub fn connect_broadcast<B: Data>(
-        self,
-        broadcast: DataStream<B>,
-    ) -> BroadcastConnectedStream<T, B> {
-        connect_sides(self, broadcast)
-    }
-}
-
-impl<K: StateKey, T: Data> KeyedStream<K, T> {
-    /// Connects a broadcast stream to this keyed stream (Flink's broadcast state pattern with a
-    /// `KeyedBroadcastProcessFunction`).
-    pub fn connect_broadcast<B: Data>(
-        self,
-        broadcast: DataStream<B>,
-    ) -> KeyedBroadcastConnectedStream<K, T, B> {
-        let partitioner = if self.reinterpreted {
-            Partitioner::Forward
-        } else {
-            Partitioner::Hash
-        };
-        let BroadcastConnectedStream { main, broadcast } =
-            connect_sides(self.stream.partition_by(partitioner), broadcast);
-        KeyedBroadcastConnectedStream {
-            main,
-            broadcast,
-            key: self.key,
-        }
-    }
-}
-
-impl<T: Data, B: Data> BroadcastConnectedStream<T, B> {
-    /// Runs a [`BroadcastProcessFunction`] made per subtask by `make`.
-    pub fn process<O: Data, F>(
-        self,
-        name: &str,
-        make: impl Fn() -> F + Send + Sync + 'static,
-    ) -> DataStream<O>
-    where
-        F: BroadcastProcessFunction<T, B, O>,
-    {
-        let env = self.main.env.clone();
-        let broadcast_node = self.broadcast.node;
-        let out = self.main.transform(name, move |ctx, next| {
-            Box::new(Chained::new(
-                BroadcastProcessOperator::new(ctx.operator_id, make()),
-                next,
-            ))
-        });
-        env.inner
-            .borrow_mut()
-            .graph
-            .add_edge(broadcast_node, out.node, Partitioner::Broadcast);
-        out
-    }
-}
-
-impl<K: StateKey, T: Data, B: Data> KeyedBroadcastConnectedStream<K, T, B> {
-    /// Runs a [`KeyedBroadcastProcessFunction`] made per subtask by `make`.
-    pub fn process<O: Data, F>(
-        self,
-        name: &str,
-        make: impl Fn() -> F + Send + Sync + 'static,
-    ) -> DataStream<O>
-    where
-        F: KeyedBroadcastProcessFunction<K, T, B, O>,
-    {
-        let env = self.main.env.clone();
-        let from = self.main.node;
-        let broadcast_node = self.broadcast.node;
-        let hashed = self.main.partitioner == Some(Partitioner::Hash);
-        let key = self.key.clone();
-        let out = self.main.transform(name, move |ctx, next| {
-            let base = KeyedBase::new(ctx.operator_id, ctx.info.clone());
-            Box::new(Chained::new(
-                KeyedBroadcastProcessOperator::new(base, key.clone(), make()),
-                next,
-            ))
-        });
-        let mut inner = env.inner.borrow_mut();
-        inner
-            .graph
-            .add_edge(broadcast_node, out.node, Partitioner::Broadcast);
-        if hashed {
-            let hash_key = self.key;
-            let key_hash: KeyHashFn<Connected<T, B>> =
-                Arc::new(move |c: &Connected<T, B>| match c {
-                    Connected::Element(t) => hash_key(t).key_hash(),
-                    // Broadcast records never take the hashed edge.
-                    Connected::Broadcast(_) => 0,
-                });
-            inner.key_hashes.insert(
-                (from, out.node),
-                Arc::new(key_hash) as Arc<dyn Any + Send + Sync>,
-            );
-        }
-        drop(inner);
-        out
     }
 }

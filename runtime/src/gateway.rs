@@ -111,16 +111,48 @@ impl ProcessTasks<'_> {
         tasks: Vec<TaskDeployment>,
         reports: &mpsc::UnboundedSender<TaskReport>,
     ) -> Result<Running, JobError> {
+        let mut running = Running {
+            mailboxes: BTreeMap::new(),
+            handles: Vec::new(),
+            uploads: Arc::new(AtomicUsize::new(0)),
+            cancellation: Cancellation::default(),
+        };
+        for deployment in tasks {
+            match self.start(generation, deployment, reports, &running) {
+                Ok((key, mailbox, name, handle)) => {
+                    running.mailboxes.insert(key, mailbox);
+                    running.handles.push((name, handle));
+                }
+                Err(e) => {
+                    // None of this generation may run on: the subtasks started so far would
+                    // wait for peers that never come (or, worse, emit and commit alone).
+                    running.cancellation.cancel();
+                    for (_, h) in &running.handles {
+                        h.abort();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(running)
+    }
+
+    /// Builds and starts one subtask of `generation`, sharing `running`'s upload counter and
+    /// cancellation signal: its key, mailbox, name and handle.
+    fn start(
+        &self,
+        generation: u64,
+        deployment: TaskDeployment,
+        reports: &mpsc::UnboundedSender<TaskReport>,
+        running: &Running,
+    ) -> Result<StartedSubtask, JobError> {
         let job = &self.spec.job;
-        let uploads = Arc::new(AtomicUsize::new(0));
-        let cancellation = Cancellation::default();
-        let mut mailboxes = BTreeMap::new();
-        let mut handles = Vec::new();
-        for TaskDeployment {
+        let (uploads, cancellation) = (&running.uploads, &running.cancellation);
+        let TaskDeployment {
             task: key,
             attempt,
             restore,
-        } in tasks
+        } = deployment;
         {
             let v = job
                 .vertices
@@ -156,7 +188,6 @@ impl ProcessTasks<'_> {
             let input = build_task(&ctx, &self.spec.factories)
                 .map_err(|e| JobError::Invalid(e.to_string()))?;
             let (mtx, mrx) = mpsc::channel(256);
-            mailboxes.insert(key, mtx);
             let name = format!(
                 "{} ({}/{})#{attempt}",
                 v.name,
@@ -208,16 +239,13 @@ impl ProcessTasks<'_> {
                 }
             };
             let handle = SubtaskHandle::start(&self.runtime, &task_name, run)?;
-            handles.push((task_name, handle));
+            Ok((key, mtx, task_name, handle))
         }
-        Ok(Running {
-            mailboxes,
-            handles,
-            uploads,
-            cancellation,
-        })
     }
 }
+
+/// A subtask [`ProcessTasks::start`] started: its key, mailbox, name and handle.
+type StartedSubtask = (TaskKey, mpsc::Sender<TaskMessage>, String, SubtaskHandle);
 
 impl Running {
     /// Queues `message` for `task`; false if it is not here, has ended or its mailbox is full.
@@ -254,10 +282,14 @@ impl Running {
                 .await
                 .is_err()
             {
+                // A finished job's straggler is cancelled too: it must not commit or emit
+                // after the job was declared done.
+                handle.abort();
                 abandoned.push(name);
             }
         }
         if !abandoned.is_empty() {
+            self.cancellation.cancel();
             warn!(
                 tasks = ?abandoned,
                 ?wait,

@@ -535,7 +535,7 @@ impl<K: StateKey> TimerService<K> {
         }
     }
 
-    fn delete(
+    pub(crate) fn delete(
         &mut self,
         backend: &mut KeyedBackend<K>,
         domain: TimeDomain,

@@ -92,6 +92,10 @@ pub trait SplitEnumerator: Send + 'static {
 #[derive(Debug)]
 pub struct IndexSplitEnumerator {
     unassigned: std::collections::VecDeque<IndexSplit>,
+    /// `Some(p)`: split `s` only ever goes to reader `s % p`, all of them at its first request
+    /// (a source with watermarks: a split handed out later could start behind the watermark its
+    /// reader already emitted, making its records late).
+    owners: Option<u32>,
 }
 
 impl IndexSplitEnumerator {
@@ -106,18 +110,51 @@ impl IndexSplitEnumerator {
                     next: u64::from(s),
                 })
                 .collect(),
+            owners: None,
+        }
+    }
+
+    /// Like [`new`](Self::new), but split `s` belongs to reader `s % parallelism`, which gets
+    /// every split it owns at its first request and nothing after: no reader is handed a split
+    /// once its watermark has moved on.
+    pub fn owned(splits: u32, parallelism: u32) -> Self {
+        IndexSplitEnumerator {
+            owners: Some(parallelism.max(1)),
+            ..Self::new(splits)
+        }
+    }
+
+    fn take(&mut self, subtask: u32) -> Vec<IndexSplit> {
+        match self.owners {
+            None => self.unassigned.pop_front().into_iter().collect(),
+            Some(p) => {
+                let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unassigned)
+                    .into_iter()
+                    .partition(|s| s.split % p == subtask);
+                self.unassigned = rest.into();
+                mine
+            }
         }
     }
 }
 
 impl SplitEnumerator for IndexSplitEnumerator {
-    fn assign(&mut self, _subtask: u32) -> SplitAssignment {
-        match self.unassigned.pop_front() {
-            Some(split) => match weir_core::codec::encode("index split", &split) {
-                Ok(bytes) => SplitAssignment::Splits(vec![bytes]),
-                Err(_) => SplitAssignment::NoMoreSplits,
-            },
-            None => SplitAssignment::NoMoreSplits,
+    fn assign(&mut self, subtask: u32) -> SplitAssignment {
+        let splits = self.take(subtask);
+        if splits.is_empty() {
+            return SplitAssignment::NoMoreSplits;
+        }
+        let encoded: Result<Vec<_>, _> = splits
+            .iter()
+            .map(|split| weir_core::codec::encode("index split", split))
+            .collect();
+        match encoded {
+            Ok(bytes) => SplitAssignment::Splits(bytes),
+            // Encoding a plain struct does not fail; if it did, the splits go back unassigned.
+            Err(_) => {
+                self.unassigned.extend(splits);
+                SplitAssignment::NoMoreSplits
+            }
         }
     }
 
@@ -165,6 +202,8 @@ pub struct IndexedSource<T> {
     state: Option<OperatorListState<IndexSplit>>,
     current: usize,
     no_more_splits: bool,
+    /// Whether this reader has asked the enumerator for splits yet.
+    asked: bool,
     /// Per-split watermarks, when the source generates them.
     watermarks: Option<crate::split_watermarks::SplitWatermarks<T>>,
 }
@@ -192,6 +231,7 @@ impl<T: Send + 'static> IndexedSource<T> {
             state: None,
             current: 0,
             no_more_splits: false,
+            asked: false,
             watermarks: None,
         }
     }
@@ -221,6 +261,12 @@ impl<T: Send + 'static> SourceFunction<T> for IndexedSource<T> {
     }
 
     fn next_batch(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, TaskError> {
+        // With watermarks a reader takes every split it will get before it emits anything (even
+        // when it restored some): a split added after its watermark moved on would be late.
+        if self.watermarks.is_some() && !self.asked && !self.no_more_splits {
+            self.asked = true;
+            return Ok(SourceStatus::NeedSplits);
+        }
         let end = self.count.unwrap_or(u64::MAX);
         if let Some(w) = &mut self.watermarks {
             for s in self.splits.iter().filter(|s| s.next >= end) {
@@ -233,6 +279,7 @@ impl<T: Send + 'static> SourceFunction<T> for IndexedSource<T> {
             return Ok(if self.no_more_splits {
                 SourceStatus::End
             } else {
+                self.asked = true;
                 SourceStatus::NeedSplits
             });
         }
@@ -481,17 +528,23 @@ mod tests {
             .with_watermarks(Arc::new(|t: &u64| *t as i64), 0);
         let mut state = OperatorStateBackend::new();
         src.open(&info(0, 1, false), &mut state).unwrap();
-        let mut e = IndexSplitEnumerator::new(3);
-        for _ in 0..3 {
-            if let SplitAssignment::Splits(s) = e.assign(0) {
-                src.add_splits(s).unwrap();
-            }
-        }
+        // One reader owns all three splits and gets them at its first request.
+        let mut e = IndexSplitEnumerator::owned(3, 1);
         let (mut watermark, mut emitted, mut disorder) = (i64::MIN, 0u64, 0i64);
         let mut max_seen = i64::MIN;
         loop {
             let mut b = Vec::new();
             let st = src.next_batch(&mut b, 50).unwrap();
+            if st == SourceStatus::NeedSplits {
+                match e.assign(0) {
+                    SplitAssignment::Splits(s) => {
+                        assert_eq!(s.len(), 3, "every owned split at once");
+                        src.add_splits(s).unwrap()
+                    }
+                    SplitAssignment::NoMoreSplits => src.no_more_splits(),
+                }
+                continue;
+            }
             for &r in &b {
                 assert!(
                     r as i64 > watermark,
@@ -519,6 +572,69 @@ mod tests {
         assert_eq!(emitted, 3_000);
         assert!(disorder > 100, "the splits interleave: disorder {disorder}");
         assert!(watermark > 2_900, "{watermark}");
+    }
+
+    /// A watermarked reader that finishes its split early is not handed another reader's: the
+    /// other's records would start behind the watermark it already emitted.
+    #[test]
+    fn owned_splits_go_to_their_reader_only_and_all_at_once() {
+        let mut e = IndexSplitEnumerator::owned(4, 2);
+        let decode = |a: SplitAssignment| match a {
+            SplitAssignment::Splits(s) => s
+                .iter()
+                .map(|b| {
+                    weir_core::codec::decode::<IndexSplit>("t", b)
+                        .unwrap()
+                        .split
+                })
+                .collect::<Vec<_>>(),
+            SplitAssignment::NoMoreSplits => vec![],
+        };
+        assert_eq!(decode(e.assign(0)), vec![0, 2]);
+        assert_eq!(e.assign(0), SplitAssignment::NoMoreSplits);
+        // A checkpoint taken now holds reader 1's splits; restored at parallelism 3 they go by
+        // the new count (split 1 to reader 1, split 3 to reader 0).
+        let state = e.snapshot().unwrap();
+        let mut r = IndexSplitEnumerator::owned(3, 3);
+        r.restore(Some(&state)).unwrap();
+        assert_eq!(decode(r.assign(2)), Vec::<u32>::new());
+        assert_eq!(decode(r.assign(1)), vec![1]);
+        assert_eq!(decode(r.assign(0)), vec![3]);
+        assert_eq!(decode(e.assign(1)), vec![1, 3]);
+    }
+
+    /// A watermarked reader that restored splits still asks the enumerator before it emits a
+    /// record, so a split it is given is never behind its watermark.
+    #[test]
+    fn a_restored_watermarked_reader_asks_before_emitting() {
+        let mut state = OperatorStateBackend::new();
+        let mut e = IndexSplitEnumerator::owned(2, 1);
+        let mut src = IndexedSource::new(Some(100), Arc::new(|i| i))
+            .with_watermarks(Arc::new(|t: &u64| *t as i64), 0);
+        src.open(&info(0, 1, false), &mut state).unwrap();
+        let mut b = Vec::new();
+        assert_eq!(
+            src.next_batch(&mut b, 10).unwrap(),
+            SourceStatus::NeedSplits
+        );
+        match e.assign(0) {
+            SplitAssignment::Splits(s) => src.add_splits(s.into_iter().take(1).collect()).unwrap(),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(src.next_batch(&mut b, 10).unwrap(), SourceStatus::More);
+        src.snapshot_state(&mut state).unwrap();
+        let mut restored = IndexedSource::new(Some(100), Arc::new(|i| i))
+            .with_watermarks(Arc::new(|t: &u64| *t as i64), 0);
+        restored.open(&info(0, 1, true), &mut state).unwrap();
+        let mut b = Vec::new();
+        assert_eq!(
+            restored.next_batch(&mut b, 10).unwrap(),
+            SourceStatus::NeedSplits
+        );
+        assert!(b.is_empty());
+        restored.no_more_splits();
+        assert_eq!(restored.next_batch(&mut b, 10).unwrap(), SourceStatus::More);
+        assert_eq!(b.first(), Some(&20));
     }
 
     #[test]

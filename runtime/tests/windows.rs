@@ -623,6 +623,84 @@ async fn with_drain_every_window_fires_before_the_savepoint() {
     );
 }
 
+/// The counting job at parallelism 1 over `records`, with an hour of allowed lateness.
+fn late_counting_job(
+    records: Vec<(u64, i64)>,
+    failures: &Arc<Failures>,
+    dir: &std::path::Path,
+) -> StreamEnvironment {
+    let env = StreamEnvironment::new();
+    env.set_parallelism(1).set_max_parallelism(128);
+    env.config_mut().batch_size = 64;
+    let s = env
+        .from_collection(records)
+        .uid("records")
+        .assign_timestamps_and_watermarks(Duration::from_millis(10), |r: &(u64, i64)| r.1)
+        .uid("watermarks");
+    inject(s, failures)
+        .key_by(|r: &(u64, i64)| &r.0)
+        .window(TumblingEventTimeWindows::of(Duration::from_millis(
+            STOP_WINDOW_MS as u64,
+        )))
+        .timestamps(|r: &(u64, i64)| r.1)
+        .allowed_lateness(Duration::from_secs(3_600))
+        .aggregate_with(Count, |k: &u64, w: &TimeWindow, n: i64| (*k, w.start, n))
+        .uid("counts")
+        .write_to_files(dir)
+        .uid("files");
+    env
+}
+
+/// A window that fired before a savepoint and gets a record within the allowed lateness right
+/// after the resume (when the restored operator's watermark starts over, so the record is not
+/// late yet) fires again when the watermark passes its end, with the record counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_fired_before_a_savepoint_fires_again_for_a_record_within_lateness() {
+    let (savepoints, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut records: Vec<(u64, i64)> = (0..STOP_RECORDS).map(|i| (i % 3, i as i64)).collect();
+    let paced = Failures::paced(Vec::new(), 200);
+    let env = late_counting_job(records.clone(), &paced, dir.path());
+    env.set_savepoint_dir(savepoints.path());
+    let client = weir_runtime::JobClient::default();
+    let run = tokio::spawn(env.execute_with(client.clone()).bounded());
+    while paced.seen() < STOP_RECORDS / 3 {
+        assert!(!run.is_finished(), "the run ended before it was stopped");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let savepoint = client.stop_with_savepoint(None, false).await.unwrap();
+    let first = run.await.unwrap().unwrap();
+    let resume_at = first.source_records as usize;
+    assert!(resume_at > 2 * STOP_WINDOW_MS as usize && resume_at < records.len());
+    // Key 0's first window fired before the stop, with every record 0, 3, …, 999.
+    let first_window = (0u64, 0i64, (STOP_WINDOW_MS + 2) / 3);
+    assert!(written(dir.path()).contains(&first_window));
+    // The first record read after the resume belongs to that window.
+    records[resume_at] = (0, 500);
+    let env = late_counting_job(records.clone(), &Failures::at(Vec::new()), dir.path());
+    env.restore_from(&savepoint);
+    env.execute().bounded().await.unwrap();
+    let out = written(dir.path());
+    let again = (0u64, 0i64, first_window.2 + 1);
+    assert!(
+        out.contains(&again),
+        "the window did not fire again: {:?}",
+        &out[..3]
+    );
+    // Every window's last firing counts exactly the records of both runs that fall in it.
+    let mut want: BTreeMap<(u64, i64), i64> = BTreeMap::new();
+    for &(k, ts) in &records {
+        *want
+            .entry((k, ts - ts.rem_euclid(STOP_WINDOW_MS)))
+            .or_default() += 1;
+    }
+    let mut last: BTreeMap<(u64, i64), i64> = BTreeMap::new();
+    for (k, start, n) in out {
+        let e = last.entry((k, start)).or_default();
+        *e = (*e).max(n);
+    }
+    assert_eq!(last, want);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Per-split watermarks in the source.
 // ---------------------------------------------------------------------------------------------

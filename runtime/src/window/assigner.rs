@@ -5,8 +5,8 @@
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// A window of time `[start, end)`, in ms (Flink's `TimeWindow`); the global window spans all
-/// of time ([`TimeWindow::GLOBAL`]).
+/// A window of time `[start, end)`, in ms (Flink's `TimeWindow`); the global window, which
+/// spans all of time, is the one [`TimeWindow::GLOBAL`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TimeWindow {
     /// The first millisecond in the window.
@@ -16,10 +16,13 @@ pub struct TimeWindow {
 }
 
 impl TimeWindow {
-    /// The one window of [`GlobalWindows`] (Flink's `GlobalWindow`).
+    /// The one window of [`GlobalWindows`] (Flink's `GlobalWindow`). It stands for all of
+    /// time, but is written `[i64::MIN, i64::MIN)`, a window no assigner of time makes (every
+    /// one ends after it starts, or at the end of time): a session that grows to span
+    /// `[i64::MIN, i64::MAX)` stays a window of time, with a timer that fires.
     pub const GLOBAL: TimeWindow = TimeWindow {
         start: i64::MIN,
-        end: i64::MAX,
+        end: i64::MIN,
     };
 
     /// `[start, end)`.
@@ -411,5 +414,16 @@ mod tests {
         assert!(!a.intersects(&TimeWindow::new(11, 20)));
         assert_eq!(a.cover(&TimeWindow::new(5, 30)), TimeWindow::new(0, 30));
         assert_eq!(TimeWindow::GLOBAL.max_timestamp(), i64::MAX);
+        // A session spanning all of time is not the global window: its end timer fires.
+        let all = TimeWindow::new(i64::MIN, 5).cover(&TimeWindow::new(0, i64::MAX));
+        assert_ne!(all, TimeWindow::GLOBAL);
+        assert_eq!(all.max_timestamp(), i64::MAX - 1);
+        // No assigner of time makes the global window, at either end of time.
+        let session = EventTimeSessionWindows::with_gap(Duration::from_millis(1));
+        let tumbling = TumblingEventTimeWindows::of(Duration::from_millis(1));
+        for ts in [i64::MIN, i64::MIN + 1, i64::MAX] {
+            assert!(!windows(session, ts).contains(&TimeWindow::GLOBAL), "{ts}");
+            assert!(!windows(tumbling, ts).contains(&TimeWindow::GLOBAL), "{ts}");
+        }
     }
 }

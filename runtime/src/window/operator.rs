@@ -222,6 +222,44 @@ where
         Ok(())
     }
 
+    /// Deletes the timers of the sessions merged into `window` (Flink's `Trigger.clear` of a
+    /// merged window); `window` registers its own after. A key's timers are one per time, not
+    /// per window, so a time another of the key's windows still needs stays.
+    fn delete_merged_timers(
+        &mut self,
+        key: &K,
+        key_group: KeyGroup,
+        window: TimeWindow,
+        merged: &[TimeWindow],
+    ) -> OpResult {
+        if merged.iter().all(|w| *w == window) {
+            return Ok(());
+        }
+        let state = self.state.ok_or_else(not_open)?;
+        let kept: Vec<TimeWindow> = self
+            .base
+            .backend
+            .value(state, key, key_group)
+            .into_iter()
+            .flat_map(|m| m.keys().copied())
+            .chain([window])
+            .collect();
+        let needed: std::collections::BTreeSet<i64> = kept
+            .iter()
+            .flat_map(|w| [w.max_timestamp(), self.cleanup_time(w)])
+            .collect();
+        let domain = self.domain();
+        for w in merged.iter().filter(|w| **w != window) {
+            for ts in [w.max_timestamp(), self.cleanup_time(w)] {
+                if !needed.contains(&ts) {
+                    let timers = self.timers.as_mut().ok_or_else(not_open)?;
+                    timers.delete(&mut self.base.backend, domain, key, key_group, ts);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Adds `record` to `window` (merging `merged` windows into it first), then applies the
     /// trigger to it.
     fn add(
@@ -255,6 +293,11 @@ where
             // in `merged` too.
             map.insert(window, a);
         }
+        self.delete_merged_timers(key, key_group, window, merged)?;
+        let map = self
+            .base
+            .backend
+            .value_mut_or_insert(state, key, key_group, BTreeMap::new);
         let count = match map.get_mut(&window) {
             Some(c) => {
                 self.function.add(&mut c.acc, record);
@@ -299,11 +342,12 @@ where
                     // (Flink's `EventTimeTrigger.onElement`).
                     self.emit(key, key_group, window, out)?;
                 }
-                if count == 1 || !merged.is_empty() {
-                    // A new window (or a merged session): its timers. An existing window has
-                    // them already (kept in keyed state with it).
-                    self.register_timers(key, key_group, &window)?;
-                }
+                // Every record (re)registers its window's timers, as Flink's trigger does: a
+                // window that fired before a checkpoint and gets a record within the allowed
+                // lateness after the restore (when the watermark starts over) must fire again
+                // when the watermark passes its end. Registering a queued timer is a no-op.
+                let _ = count;
+                self.register_timers(key, key_group, &window)?;
             }
         }
         Ok(())
