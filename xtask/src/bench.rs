@@ -21,6 +21,8 @@ pub struct Bench {
     pub word_count: PathBuf,
     /// The release `bare_loop` binary: the same word count without the engine.
     pub bare_loop: PathBuf,
+    /// The release `nexmark` binary.
+    pub nexmark: PathBuf,
     /// The release `state_bench` example of weir-state.
     pub state_bench: PathBuf,
     /// The release `state_disk_bench` example of weir-state.

@@ -1,7 +1,7 @@
 //! `cargo xtask bench [name]`: the named benchmarks, the binaries each builds, and running one.
 
 use crate::bench::{Bench, backpressure, network, state, state_disk};
-use crate::bench_wordcount;
+use crate::{bench_nexmark, bench_wordcount};
 use anyhow::{Result, bail};
 use std::path::Path;
 
@@ -71,6 +71,12 @@ const BENCHES: &[Named] = &[
         run: state_disk,
     },
     Named {
+        name: "nexmark",
+        what: "Nexmark q0-q5, q7, q8, q11 at p=1 and p=2, 10M events, 1 s checkpoints: events per core-second against nexmark-flink's published Flink figures",
+        build: &["-p", "weir-nexmark", "--bin", "nexmark"],
+        run: bench_nexmark::nexmark,
+    },
+    Named {
         name: "state",
         what: "heap keyed-state backend at 1M and 10M keys: checkpoint pause, copy-on-write, write and restore speed",
         build: &["-p", "weir-state", "--example", "state_bench"],
@@ -100,6 +106,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let ctx = Bench {
         word_count: release.join("word_count"),
         bare_loop: release.join("bare_loop"),
+        nexmark: release.join("nexmark"),
         state_bench: release.join("examples").join("state_bench"),
         state_disk_bench: release.join("examples").join("state_disk_bench"),
         scratch: target.join("xtask-bench"),

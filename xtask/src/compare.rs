@@ -55,6 +55,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let bench = |word_count: PathBuf| Bench {
         word_count,
         bare_loop: PathBuf::new(),
+        nexmark: PathBuf::new(),
         state_bench: PathBuf::new(),
         state_disk_bench: PathBuf::new(),
         scratch: scratch.clone(),

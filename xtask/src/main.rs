@@ -21,6 +21,7 @@
 
 mod bench;
 mod bench_disk;
+mod bench_nexmark;
 mod bench_wordcount;
 mod benches;
 mod compare;

@@ -18,6 +18,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["weir-core", "weir-state", "weir-checkpoint", "weir-network"],
     ),
     ("weir-examples", &["weir-runtime", "weir-core"]),
+    // The Nexmark benchmark: a user of the public API, like the examples.
+    ("weir-nexmark", &["weir-runtime", "weir-core"]),
     // Plugs its own keyed store, checkpoint storage and transport into jobs, and runs each
     // seam's conformance suite: it implements the seams' traits, so it depends on their crates.
     (
