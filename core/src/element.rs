@@ -23,6 +23,18 @@ pub enum Event {
     CancelCheckpoint(CheckpointId),
     /// The producer of this channel will send nothing more.
     EndOfInput,
+    /// The producer of this channel went idle or became active again (Flink's
+    /// `WatermarkStatus`): an idle channel does not hold back the watermark downstream.
+    WatermarkStatus(WatermarkStatus),
+}
+
+/// Whether a channel's producer emits records and watermarks (Flink's `WatermarkStatus`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum WatermarkStatus {
+    /// It emits nothing for now: the minimum over input channels leaves it out.
+    Idle,
+    /// It emits again: it counts in the minimum once more.
+    Active,
 }
 
 /// An event-time watermark, in milliseconds.

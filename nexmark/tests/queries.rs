@@ -186,6 +186,80 @@ fn the_binary_writes_the_reference_result_through_a_failure() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown query 'q6'"));
 }
 
+/// The binary's savepoint flags: q5 stopped with a savepoint at p=2, resumed `--from` it at
+/// p=3 into the same output, gives the reference's result.
+#[test]
+fn the_binary_resumes_q5_from_its_savepoint_at_another_parallelism() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_string_lossy().to_string();
+    // Enough events that the run is still going when the savepoint is taken.
+    let common = [
+        "--query",
+        "q5",
+        "--events",
+        "200000",
+        "--event-rate",
+        "1000",
+    ];
+    let storage = [
+        "--checkpoint-dir",
+        &path("checkpoints"),
+        "--savepoint-dir",
+        &path("savepoints"),
+    ];
+    nexmark(&[&common[..], &["--reference", "--output", &path("ref")]].concat());
+    let first = nexmark(
+        &[
+            &common[..],
+            &storage[..],
+            &[
+                "--parallelism",
+                "2",
+                "--stop-with-savepoint-after",
+                "10000",
+                "--output",
+                &path("engine"),
+            ],
+        ]
+        .concat(),
+    );
+    let savepoint = first
+        .lines()
+        .find_map(|l| l.strip_prefix("savepoint="))
+        .unwrap_or_else(|| panic!("no savepoint in {first:?}"))
+        .to_string();
+    let second = nexmark(
+        &[
+            &common[..],
+            &storage[..],
+            &[
+                "--parallelism",
+                "3",
+                "--from",
+                &savepoint,
+                "--output",
+                &path("engine"),
+            ],
+        ]
+        .concat(),
+    );
+    let events = |out: &str| -> u64 {
+        let line = out.lines().next().unwrap();
+        let field = line
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("events="));
+        field.unwrap().parse().unwrap()
+    };
+    assert!(events(&first) < 200_000, "{first}");
+    assert_eq!(
+        events(&first) + events(&second),
+        200_000,
+        "{first} {second}"
+    );
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+    assert_eq!(read("engine"), read("ref"));
+}
+
 fn bid(auction: u64, bidder: u64, price: u64, date_time: i64) -> Event {
     Event::Bid(Bid {
         auction,

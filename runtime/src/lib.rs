@@ -36,6 +36,7 @@ pub mod error;
 pub(crate) mod gateway;
 pub mod gc;
 pub(crate) mod host;
+pub mod idleness;
 pub(crate) mod job;
 pub mod join;
 pub mod keyed;

@@ -10,7 +10,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::task::{Context, Poll};
 use weir_core::channel_state::{ChannelDirection, ChannelInfo, ChannelSection};
-use weir_core::element::{CheckpointBarrier, SnapshotKind, Watermark};
+use weir_core::element::{CheckpointBarrier, SnapshotKind, Watermark, WatermarkStatus};
 use weir_core::handle::KeyedStateHandle;
 use weir_core::ids::{CheckpointId, OperatorId, SubtaskIndex};
 use weir_core::keygroup::{KeyGroupRange, compute_key_group_range_for_operator_index};
@@ -35,6 +35,13 @@ pub trait Output<T>: Send {
 
     /// Event time advanced.
     fn watermark(&mut self, watermark: Watermark) -> OpResult;
+
+    /// The stream went idle or became active again (Flink's `WatermarkStatus`): operators
+    /// pass it on unchanged, writers send it on every channel. A sink ignores it (the default).
+    fn watermark_status(&mut self, status: WatermarkStatus) -> OpResult {
+        let _ = status;
+        Ok(())
+    }
 
     /// A lifecycle event: handled here, then passed on downstream.
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult;
@@ -425,6 +432,10 @@ impl<Op: OneInputOperator<I>, I: Send + 'static> Output<I> for Chained<Op, I> {
         self.op.watermark(watermark, &mut *self.next)
     }
 
+    fn watermark_status(&mut self, status: WatermarkStatus) -> OpResult {
+        self.next.watermark_status(status)
+    }
+
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult {
         self.op.lifecycle(event, &mut *self.next)?;
         self.next.lifecycle(event)
@@ -462,6 +473,12 @@ impl<T: Clone + Send + 'static> Output<T> for Fanout<T> {
         self.outs
             .iter_mut()
             .try_for_each(|o| o.watermark(watermark))
+    }
+
+    fn watermark_status(&mut self, status: WatermarkStatus) -> OpResult {
+        self.outs
+            .iter_mut()
+            .try_for_each(|o| o.watermark_status(status))
     }
 
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult {

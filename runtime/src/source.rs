@@ -58,6 +58,14 @@ pub trait SourceFunction<T>: Send + 'static {
     fn current_watermark(&self) -> Option<i64> {
         None
     }
+
+    /// Whether the source is idle (Flink's idleness): it emits nothing for now, so it must not
+    /// hold back the watermark downstream. The driver tells the downstream when this changes;
+    /// emitting a record makes the source active again. `WithIdleness` (in the `idleness`
+    /// module) makes any source idle after a while without records.
+    fn is_idle(&self) -> bool {
+        false
+    }
 }
 
 /// What an enumerator answers a reader that asks for work.
@@ -342,6 +350,12 @@ impl<T: Send + 'static> SourceFunction<T> for IndexedSource<T> {
         let w = self.watermarks.as_ref()?;
         w.current(self.splits.iter().map(|s| s.split))
     }
+
+    fn is_idle(&self) -> bool {
+        self.watermarks
+            .as_ref()
+            .is_some_and(|w| w.all_idle(self.splits.iter().map(|s| s.split)))
+    }
 }
 
 /// Flink's `RandomGenerator.intGenerator(min, max)` made deterministic: the value of record `i`
@@ -394,6 +408,8 @@ pub struct SourceDriver<T> {
     batch_size: usize,
     /// The last watermark the source generated and the driver emitted.
     emitted_watermark: i64,
+    /// The driver told the downstream that the source is idle.
+    idle: bool,
 }
 
 impl<T: Send + 'static> SourceDriver<T> {
@@ -413,6 +429,7 @@ impl<T: Send + 'static> SourceDriver<T> {
             next,
             batch_size: batch_size.max(1),
             emitted_watermark: i64::MIN,
+            idle: false,
         }
     }
 
@@ -421,6 +438,11 @@ impl<T: Send + 'static> SourceDriver<T> {
         let mut batch = Vec::with_capacity(self.batch_size);
         let status = self.source.next_batch(&mut batch, self.batch_size)?;
         let n = batch.len();
+        if n > 0 && self.idle {
+            self.idle = false;
+            self.next
+                .watermark_status(weir_core::element::WatermarkStatus::Active)?;
+        }
         if n > 0 {
             match self.next.push_batch(batch) {
                 // Cancelled part way through the chain: the batch was emitted all the same (and
@@ -434,7 +456,14 @@ impl<T: Send + 'static> SourceDriver<T> {
             && w > self.emitted_watermark
         {
             self.emitted_watermark = w;
+            // A watermark is activity: the downstream counts this channel again.
+            self.idle = false;
             self.next.watermark(weir_core::element::Watermark(w))?;
+        }
+        if n == 0 && !self.idle && self.source.is_idle() {
+            self.idle = true;
+            self.next
+                .watermark_status(weir_core::element::WatermarkStatus::Idle)?;
         }
         Ok((n, status))
     }

@@ -208,6 +208,11 @@ impl<T: Data> Output<T> for RecordWriter<T> {
         Ok(())
     }
 
+    fn watermark_status(&mut self, status: weir_core::element::WatermarkStatus) -> OpResult {
+        self.broadcast_event(Event::WatermarkStatus(status));
+        Ok(())
+    }
+
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult {
         match event {
             Lifecycle::Open(ctx) => self.restore_in_flight(ctx)?,

@@ -19,6 +19,8 @@ mod cluster;
 mod finished_tasks;
 #[path = "gc.rs"]
 mod gc;
+#[path = "idleness.rs"]
+mod idleness;
 #[path = "incremental.rs"]
 mod incremental;
 #[path = "integrity.rs"]

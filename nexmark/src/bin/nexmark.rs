@@ -144,8 +144,9 @@ async fn run(args: &Args) -> Result<()> {
         None => Some(blackhole(rows)),
     };
     let client = JobClient::default();
+    let savepoint = std::sync::Arc::new(std::sync::Mutex::new(None));
     if let Some(k) = args.stop_with_savepoint_after {
-        stop_with_savepoint_after(client.clone(), k);
+        stop_with_savepoint_after(client.clone(), k, savepoint.clone());
     }
     let cpu_before = process_cpu_seconds();
     let started = Instant::now();
@@ -181,10 +182,9 @@ async fn run(args: &Args) -> Result<()> {
         result.checkpoints_completed,
         result.restarts,
     )?;
-    if let Some(savepoint) = &result.latest_checkpoint
-        && args.stop_with_savepoint_after.is_some()
-    {
-        writeln!(out, "savepoint={savepoint}")?;
+    let taken = savepoint.lock().map(|s| s.clone()).unwrap_or_default();
+    if let Some(path) = taken {
+        writeln!(out, "savepoint={path}")?;
     }
     Ok(())
 }
@@ -215,7 +215,13 @@ fn write_lines(path: &Path, lines: &[String]) -> Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
-fn stop_with_savepoint_after(client: JobClient, k: u64) {
+/// Once the sources emitted `k` events, stops the job with a savepoint; its path goes into
+/// `taken`.
+fn stop_with_savepoint_after(
+    client: JobClient,
+    k: u64,
+    taken: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+) {
     tokio::spawn(async move {
         while client.source_records() < k {
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -223,7 +229,12 @@ fn stop_with_savepoint_after(client: JobClient, k: u64) {
         // A request can be refused while a checkpoint is in progress: retry.
         loop {
             match client.stop_with_savepoint(None, false).await {
-                Ok(_) => break,
+                Ok(path) => {
+                    if let Ok(mut t) = taken.lock() {
+                        *t = Some(path);
+                    }
+                    break;
+                }
                 Err(e) if e.to_string().contains("not triggered") => {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }

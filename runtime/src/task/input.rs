@@ -144,8 +144,8 @@ pub(crate) struct NetworkInput<T> {
     pub head: Box<dyn Output<T>>,
     pub handler: BarrierHandler,
     pub ended: Vec<bool>,
-    pub watermarks: Vec<i64>,
-    pub current_watermark: i64,
+    /// The watermark over the channels, with their idleness.
+    valve: super::valve::WatermarkValve,
     /// Channel-state names of the gate's channels.
     infos: Vec<ChannelInfo>,
     /// Input channel state of a restored unaligned checkpoint, replayed before any new input.
@@ -161,6 +161,17 @@ pub(crate) struct NetworkInput<T> {
 }
 
 impl<T: Data> NetworkInput<T> {
+    /// Passes what the valve gave on down the chain: a status change, then a watermark.
+    fn emit(&mut self, out: super::valve::ValveOutput) -> OpResult {
+        if let Some(status) = out.status {
+            self.head.watermark_status(status)?;
+        }
+        match out.watermark {
+            Some(w) => self.head.watermark(Watermark(w)),
+            None => Ok(()),
+        }
+    }
+
     pub fn new(
         gate: InputGate<T>,
         infos: Vec<ChannelInfo>,
@@ -174,8 +185,7 @@ impl<T: Data> NetworkInput<T> {
             head,
             handler: BarrierHandler::for_mode(mode, n),
             ended: vec![false; n],
-            watermarks: vec![i64::MIN; n],
-            current_watermark: i64::MIN,
+            valve: super::valve::WatermarkValve::new(n),
             infos,
             recovered: VecDeque::new(),
             recorder: None,
@@ -394,14 +404,12 @@ impl<T: Data> TaskInput for NetworkInput<T> {
             }
             StreamElement::Event(event) => match event {
                 Event::Watermark(Watermark(w)) => {
-                    self.watermarks[i] = self.watermarks[i].max(w);
-                    let min = self.watermarks.iter().copied().min().unwrap_or(i64::MIN);
-                    if min > self.current_watermark {
-                        self.current_watermark = min;
-                        self.head.watermark(Watermark(min)).map(|_| Step::Events)
-                    } else {
-                        Ok(Step::Events)
-                    }
+                    let out = self.valve.watermark(i, w);
+                    self.emit(out).map(|_| Step::Events)
+                }
+                Event::WatermarkStatus(status) => {
+                    let out = self.valve.status(i, status);
+                    self.emit(out).map(|_| Step::Events)
                 }
                 Event::Barrier(b) => {
                     self.handler.on_barrier(i, b, now, actions);
@@ -413,8 +421,11 @@ impl<T: Data> TaskInput for NetworkInput<T> {
                 }
                 Event::EndOfInput => {
                     self.ended[i] = true;
-                    self.watermarks[i] = i64::MAX;
                     self.handler.on_end_of_input(i, now, actions);
+                    let out = self.valve.end(i);
+                    if let Err(e) = self.emit(out) {
+                        return Poll::Ready(Err(e));
+                    }
                     if self.ended.iter().all(|e| *e) {
                         Ok(Step::End)
                     } else {

@@ -198,6 +198,9 @@ pub(super) async fn run(
                     env.report(TaskEvent::SplitRequest).await?;
                 }
                 Step::Idle => {
+                    // What an idle step emitted (a watermark, an idle status) leaves now.
+                    input.lifecycle(&mut Lifecycle::FlushPartial)?;
+                    output_pending = true;
                     tokio::select! {
                         biased;
                         m = env.mailbox.recv() => {

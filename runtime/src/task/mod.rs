@@ -27,6 +27,7 @@ mod guard;
 mod input;
 mod mailbox;
 mod steps;
+mod valve;
 
 pub(crate) use guard::panic_message;
 pub(crate) use input::{NetworkInput, SourceInput, TaskInput};

@@ -185,6 +185,10 @@ impl<O: Send + 'static, T: Send + 'static> Output<WindowOutput<O, T>> for DropLa
         self.next.watermark(watermark)
     }
 
+    fn watermark_status(&mut self, status: weir_core::element::WatermarkStatus) -> OpResult {
+        self.next.watermark_status(status)
+    }
+
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult {
         self.next.lifecycle(event)
     }

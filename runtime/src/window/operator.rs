@@ -95,6 +95,10 @@ impl<O: Send, T: Send> Output<O> for Results<'_, O, T> {
         self.out.watermark(watermark)
     }
 
+    fn watermark_status(&mut self, status: weir_core::element::WatermarkStatus) -> OpResult {
+        self.out.watermark_status(status)
+    }
+
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> OpResult {
         self.out.lifecycle(event)
     }
