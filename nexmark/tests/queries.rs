@@ -178,6 +178,18 @@ fn the_binary_writes_the_reference_result_through_a_failure() {
     assert!(!read("ref").is_empty());
     assert_eq!(read("engine"), read("ref"));
     assert!(parts_dir(&dir.path().join("engine")).is_dir());
+    // The same --output again without --from would add a second run's rows: refused.
+    let again = std::process::Command::new(env!("CARGO_BIN_EXE_nexmark"))
+        .args([&common[..], &["--output", &path("engine")]].concat())
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("holds the rows of an earlier run"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(read("engine"), read("ref"), "the result is untouched");
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_nexmark"))
         .args(["--query", "q6"])
         .output()

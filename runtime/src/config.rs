@@ -161,6 +161,9 @@ pub struct JobConfig {
     /// Cluster mode: this process is the job manager or a task manager. `None`: the whole job
     /// runs in this process.
     pub cluster: Option<crate::roles::ClusterRole>,
+    /// The REST API and `/metrics` the job serves while it runs (`None`, the default: none).
+    /// Needs the `rest` feature.
+    pub rest: Option<crate::rest::RestOptions>,
     /// Who owns the checkpoint a run restores from (Flink's
     /// `execution.state-recovery.claim-mode`); default [`ClaimMode::NoClaim`].
     pub claim_mode: ClaimMode,
@@ -265,6 +268,7 @@ impl Default for JobConfig {
             incremental_max_chain: DEFAULT_INCREMENTAL_MAX_CHAIN,
             state_backend: Arc::new(weir_state::HeapStateBackend),
             cluster: None,
+            rest: None,
             claim_mode: ClaimMode::NoClaim,
             job_lock_lease: DEFAULT_JOB_LOCK_LEASE,
             transport: None,

@@ -387,7 +387,7 @@ impl StreamEnvironment {
         Ok(JobGraph::from_stream_graph(&self.stream_graph())?)
     }
 
-    fn into_spec(self) -> Result<JobSpec, JobError> {
+    pub(crate) fn into_spec(self) -> Result<JobSpec, JobError> {
         // The settings first: a graph error can be a consequence of one (a max parallelism out
         // of range).
         self.inner.borrow().config.validate()?;

@@ -31,6 +31,42 @@ struct ClientInner {
     stats: std::sync::Mutex<Vec<CheckpointStats>>,
     /// The last refused trigger requests: time since the job started, and the reason.
     refusals: std::sync::Mutex<Vec<(Duration, String)>>,
+    /// The job as the master last described it (for the REST API and metrics).
+    view: std::sync::Mutex<JobView>,
+}
+
+/// A running job as its master describes it to the outside: what the REST API and the
+/// metrics report besides the checkpoint statistics.
+#[derive(Clone, Debug, Default)]
+pub struct JobView {
+    /// The job's id (32 hex digits, as Flink's `JobID`).
+    pub job_id: String,
+    /// Its name.
+    pub name: String,
+    /// `CREATED`, `RUNNING`, `FINISHED`, `CANCELED` or `FAILED` (Flink's job statuses).
+    pub state: &'static str,
+    /// When it started, ms since the Unix epoch.
+    pub start_time_ms: u64,
+    /// When it ended, if it has.
+    pub end_time_ms: Option<u64>,
+    /// Restarts so far (Flink's `numRestarts`).
+    pub restarts: u32,
+    /// Its vertices (chains): id, name, parallelism.
+    pub vertices: Vec<(u32, String, u32)>,
+    /// The checkpoint configuration it runs with.
+    pub checkpoint_config: Option<weir_core::config::CheckpointConfig>,
+    /// The state backend's and checkpoint storage's names.
+    pub state_backend: String,
+    /// Where checkpoints go (credentials never appear: a location, not a configuration).
+    pub checkpoint_storage: String,
+    /// Checkpoints completed and failed in all (the history keeps the last few).
+    pub completed: u64,
+    /// Failed in all.
+    pub failed: u64,
+    /// The checkpoint or savepoint this run was restored from, if any.
+    pub restored_from: Option<String>,
+    /// Where its REST API listens, if it serves one.
+    pub rest_address: Option<String>,
 }
 
 impl std::fmt::Debug for JobClient {
@@ -53,6 +89,10 @@ impl Default for JobClient {
                 source_records: Arc::new(AtomicU64::new(0)),
                 stats: std::sync::Mutex::new(Vec::new()),
                 refusals: std::sync::Mutex::new(Vec::new()),
+                view: std::sync::Mutex::new(JobView {
+                    state: "CREATED",
+                    ..JobView::default()
+                }),
             }),
         }
     }
@@ -159,10 +199,37 @@ impl JobClient {
             .unwrap_or_default()
     }
 
-    pub(crate) fn publish_stats(&self, coordinator: &CheckpointCoordinator) {
+    /// The job as its master last described it.
+    pub fn view(&self) -> JobView {
+        self.inner
+            .view
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
+    }
+
+    /// Whether cancellation was requested.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancelled.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn update_view(&self, f: impl FnOnce(&mut JobView)) {
+        if let Ok(mut v) = self.inner.view.lock() {
+            f(&mut v);
+        }
+    }
+
+    /// Publishes `coordinator`'s statistics; `before` counts the checkpoints completed and
+    /// failed in earlier attempts.
+    pub(crate) fn publish_stats(&self, coordinator: &CheckpointCoordinator, before: (u64, u64)) {
         if let Ok(mut s) = self.inner.stats.lock() {
             *s = coordinator.history().cloned().collect();
         }
+        let (completed, failed) = coordinator.counts();
+        self.update_view(|v| {
+            v.completed = before.0 + completed;
+            v.failed = before.1 + failed;
+        });
         if let Ok(mut r) = self.inner.refusals.lock() {
             *r = coordinator
                 .refusals()

@@ -45,6 +45,7 @@ pub(crate) mod local_recovery;
 pub(crate) mod master;
 pub mod operator;
 pub mod ops;
+pub mod rest;
 pub mod restart;
 pub(crate) mod restore;
 mod roles;

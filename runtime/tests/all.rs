@@ -37,6 +37,8 @@ mod one_writer;
 mod pipeline;
 #[path = "recovery_gaps.rs"]
 mod recovery_gaps;
+#[path = "rest.rs"]
+mod rest;
 #[path = "state_kinds.rs"]
 mod state_kinds;
 #[path = "storage_faults.rs"]

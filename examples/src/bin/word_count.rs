@@ -153,6 +153,20 @@ struct Args {
             humantime::format_duration(*limits::JOB_LOCK_LEASE.end()),
             humantime::format_duration(weir_runtime::config::DEFAULT_JOB_LOCK_LEASE)))]
     job_lock_lease: Option<Duration>,
+    /// Where the job's REST API (Flink's paths, and Prometheus metrics at /metrics) listens;
+    /// default 127.0.0.1:8081, or the next free port up to 8099, then any.
+    #[arg(long, value_name = "ADDR")]
+    rest_address: Option<std::net::SocketAddr>,
+    /// Serve no REST API.
+    #[arg(long, conflicts_with_all = ["rest_address", "rest_allow_remote", "rest_read_only"])]
+    no_rest: bool,
+    /// Let --rest-address be an address other than loopback (anyone who reaches it can stop or
+    /// cancel the job, unless --rest-read-only).
+    #[arg(long)]
+    rest_allow_remote: bool,
+    /// The REST API only reads: triggers, savepoints, stop and cancel are refused.
+    #[arg(long)]
+    rest_read_only: bool,
     /// Cluster mode: `jobmanager` runs the job master and the checkpoint coordinator, and
     /// deploys the subtasks to task managers (with --listen); task managers are started with
     /// --jobmanager. Every process takes the same job arguments.
@@ -448,12 +462,23 @@ async fn run(args: Args) -> u8 {
         Claim::Claim => weir_runtime::ClaimMode::Claim,
     };
     let is_task_manager = matches!(cluster, Some(ClusterRole::TaskManager(_)));
+    if !args.no_rest && !is_task_manager {
+        let mut rest = weir_runtime::rest::RestOptions::loopback();
+        if let Some(address) = args.rest_address {
+            rest.address = address;
+            rest.port_attempts = 0;
+        }
+        rest.allow_remote = args.rest_allow_remote;
+        rest.read_only = args.rest_read_only;
+        env.config_mut().rest = Some(rest);
+    }
     env.config_mut().cluster = cluster;
     let client = JobClient::default();
     handle_ctrl_c(interrupts, client.clone(), is_task_manager);
     if let Some(k) = args.stop_with_savepoint_after {
         stop_with_savepoint_after(client.clone(), k, args.drain);
     }
+    announce_rest_api(client.clone());
     let result = match env.execute_with(client).await {
         Ok(result) => result,
         Err(e) => {
@@ -574,6 +599,23 @@ fn handle_ctrl_c(mut interrupts: Interrupts, client: JobClient, is_task_manager:
 
 /// `--stop-with-savepoint-after K`: once the sources emitted `k` records, stops the job with a
 /// savepoint.
+/// Prints where the REST API listens (to stderr) once it does.
+fn announce_rest_api(client: JobClient) {
+    tokio::spawn(async move {
+        loop {
+            let view = client.view();
+            if let Some(address) = view.rest_address {
+                eprintln!("REST API: http://{address} (job {})", view.job_id);
+                return;
+            }
+            if view.end_time_ms.is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+}
+
 fn stop_with_savepoint_after(client: JobClient, k: u64, drain: bool) {
     tokio::spawn(async move {
         while client.source_records() < k {

@@ -136,6 +136,19 @@ async fn run(args: &Args) -> Result<()> {
     };
     let rows = queries::on(args.query, events);
     let parts = args.output.as_deref().map(parts_dir);
+    if let Some(dir) = &parts
+        && args.from.is_none()
+        && !read_parts(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .is_empty()
+    {
+        return Err(JobError::Invalid(format!(
+            "{} holds the rows of an earlier run: resume that run with --from, or remove it \
+             (a fresh run would add its rows to them)",
+            dir.display()
+        ))
+        .into());
+    }
     let counter = match &parts {
         Some(dir) => {
             rows.write_to_files(dir).uid("nexmark-output");

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use weir_runtime::keyed::TimeDomain;
 use weir_runtime::keyed::{Collector, KeyedContext, KeyedProcessFunction, KeyedStateRegistry};
-use weir_runtime::state::AggregateFunction;
+use weir_runtime::state::{AggregateFunction, ListState, ListStateDescriptor};
 use weir_runtime::window::{
     EventTimeSessionWindows, SlidingEventTimeWindows, TimeWindow, TumblingEventTimeWindows,
 };
@@ -67,15 +67,24 @@ pub(super) fn q5(bids: DataStream<Bid>) -> DataStream<Row> {
         .uid("q5-hot-items")
 }
 
-/// q5's second stage, keyed by window start: the most bids so far and the auctions with them.
+/// q5's second stage, keyed by window start: the most bids so far, and the auctions with them
+/// in a list state (appended to, not rewritten, as ties come in).
 #[derive(Default)]
 struct HotItems {
-    best: Option<ValueState<(u64, Vec<u64>)>>,
+    most: Option<ValueState<u64>>,
+    auctions: Option<ListState<u64>>,
+}
+
+impl HotItems {
+    fn states(&self) -> Result<(ValueState<u64>, ListState<u64>), TaskError> {
+        self.most.zip(self.auctions).ok_or_else(not_open)
+    }
 }
 
 impl KeyedProcessFunction<i64, AuctionCount, Row> for HotItems {
     fn open(&mut self, states: &mut KeyedStateRegistry<'_, i64>) -> Result<(), TaskError> {
-        self.best = Some(states.value_state(&ValueStateDescriptor::new("hot-items"))?);
+        self.most = Some(states.value_state(&ValueStateDescriptor::new("most-bids"))?);
+        self.auctions = Some(states.list_state(&ListStateDescriptor::new("hot-auctions"))?);
         Ok(())
     }
 
@@ -85,17 +94,16 @@ impl KeyedProcessFunction<i64, AuctionCount, Row> for HotItems {
         ctx: &mut KeyedContext<'_, i64>,
         _out: &mut Collector<'_, Row>,
     ) -> Result<(), TaskError> {
-        let best = self.best.ok_or_else(not_open)?;
-        let (mut max, mut auctions) = ctx.value(best).cloned().unwrap_or((0, Vec::new()));
-        if n > max {
-            max = n;
-            auctions.clear();
+        let (most, auctions) = self.states()?;
+        match ctx.value(most).copied() {
+            Some(max) if n < max => {}
+            Some(max) if n == max => ctx.state().list_add(auctions, auction),
+            _ => {
+                ctx.update(most, n);
+                ctx.state().list_update(auctions, vec![auction]);
+                ctx.register_event_time_timer(start + WINDOW_MS - 1);
+            }
         }
-        if n == max {
-            auctions.push(auction);
-        }
-        ctx.update(best, (max, auctions));
-        ctx.register_event_time_timer(start + WINDOW_MS - 1);
         Ok(())
     }
 
@@ -106,17 +114,20 @@ impl KeyedProcessFunction<i64, AuctionCount, Row> for HotItems {
         ctx: &mut KeyedContext<'_, i64>,
         out: &mut Collector<'_, Row>,
     ) -> Result<(), TaskError> {
-        let best = self.best.ok_or_else(not_open)?;
+        let (most, auctions) = self.states()?;
         let window_start = *ctx.current_key();
-        if let Some((num, auctions)) = ctx.value(best).cloned() {
-            ctx.clear(best);
-            for auction in auctions {
-                out.collect(Row::Q5 {
-                    window_start,
-                    auction,
-                    num,
-                })?;
-            }
+        let Some(num) = ctx.value(most).copied() else {
+            return Ok(());
+        };
+        let hot: Vec<u64> = ctx.state().list(auctions).copied().collect();
+        ctx.clear(most);
+        ctx.state().list_update(auctions, Vec::new());
+        for auction in hot {
+            out.collect(Row::Q5 {
+                window_start,
+                auction,
+                num,
+            })?;
         }
         Ok(())
     }

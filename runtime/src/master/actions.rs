@@ -79,7 +79,10 @@ impl JobMaster<'_> {
                                 });
                             }
                             if let Some(reply) = t.reply.take() {
-                                self.client.publish_stats(&g.coordinator);
+                                self.client.publish_stats(
+                                    &g.coordinator,
+                                    (self.totals.completed, self.totals.failed),
+                                );
                                 let _ = reply.send(Err(format!("snapshot {id} failed: {reason}")));
                             }
                         }
@@ -247,7 +250,8 @@ impl JobMaster<'_> {
         self.clear_target(id);
         if let Some(mut t) = g.requested.remove(&id) {
             // Statistics first, so a client answered next sees them.
-            self.client.publish_stats(&g.coordinator);
+            self.client
+                .publish_stats(&g.coordinator, (self.totals.completed, self.totals.failed));
             let path = t.storage.location_path(&t.location);
             info!(checkpoint = id.0, kind = ?t.kind, %path, "snapshot complete");
             if let Some(reply) = t.reply.take() {

@@ -74,7 +74,8 @@ impl JobMaster<'_> {
                 Step::Act => {}
             }
             let outcome = self.carry_out_actions(g).await;
-            self.client.publish_stats(&g.coordinator);
+            self.client
+                .publish_stats(&g.coordinator, (self.totals.completed, self.totals.failed));
             if let Some(outcome) = outcome {
                 return outcome;
             }

@@ -201,10 +201,27 @@ pub(crate) async fn run_job(spec: JobSpec, client: JobClient) -> Result<JobResul
         // Taken first: a failed setup drops it, so that a client's request fails at once
         // instead of waiting for an answer.
         let commands = client.take_commands();
-        let mut master = JobMaster::start(&spec, job_id, client, commands).await?;
+        client.update_view(|v| describe(v, &spec, job_id));
+        let rest = crate::rest::start(&spec, &client).await?;
+        let mut master = JobMaster::start(&spec, job_id, client.clone(), commands).await?;
         // The job runs in here, so that task managers hear of its end however it ends.
         let result = master.run().await;
         master.close(&result).await;
+        client.update_view(|v| {
+            v.end_time_ms = Some(wall_ms());
+            v.state = match &result {
+                Ok(r) if r.status == crate::spec::JobStatus::Canceled => "CANCELED",
+                Ok(r) => {
+                    v.restored_from = r.restored_from.clone();
+                    v.restarts = r.restarts;
+                    "FINISHED"
+                }
+                Err(_) => "FAILED",
+            };
+        });
+        if let Some(server) = rest {
+            server.stop().await;
+        }
         // However it ended, the job needs its local-recovery copies no more.
         if let Some(dir) = spec.config.state_backend.local_dir() {
             crate::local_recovery::remove_job(&dir, job_id);
@@ -213,6 +230,31 @@ pub(crate) async fn run_job(spec: JobSpec, client: JobClient) -> Result<JobResul
     }
     .instrument(span)
     .await
+}
+
+/// What a job's view says before it runs: who it is, its graph and its configuration.
+fn describe(v: &mut crate::job::JobView, spec: &JobSpec, job_id: JobId) {
+    let config = &spec.config;
+    v.job_id = job_id.to_string();
+    v.name = config.job_name.clone();
+    v.state = "RUNNING";
+    v.start_time_ms = wall_ms();
+    v.vertices = spec
+        .job
+        .vertices
+        .iter()
+        .map(|x| (x.id.0, x.name.clone(), x.parallelism))
+        .collect();
+    v.checkpoint_config = Some(config.checkpoint.clone());
+    v.state_backend = config.state_backend.name();
+    v.checkpoint_storage = match &config.storage {
+        crate::config::StorageConfig::Filesystem(p) => p.display().to_string(),
+        // The bucket and prefix only: never the credentials or the endpoint's user part.
+        crate::config::StorageConfig::S3(s3) => format!("s3://{}/{}", s3.bucket, s3.prefix),
+        crate::config::StorageConfig::Memory => "memory".into(),
+        crate::config::StorageConfig::Custom(_) => "custom".into(),
+        crate::config::StorageConfig::Registered(url) => crate::rest::redact_url(url),
+    };
 }
 
 impl<'s> JobMaster<'s> {
@@ -408,6 +450,8 @@ impl<'s> JobMaster<'s> {
             let Some(mut generation) = self.start_generation().await? else {
                 continue;
             };
+            let restarts = self.restart.restarts();
+            self.client.update_view(|v| v.restarts = restarts);
             let outcome = self.run_generation(&mut generation).await;
             self.teardown(&mut generation, &outcome).await;
             if let Some(result) = self.end_generation(generation, outcome).await? {
@@ -858,4 +902,38 @@ async fn first_checkpoint_id(
         }
     };
     Ok(existing.last().map_or(1, |last| last.id.0 + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the REST API shows of the checkpoint storage names no credential.
+    #[test]
+    fn a_job_s_view_shows_no_credentials() {
+        let env = crate::StreamEnvironment::new();
+        let _ = env.from_collection(vec![1u64]).collect();
+        let mut spec = env.into_spec().unwrap();
+        spec.config.storage = crate::config::StorageConfig::S3(crate::S3Config {
+            endpoint: Some("http://user:pw@127.0.0.1:9".into()),
+            region: "us-east-1".into(),
+            bucket: "bucket".into(),
+            prefix: "prefix".into(),
+            access_key_id: Some("AKIDSECRETID".into()),
+            secret_access_key: Some("SECRETKEY".into()),
+            session_token: Some("SESSIONTOKEN".into()),
+            path_style: true,
+        });
+        let mut view = crate::job::JobView::default();
+        describe(&mut view, &spec, JobId(7));
+        let shown = format!("{view:?}");
+        for secret in ["AKIDSECRETID", "SECRETKEY", "SESSIONTOKEN", "pw"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert_eq!(view.checkpoint_storage, "s3://bucket/prefix");
+        spec.config.storage =
+            crate::config::StorageConfig::Registered("mine://key:secret@host/root".into());
+        describe(&mut view, &spec, JobId(7));
+        assert_eq!(view.checkpoint_storage, "mine://host/root");
+    }
 }

@@ -1,0 +1,120 @@
+//! The REST API a running job serves (Flink's REST API, its paths and JSON field names for what
+//! Weir has), with Prometheus metrics at `/metrics`: a person or a tool outside the process sees
+//! the job's checkpoints and triggers checkpoints, savepoints, a stop or a cancel. Built on
+//! [`JobClient`]; started by the job master when [`crate::JobConfig::rest`] asks for it.
+
+#[cfg(feature = "rest")]
+mod metrics;
+#[cfg(feature = "rest")]
+mod routes;
+#[cfg(feature = "rest")]
+mod views;
+
+use crate::error::JobError;
+use crate::job::JobClient;
+use crate::spec::JobSpec;
+use std::net::SocketAddr;
+
+/// Where and how the REST API is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestOptions {
+    /// The address to bind. A non-loopback address needs `allow_remote`.
+    pub address: SocketAddr,
+    /// If the port is taken, try the next ones, this many (then any free port): a second job on
+    /// the machine still gets an API. The address bound is logged and in [`JobClient::view`].
+    pub port_attempts: u16,
+    /// Binding to an address other than loopback is allowed.
+    pub allow_remote: bool,
+    /// Every mutating endpoint (trigger, savepoint, stop, cancel) refuses (Flink's
+    /// `web.cancel.enable: false` and more).
+    pub read_only: bool,
+}
+
+impl RestOptions {
+    /// Flink's default, on loopback: `127.0.0.1:8081`, the next ports up to 8099 if taken.
+    pub fn loopback() -> Self {
+        RestOptions {
+            address: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            port_attempts: 18,
+            allow_remote: false,
+            read_only: false,
+        }
+    }
+}
+
+/// The REST server of a running job; stopped when the job ends.
+pub(crate) struct RestServer {
+    #[cfg(feature = "rest")]
+    shutdown: tokio::sync::oneshot::Sender<()>,
+    #[cfg(feature = "rest")]
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RestServer {
+    /// Stops serving (requests in progress finish).
+    pub async fn stop(self) {
+        #[cfg(feature = "rest")]
+        {
+            let _ = self.shutdown.send(());
+            let _ = self.task.await;
+        }
+    }
+}
+
+/// Starts the job's REST server if its configuration asks for one.
+pub(crate) async fn start(
+    spec: &JobSpec,
+    client: &JobClient,
+) -> Result<Option<RestServer>, JobError> {
+    let Some(options) = &spec.config.rest else {
+        return Ok(None);
+    };
+    if !options.allow_remote && !options.address.ip().is_loopback() {
+        return Err(JobError::Invalid(format!(
+            "the REST API would listen on {}, which is not a loopback address: allow it \
+             explicitly (RestOptions::allow_remote, --rest-allow-remote)",
+            options.address
+        )));
+    }
+    #[cfg(feature = "rest")]
+    {
+        routes::serve(options, client.clone()).await.map(Some)
+    }
+    #[cfg(not(feature = "rest"))]
+    {
+        let _ = client;
+        Err(JobError::Invalid(
+            "the REST API needs weir-runtime's `rest` feature (weir-examples: `rest`, in \
+             `full`)"
+                .into(),
+        ))
+    }
+}
+
+/// `url` with any user information (`user:password@`) removed.
+pub(crate) fn redact_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            format!("{scheme}://{host}{path}")
+        }
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn user_information_never_leaves_a_url() {
+        assert_eq!(
+            super::redact_url("sim://key:secret@host:9000/root/x@y"),
+            "sim://host:9000/root/x@y"
+        );
+        assert_eq!(
+            super::redact_url("s3://bucket/prefix"),
+            "s3://bucket/prefix"
+        );
+        assert_eq!(super::redact_url("plain"), "plain");
+    }
+}

@@ -1,0 +1,486 @@
+//! The REST API's routes (axum) and its server: reads answer from the [`JobClient`]'s view and
+//! statistics; triggers go through the client as asynchronous operations with a trigger id,
+//! as Flink's. Every error is a JSON `{"errors": [..]}` with a 4xx or 5xx status, never a panic.
+
+use super::{RestOptions, RestServer, metrics, views};
+use crate::error::JobError;
+use crate::job::JobClient;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use tracing::{info, warn};
+
+/// A request body larger than this is refused.
+const BODY_LIMIT: usize = 64 * 1024;
+
+/// An asynchronous operation's state (Flink's `QueueStatus` and its result).
+#[derive(Clone, Debug)]
+enum Operation {
+    InProgress,
+    Completed(String),
+    Failed(String),
+}
+
+struct Shared {
+    client: JobClient,
+    read_only: bool,
+    operations: Mutex<BTreeMap<String, Operation>>,
+    next_trigger: std::sync::atomic::AtomicU64,
+}
+
+type AppState = Arc<Shared>;
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, axum::Json(json!({ "errors": [message.into()] }))).into_response()
+}
+
+/// A request that cannot be answered: its status and why.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error(self.0, self.1)
+    }
+}
+
+fn fail(status: StatusCode, message: impl Into<String>) -> ApiError {
+    ApiError(status, message.into())
+}
+
+fn ok(value: Value) -> Response {
+    axum::Json(value).into_response()
+}
+
+fn now_ms() -> u64 {
+    weir_core::sim::wall_clock().as_millis() as u64
+}
+
+/// Binds the first free port of `options` and serves until stopped.
+pub(super) async fn serve(
+    options: &RestOptions,
+    client: JobClient,
+) -> Result<RestServer, JobError> {
+    let listener = bind(options).await?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| JobError::Invalid(format!("the REST API's address: {e}")))?;
+    // Another job on the machine may hold the asked port: the address taken is in the view.
+    info!(asked = %options.address, %address, "REST API listening");
+    client.update_view(|v| v.rest_address = Some(address.to_string()));
+    let shared = Arc::new(Shared {
+        client,
+        read_only: options.read_only,
+        operations: Mutex::new(BTreeMap::new()),
+        next_trigger: std::sync::atomic::AtomicU64::new(1),
+    });
+    let app = router(shared);
+    let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await;
+        if let Err(e) = served {
+            warn!(error = %e, "the REST API stopped");
+        }
+    });
+    Ok(RestServer { shutdown, task })
+}
+
+async fn bind(options: &RestOptions) -> Result<tokio::net::TcpListener, JobError> {
+    let mut address = options.address;
+    let mut last = None;
+    for attempt in 0..=options.port_attempts {
+        match tokio::net::TcpListener::bind(address).await {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+        if address.port() == 0 {
+            break;
+        }
+        address.set_port(
+            if attempt == options.port_attempts || address.port() == u16::MAX {
+                0
+            } else {
+                address.port() + 1
+            },
+        );
+        if attempt == options.port_attempts
+            && let Ok(l) = tokio::net::TcpListener::bind(address).await
+        {
+            return Ok(l);
+        }
+    }
+    Err(JobError::Invalid(format!(
+        "the REST API cannot listen on {}: {}",
+        options.address,
+        last.map_or_else(|| "no port".to_string(), |e| e.to_string())
+    )))
+}
+
+fn router(shared: AppState) -> Router {
+    Router::new()
+        .route("/overview", get(overview))
+        .route("/config", get(config))
+        .route("/jobs", get(jobs))
+        .route("/jobs/overview", get(jobs_overview))
+        .route("/jobs/{jobid}", get(job).patch(cancel))
+        .route(
+            "/jobs/{jobid}/checkpoints",
+            get(checkpoints).post(trigger_checkpoint),
+        )
+        .route("/jobs/{jobid}/checkpoints/config", get(checkpoint_config))
+        .route(
+            "/jobs/{jobid}/checkpoints/details/{cid}",
+            get(checkpoint_details),
+        )
+        .route(
+            "/jobs/{jobid}/checkpoints/details/{cid}/subtasks/{vertexid}",
+            get(checkpoint_subtasks),
+        )
+        .route("/jobs/{jobid}/checkpoints/{triggerid}", get(operation))
+        .route(
+            "/jobs/{jobid}/savepoints",
+            axum::routing::post(trigger_savepoint),
+        )
+        .route("/jobs/{jobid}/savepoints/{triggerid}", get(operation))
+        .route("/jobs/{jobid}/stop", axum::routing::post(stop))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(shared)
+}
+
+async fn not_found(uri: Uri) -> Response {
+    error(StatusCode::NOT_FOUND, format!("Not found: {}", uri.path()))
+}
+
+/// The job's view if `jobid` is its id.
+fn the_job(shared: &Shared, jobid: &str) -> Result<crate::job::JobView, ApiError> {
+    let view = shared.client.view();
+    if view.job_id == jobid {
+        Ok(view)
+    } else {
+        Err(fail(
+            StatusCode::NOT_FOUND,
+            format!("Job {jobid} not found"),
+        ))
+    }
+}
+
+async fn overview(State(s): State<AppState>) -> Response {
+    ok(views::overview(&s.client.view()))
+}
+
+async fn config(State(s): State<AppState>) -> Response {
+    ok(json!({
+        "refresh-interval": 3000,
+        "timezone-name": "UTC",
+        "timezone-offset": 0,
+        "flink-version": concat!("weir ", env!("CARGO_PKG_VERSION")),
+        "flink-revision": "",
+        "features": {"web-submit": false, "web-cancel": !s.read_only, "web-history": false},
+    }))
+}
+
+async fn jobs(State(s): State<AppState>) -> Response {
+    let v = s.client.view();
+    ok(json!({"jobs": [{"id": v.job_id, "status": v.state}]}))
+}
+
+async fn jobs_overview(State(s): State<AppState>) -> Response {
+    let v = s.client.view();
+    let mut job = views::job(&v, now_ms());
+    if let Some(o) = job.as_object_mut() {
+        o.remove("vertices");
+        o.insert("last-modification".into(), json!(now_ms()));
+    }
+    ok(json!({ "jobs": [job] }))
+}
+
+async fn job(State(s): State<AppState>, Path(jobid): Path<String>) -> Response {
+    match the_job(&s, &jobid) {
+        Ok(v) => ok(views::job(&v, now_ms())),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn checkpoints(State(s): State<AppState>, Path(jobid): Path<String>) -> Response {
+    match the_job(&s, &jobid) {
+        Ok(v) => ok(views::checkpoints(&s.client.checkpoint_stats(), &v)),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn checkpoint_config(State(s): State<AppState>, Path(jobid): Path<String>) -> Response {
+    match the_job(&s, &jobid) {
+        Ok(v) => ok(views::checkpoint_config(&v)),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn parse_id(text: &str, what: &str) -> Result<u64, ApiError> {
+    text.parse().map_err(|_| {
+        fail(
+            StatusCode::BAD_REQUEST,
+            format!("{what} '{text}' is not a number"),
+        )
+    })
+}
+
+async fn checkpoint_details(
+    State(s): State<AppState>,
+    Path((jobid, cid)): Path<(String, String)>,
+) -> Response {
+    let found = the_job(&s, &jobid).and_then(|v| {
+        let id = parse_id(&cid, "checkpoint id")?;
+        let stats = s.client.checkpoint_stats();
+        let c = stats.iter().find(|c| c.id.0 == id).ok_or_else(|| {
+            fail(
+                StatusCode::NOT_FOUND,
+                format!("Checkpoint {id} not found (the history keeps the last few)"),
+            )
+        })?;
+        Ok(views::checkpoint(c, &v))
+    });
+    found.map_or_else(IntoResponse::into_response, ok)
+}
+
+async fn checkpoint_subtasks(
+    State(s): State<AppState>,
+    Path((jobid, cid, vertexid)): Path<(String, String, String)>,
+) -> Response {
+    let found = the_job(&s, &jobid).and_then(|v| {
+        let id = parse_id(&cid, "checkpoint id")?;
+        let (vertex, parallelism) = v
+            .vertices
+            .iter()
+            .find(|(vid, _, _)| views::vertex_id(*vid) == vertexid)
+            .map(|(vid, _, p)| (*vid, *p))
+            .ok_or_else(|| {
+                fail(
+                    StatusCode::NOT_FOUND,
+                    format!("Vertex {vertexid} not found"),
+                )
+            })?;
+        let stats = s.client.checkpoint_stats();
+        let c = stats
+            .iter()
+            .find(|c| c.id.0 == id)
+            .ok_or_else(|| fail(StatusCode::NOT_FOUND, format!("Checkpoint {id} not found")))?;
+        Ok(views::subtasks(c, vertex, parallelism))
+    });
+    found.map_or_else(IntoResponse::into_response, ok)
+}
+
+/// Parses an optional JSON object body.
+fn body_object(body: &Bytes) -> Result<serde_json::Map<String, Value>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::Map::new());
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(fail(
+            StatusCode::BAD_REQUEST,
+            "the request body must be a JSON object",
+        )),
+        Err(e) => Err(fail(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not JSON: {e}"),
+        )),
+    }
+}
+
+fn mutation_allowed(s: &Shared, jobid: &str) -> Result<(), ApiError> {
+    if s.read_only {
+        return Err(fail(
+            StatusCode::FORBIDDEN,
+            "this REST API is read-only (--rest-read-only)",
+        ));
+    }
+    the_job(s, jobid).map(|_| ())
+}
+
+/// Starts `run` as an asynchronous operation; its trigger id.
+fn start_operation<F>(s: &AppState, run: F) -> Response
+where
+    F: std::future::Future<Output = Result<String, JobError>> + Send + 'static,
+{
+    let n = s
+        .next_trigger
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id = format!(
+        "{:032x}",
+        weir_core::ids::stable_hash128(format!("{n}-{}", now_ms()).as_bytes())
+    );
+    if let Ok(mut ops) = s.operations.lock() {
+        ops.insert(id.clone(), Operation::InProgress);
+    }
+    let (shared, key) = (s.clone(), id.clone());
+    tokio::spawn(async move {
+        let done = match run.await {
+            Ok(path) => Operation::Completed(path),
+            Err(e) => Operation::Failed(e.to_string()),
+        };
+        if let Ok(mut ops) = shared.operations.lock() {
+            ops.insert(key, done);
+        }
+    });
+    (
+        StatusCode::ACCEPTED,
+        axum::Json(json!({ "request-id": id })),
+    )
+        .into_response()
+}
+
+async fn operation(
+    State(s): State<AppState>,
+    Path((jobid, triggerid)): Path<(String, String)>,
+) -> Response {
+    if let Err(e) = the_job(&s, &jobid) {
+        return e.into_response();
+    }
+    let op = s
+        .operations
+        .lock()
+        .ok()
+        .and_then(|o| o.get(&triggerid).cloned());
+    match op {
+        None => error(
+            StatusCode::NOT_FOUND,
+            format!("Operation {triggerid} not found"),
+        ),
+        Some(Operation::InProgress) => ok(json!({"status": {"id": "IN_PROGRESS"}})),
+        Some(Operation::Completed(location)) => ok(json!({
+            "status": {"id": "COMPLETED"},
+            "operation": {"location": location},
+        })),
+        Some(Operation::Failed(cause)) => ok(json!({
+            "status": {"id": "COMPLETED"},
+            "operation": {"failure-cause": {"class": "SnapshotFailed", "stack-trace": cause}},
+        })),
+    }
+}
+
+async fn trigger_checkpoint(
+    State(s): State<AppState>,
+    Path(jobid): Path<String>,
+    body: Bytes,
+) -> Response {
+    if let Err(e) = mutation_allowed(&s, &jobid).and_then(|()| body_object(&body).map(|_| ())) {
+        return e.into_response();
+    }
+    let client = s.client.clone();
+    start_operation(&s, async move { client.trigger_checkpoint().await })
+}
+
+/// A string field of a request body, if present.
+fn string_field(
+    o: &serde_json::Map<String, Value>,
+    names: &[&str],
+) -> Result<Option<String>, ApiError> {
+    for name in names {
+        match o.get(*name) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => return Ok(Some(s.clone())),
+            Some(_) => {
+                return Err(fail(
+                    StatusCode::BAD_REQUEST,
+                    format!("'{name}' must be a string"),
+                ));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn bool_field(o: &serde_json::Map<String, Value>, name: &str) -> Result<bool, ApiError> {
+    match o.get(name) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(fail(
+            StatusCode::BAD_REQUEST,
+            format!("'{name}' must be true or false"),
+        )),
+    }
+}
+
+async fn trigger_savepoint(
+    State(s): State<AppState>,
+    Path(jobid): Path<String>,
+    body: Bytes,
+) -> Response {
+    let parsed = mutation_allowed(&s, &jobid).and_then(|()| {
+        let o = body_object(&body)?;
+        let dir = string_field(&o, &["target-directory", "targetDirectory"])?;
+        let cancel = bool_field(&o, "cancel-job")?;
+        Ok((dir, cancel))
+    });
+    let (dir, cancel) = match parsed {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let client = s.client.clone();
+    start_operation(&s, async move {
+        let path = client.trigger_savepoint(dir.map(Into::into)).await?;
+        if cancel {
+            client.cancel();
+        }
+        Ok(path)
+    })
+}
+
+async fn stop(State(s): State<AppState>, Path(jobid): Path<String>, body: Bytes) -> Response {
+    let parsed = mutation_allowed(&s, &jobid).and_then(|()| {
+        let o = body_object(&body)?;
+        let dir = string_field(&o, &["targetDirectory", "target-directory"])?;
+        Ok((dir, bool_field(&o, "drain")?))
+    });
+    let (dir, drain) = match parsed {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let client = s.client.clone();
+    start_operation(&s, async move {
+        client.stop_with_savepoint(dir.map(Into::into), drain).await
+    })
+}
+
+async fn cancel(
+    State(s): State<AppState>,
+    Path(jobid): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Err(e) = mutation_allowed(&s, &jobid) {
+        return e.into_response();
+    }
+    match q.get("mode").map(String::as_str) {
+        None | Some("cancel") => {
+            s.client.cancel();
+            (StatusCode::ACCEPTED, axum::Json(json!({}))).into_response()
+        }
+        Some(other) => error(
+            StatusCode::BAD_REQUEST,
+            format!("mode '{other}' is not supported: only mode=cancel"),
+        ),
+    }
+}
+
+async fn metrics_text(State(s): State<AppState>) -> Response {
+    let text = metrics::render(&s.client.view(), &s.client.checkpoint_stats(), now_ms());
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}

@@ -1,0 +1,290 @@
+//! The REST API against a running job, over a real socket: Flink's read endpoints answer with
+//! the job's checkpoints, a savepoint triggered over HTTP lands on disk, `/metrics` carries
+//! Flink's checkpoint metric names, malformed and oversized requests get a JSON 4xx, a
+//! read-only API refuses every change, and a cancel over HTTP ends the job.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+use support::Bounded;
+
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+use weir_runtime::rest::RestOptions;
+use weir_runtime::{JobClient, JobError, JobStatus, StreamEnvironment};
+
+/// One HTTP/1.1 request; the status and body.
+fn http(address: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(address).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    // A server may answer (and close) before reading all of an oversized body.
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = &rest[n + 2..];
+    }
+    out
+}
+
+fn json(address: &str, path: &str) -> Value {
+    let (status, body) = http(address, "GET", path, b"");
+    assert_eq!(status, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// An unbounded job with checkpoints every 20 ms, its REST API on a free loopback port.
+fn job(read_only: bool) -> (StreamEnvironment, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let env = StreamEnvironment::new();
+    env.set_parallelism(2)
+        .enable_checkpointing(Duration::from_millis(20))
+        .set_checkpoint_dir(dir.path().join("checkpoints"))
+        .set_savepoint_dir(dir.path().join("savepoints"));
+    env.config_mut().rest = Some(RestOptions {
+        address: "127.0.0.1:0".parse().unwrap(),
+        port_attempts: 0,
+        allow_remote: false,
+        read_only,
+    });
+    let _ = env
+        .from_generator(None, |i| (i % 7, 1i64))
+        .key_by(|t: &(u64, i64)| &t.0)
+        .sum()
+        .latest_per_key();
+    (env, dir)
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn address_of(client: &JobClient) -> String {
+    let mut address = None;
+    wait_for("the REST API", || {
+        address = client.view().rest_address;
+        address.is_some()
+    });
+    address.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rest_api_reports_checkpoints_takes_a_savepoint_and_cancels() {
+    let (env, dir) = job(false);
+    let client = JobClient::default();
+    let run = tokio::spawn(env.execute_with(client.clone()).bounded());
+    let c = client.clone();
+    let job_id = tokio::task::spawn_blocking(move || {
+        let a = address_of(&c);
+        let jobs = json(&a, "/jobs");
+        let id = jobs["jobs"][0]["id"].as_str().unwrap().to_string();
+        assert_eq!(id.len(), 32);
+        assert_eq!(jobs["jobs"][0]["status"], "RUNNING");
+        assert_eq!(json(&a, "/overview")["jobs-running"], 1);
+        let job = json(&a, &format!("/jobs/{id}"));
+        assert_eq!(job["state"], "RUNNING");
+        assert!(!job["vertices"].as_array().unwrap().is_empty());
+        // Checkpoints complete; their statistics are Flink's.
+        wait_for("two completed checkpoints", || {
+            json(&a, &format!("/jobs/{id}/checkpoints"))["counts"]["completed"]
+                .as_u64()
+                .unwrap()
+                >= 2
+        });
+        let cps = json(&a, &format!("/jobs/{id}/checkpoints"));
+        let latest = &cps["latest"]["completed"];
+        assert_eq!(latest["status"], "COMPLETED");
+        assert!(latest["state_size"].as_u64().unwrap() > 0);
+        assert!(
+            cps["summary"]["end_to_end_duration"]["max"]
+                .as_u64()
+                .is_some()
+        );
+        assert!(!cps["history"].as_array().unwrap().is_empty());
+        let cid = latest["id"].as_u64().unwrap();
+        let details = json(&a, &format!("/jobs/{id}/checkpoints/details/{cid}"));
+        assert_eq!(details["id"], cid);
+        let vertex = details["tasks"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .next()
+            .unwrap()
+            .clone();
+        let subtasks = json(
+            &a,
+            &format!("/jobs/{id}/checkpoints/details/{cid}/subtasks/{vertex}"),
+        );
+        assert_eq!(subtasks["subtasks"].as_array().unwrap().len(), 2);
+        let config = json(&a, &format!("/jobs/{id}/checkpoints/config"));
+        assert_eq!(config["interval"], 20);
+        assert_eq!(config["mode"], "exactly_once");
+        // /metrics: Prometheus text with Flink's names.
+        let (status, metrics) = http(&a, "GET", "/metrics", b"");
+        assert_eq!(status, 200);
+        let completed = metrics
+            .lines()
+            .find(|l| l.starts_with("flink_jobmanager_job_numberOfCompletedCheckpoints{"))
+            .unwrap_or_else(|| panic!("{metrics}"));
+        let n: f64 = completed.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(n >= 2.0, "{completed}");
+        assert!(metrics.contains("flink_jobmanager_job_lastCheckpointDuration{"));
+        assert!(metrics.contains("flink_jobmanager_job_numRestarts{"));
+        // A savepoint over HTTP: a trigger id, then its location, a savepoint on disk.
+        let (status, body) = http(&a, "POST", &format!("/jobs/{id}/savepoints"), b"{}");
+        assert_eq!(status, 202, "{body}");
+        let trigger: Value = serde_json::from_str(&body).unwrap();
+        let trigger = trigger["request-id"].as_str().unwrap().to_string();
+        let mut location = String::new();
+        wait_for("the savepoint", || {
+            let op = json(&a, &format!("/jobs/{id}/savepoints/{trigger}"));
+            if op["status"]["id"] == "COMPLETED" {
+                location = op["operation"]["location"].as_str().unwrap().to_string();
+                true
+            } else {
+                false
+            }
+        });
+        let on_disk = location.strip_prefix("file://").unwrap_or(&location);
+        assert!(
+            std::path::Path::new(on_disk).join("_metadata").is_file(),
+            "{location}"
+        );
+        // Bad requests: JSON errors, never a panic.
+        for (method, path, body, want) in [
+            (
+                "POST",
+                format!("/jobs/{id}/savepoints"),
+                b"{not json".to_vec(),
+                400,
+            ),
+            (
+                "POST",
+                format!("/jobs/{id}/savepoints"),
+                b"[1,2]".to_vec(),
+                400,
+            ),
+            (
+                "POST",
+                format!("/jobs/{id}/savepoints"),
+                br#"{"cancel-job": 3}"#.to_vec(),
+                400,
+            ),
+            (
+                "POST",
+                format!("/jobs/{id}/stop"),
+                br#"{"drain": "yes"}"#.to_vec(),
+                400,
+            ),
+            (
+                "POST",
+                format!("/jobs/{id}/savepoints"),
+                vec![b' '; 200_000],
+                413,
+            ),
+            (
+                "GET",
+                format!("/jobs/{id}/checkpoints/details/x"),
+                vec![],
+                400,
+            ),
+            (
+                "GET",
+                format!("/jobs/{id}/checkpoints/details/99999"),
+                vec![],
+                404,
+            ),
+            ("GET", "/jobs/0123/checkpoints".to_string(), vec![], 404),
+            ("GET", "/no/such/path".to_string(), vec![], 404),
+            ("PATCH", format!("/jobs/{id}?mode=stop"), vec![], 400),
+            ("DELETE", format!("/jobs/{id}"), vec![], 405),
+        ] {
+            let (status, text) = http(&a, method, &path, &body);
+            assert_eq!(status, want, "{method} {path}: {text}");
+            if status != 405 && status != 413 {
+                let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{text}"));
+                assert!(v["errors"].is_array(), "{text}");
+            }
+        }
+        // Cancel.
+        let (status, _) = http(&a, "PATCH", &format!("/jobs/{id}?mode=cancel"), b"");
+        assert_eq!(status, 202);
+        id
+    })
+    .await
+    .unwrap();
+    let result = run.await.unwrap().unwrap();
+    assert_eq!(result.status, JobStatus::Canceled);
+    assert_eq!(client.view().job_id, job_id);
+    assert_eq!(client.view().state, "CANCELED");
+    drop(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_rest_api_refuses_every_change() {
+    let (env, _dir) = job(true);
+    let client = JobClient::default();
+    let run = tokio::spawn(env.execute_with(client.clone()).bounded());
+    let c = client.clone();
+    tokio::task::spawn_blocking(move || {
+        let a = address_of(&c);
+        let id = c.view().job_id;
+        for (method, path) in [
+            ("POST", format!("/jobs/{id}/savepoints")),
+            ("POST", format!("/jobs/{id}/checkpoints")),
+            ("POST", format!("/jobs/{id}/stop")),
+            ("PATCH", format!("/jobs/{id}?mode=cancel")),
+        ] {
+            let (status, body) = http(&a, method, &path, b"{}");
+            assert_eq!(status, 403, "{method} {path}: {body}");
+            assert!(body.contains("read-only"), "{body}");
+        }
+        assert_eq!(json(&a, &format!("/jobs/{id}"))["state"], "RUNNING");
+    })
+    .await
+    .unwrap();
+    client.cancel();
+    assert_eq!(run.await.unwrap().unwrap().status, JobStatus::Canceled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rest_api_on_another_address_than_loopback_needs_allowing() {
+    let (env, _dir) = job(false);
+    env.config_mut().rest.as_mut().unwrap().address = "0.0.0.0:0".parse().unwrap();
+    match env.execute().bounded().await {
+        Err(JobError::Invalid(m)) => assert!(m.contains("not a loopback address"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
