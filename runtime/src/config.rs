@@ -163,7 +163,7 @@ pub struct JobConfig {
     pub cluster: Option<crate::roles::ClusterRole>,
     /// The REST API and `/metrics` the job serves while it runs (`None`, the default: none).
     /// Needs the `rest` feature.
-    pub rest: Option<crate::rest::RestOptions>,
+    pub rest: Option<RestOptions>,
     /// Who owns the checkpoint a run restores from (Flink's
     /// `execution.state-recovery.claim-mode`); default [`ClaimMode::NoClaim`].
     pub claim_mode: ClaimMode,
@@ -352,6 +352,33 @@ pub(crate) fn build_storage(
         StorageConfig::Custom(s) => s.clone(),
         StorageConfig::Registered(url) => crate::schemes::open(url)?,
     })
+}
+
+/// Where and how the REST API is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestOptions {
+    /// The address to bind. A non-loopback address needs `allow_remote`.
+    pub address: std::net::SocketAddr,
+    /// If the port is taken, try the next ones, this many (then any free port): a second job on
+    /// the machine still gets an API. The address bound is logged and in `JobClient::view`.
+    pub port_attempts: u16,
+    /// Binding to an address other than loopback is allowed.
+    pub allow_remote: bool,
+    /// Every mutating endpoint (trigger, savepoint, stop, cancel) refuses (Flink's
+    /// `web.cancel.enable: false` and more).
+    pub read_only: bool,
+}
+
+impl RestOptions {
+    /// Flink's default, on loopback: `127.0.0.1:8081`, the next ports up to 8099 if taken.
+    pub fn loopback() -> Self {
+        RestOptions {
+            address: std::net::SocketAddr::from(([127, 0, 0, 1], 8081)),
+            port_attempts: 18,
+            allow_remote: false,
+            read_only: false,
+        }
+    }
 }
 
 #[cfg(test)]

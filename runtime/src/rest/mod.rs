@@ -13,34 +13,8 @@ mod views;
 use crate::error::JobError;
 use crate::job::JobClient;
 use crate::spec::JobSpec;
-use std::net::SocketAddr;
 
-/// Where and how the REST API is served.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RestOptions {
-    /// The address to bind. A non-loopback address needs `allow_remote`.
-    pub address: SocketAddr,
-    /// If the port is taken, try the next ones, this many (then any free port): a second job on
-    /// the machine still gets an API. The address bound is logged and in [`JobClient::view`].
-    pub port_attempts: u16,
-    /// Binding to an address other than loopback is allowed.
-    pub allow_remote: bool,
-    /// Every mutating endpoint (trigger, savepoint, stop, cancel) refuses (Flink's
-    /// `web.cancel.enable: false` and more).
-    pub read_only: bool,
-}
-
-impl RestOptions {
-    /// Flink's default, on loopback: `127.0.0.1:8081`, the next ports up to 8099 if taken.
-    pub fn loopback() -> Self {
-        RestOptions {
-            address: SocketAddr::from(([127, 0, 0, 1], 8081)),
-            port_attempts: 18,
-            allow_remote: false,
-            read_only: false,
-        }
-    }
-}
+pub use crate::config::RestOptions;
 
 /// The REST server of a running job; stopped when the job ends.
 pub(crate) struct RestServer {
