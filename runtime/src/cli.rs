@@ -52,6 +52,7 @@ use weir_state::format::{SnapshotHeader, whole_stream_part};
 use crate::error::reason_of;
 use crate::verify;
 
+mod jobs;
 mod native;
 pub use native::{NativeFileReport, NativeHandleReport, NativeManifestReport};
 
@@ -79,7 +80,56 @@ pub enum Command {
     /// under an s3://bucket/prefix (configured from the AWS_* variables, as a job's).
     #[command(subcommand)]
     Checkpoints(CheckpointsCommand),
+    /// List the jobs a REST API serves (Flink's `flink list`).
+    List {
+        /// The job's REST API.
+        #[arg(long, default_value = DEFAULT_REST)]
+        rest: String,
+    },
+    /// Cancel a job (Flink's `flink cancel`).
+    Cancel {
+        /// The job's id (`weir list`).
+        job: String,
+        /// The job's REST API.
+        #[arg(long, default_value = DEFAULT_REST)]
+        rest: String,
+    },
+    /// Take a savepoint of a running job and print its path (Flink's `flink savepoint`).
+    Savepoint {
+        /// The job's id.
+        job: String,
+        /// Where it goes (default: the job's savepoint directory).
+        dir: Option<String>,
+        /// The job's REST API.
+        #[arg(long, default_value = DEFAULT_REST)]
+        rest: String,
+    },
+    /// Stop a job with a savepoint and print its path (Flink's `flink stop`).
+    Stop {
+        /// The job's id.
+        job: String,
+        /// Where the savepoint goes (default: the job's savepoint directory).
+        #[arg(long)]
+        savepoint_path: Option<String>,
+        /// Advance event time to the end first: every window fires before the savepoint.
+        #[arg(long)]
+        drain: bool,
+        /// The job's REST API.
+        #[arg(long, default_value = DEFAULT_REST)]
+        rest: String,
+    },
+    /// Trigger a checkpoint of a running job now (Flink's `flink checkpoint`).
+    Checkpoint {
+        /// The job's id.
+        job: String,
+        /// The job's REST API.
+        #[arg(long, default_value = DEFAULT_REST)]
+        rest: String,
+    },
 }
+
+/// Where the job verbs find a job's REST API unless told (Flink's default port, loopback).
+const DEFAULT_REST: &str = "http://127.0.0.1:8081";
 
 /// `weir checkpoints …`.
 #[derive(Debug, Subcommand)]
@@ -186,6 +236,16 @@ impl CliError {
 /// or `verify` found corruption). Errors carry their own exit code ([`CliError::exit_code`]).
 pub async fn run(cli: &Cli, out: &mut dyn Write) -> Result<u8, CliError> {
     match &cli.command {
+        Command::List { rest } => jobs::list(rest, out),
+        Command::Cancel { job, rest } => jobs::cancel(rest, job, out),
+        Command::Savepoint { job, dir, rest } => jobs::savepoint(rest, job, dir.as_deref(), out),
+        Command::Stop {
+            job,
+            savepoint_path,
+            drain,
+            rest,
+        } => jobs::stop(rest, job, savepoint_path.as_deref(), *drain, out),
+        Command::Checkpoint { job, rest } => jobs::checkpoint(rest, job, out),
         Command::Checkpoints(CheckpointsCommand::List { root, json }) => {
             let entries = list(root).await?;
             if *json {

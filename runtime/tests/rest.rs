@@ -288,3 +288,82 @@ async fn a_rest_api_on_another_address_than_loopback_needs_allowing() {
         other => panic!("{other:?}"),
     }
 }
+
+fn weir(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `weir list | checkpoint | savepoint | stop | cancel --rest URL` against running jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_weir_tool_lists_checkpoints_saves_and_stops_a_job_over_rest() {
+    let (env, dir) = job(false);
+    let client = JobClient::default();
+    let run = tokio::spawn(env.execute_with(client.clone()).bounded());
+    let c = client.clone();
+    let savepoints = dir.path().join("by-cli");
+    let sp = savepoints.to_string_lossy().to_string();
+    let stop_out = tokio::task::spawn_blocking(move || {
+        let rest = format!("http://{}", address_of(&c));
+        let id = c.view().job_id;
+        let ok = |out: std::process::Output| {
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let listed = ok(weir(&["list", "--rest", &rest]));
+        assert!(
+            listed.contains(&id) && listed.contains("(RUNNING)"),
+            "{listed}"
+        );
+        let cp = ok(weir(&["checkpoint", &id, "--rest", &rest]));
+        assert!(cp.starts_with("Checkpoint completed"), "{cp}");
+        let saved = ok(weir(&["savepoint", &id, &sp, "--rest", &rest]));
+        let path = saved
+            .trim()
+            .strip_prefix("Savepoint completed. Path: ")
+            .unwrap();
+        let on_disk = path.strip_prefix("file://").unwrap_or(path);
+        assert!(
+            std::path::Path::new(on_disk).join("_metadata").is_file(),
+            "{saved}"
+        );
+        assert!(on_disk.starts_with(&sp), "{on_disk} not under {sp}");
+        // Usage errors: an unknown job, a bad URL; a server that is not there fails.
+        let unknown = weir(&["cancel", "0123", "--rest", &rest]);
+        assert_eq!(unknown.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&unknown.stderr).contains("not found"));
+        assert_eq!(
+            weir(&["list", "--rest", "https://x:1"]).status.code(),
+            Some(2)
+        );
+        let gone = weir(&["list", "--rest", "http://127.0.0.1:9"]);
+        assert_eq!(gone.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&gone.stderr).contains("cannot reach"));
+        ok(weir(&[
+            "stop",
+            "--savepoint-path",
+            &sp,
+            &id,
+            "--rest",
+            &rest,
+        ]))
+    })
+    .await
+    .unwrap();
+    assert!(
+        stop_out.starts_with("Savepoint completed. Path: "),
+        "{stop_out}"
+    );
+    let result = run.await.unwrap().unwrap();
+    assert_eq!(
+        result.status,
+        JobStatus::Finished,
+        "stopped with a savepoint"
+    );
+}

@@ -19,6 +19,9 @@ use tracing::{info, warn};
 /// A request body larger than this is refused.
 const BODY_LIMIT: usize = 64 * 1024;
 
+/// How long the server outlives its job while a finished operation's result is unread.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// An asynchronous operation's state (Flink's `QueueStatus` and its result).
 #[derive(Clone, Debug)]
 enum Operation {
@@ -31,6 +34,9 @@ struct Shared {
     client: JobClient,
     read_only: bool,
     operations: Mutex<BTreeMap<String, Operation>>,
+    /// Operations that ended and whose result nobody fetched yet: at the job's end the server
+    /// lingers for them (a stop's caller reads its savepoint's path after the job ended).
+    unread: Mutex<std::collections::BTreeSet<String>>,
     next_trigger: std::sync::atomic::AtomicU64,
 }
 
@@ -77,14 +83,23 @@ pub(super) async fn serve(
         client,
         read_only: options.read_only,
         operations: Mutex::new(BTreeMap::new()),
+        unread: Mutex::new(Default::default()),
         next_trigger: std::sync::atomic::AtomicU64::new(1),
     });
-    let app = router(shared);
+    let app = router(shared.clone());
     let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async {
+            .with_graceful_shutdown(async move {
                 let _ = stopped.await;
+                // The job ended: serve on until every ended operation's result was fetched,
+                // for at most LINGER.
+                let deadline = tokio::time::Instant::now() + LINGER;
+                while shared.unread.lock().is_ok_and(|u| !u.is_empty())
+                    && tokio::time::Instant::now() < deadline
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
             })
             .await;
         if let Err(e) = served {
@@ -329,6 +344,9 @@ where
             Ok(path) => Operation::Completed(path),
             Err(e) => Operation::Failed(e.to_string()),
         };
+        if let Ok(mut unread) = shared.unread.lock() {
+            unread.insert(key.clone());
+        }
         if let Ok(mut ops) = shared.operations.lock() {
             ops.insert(key, done);
         }
@@ -352,6 +370,11 @@ async fn operation(
         .lock()
         .ok()
         .and_then(|o| o.get(&triggerid).cloned());
+    if !matches!(op, None | Some(Operation::InProgress))
+        && let Ok(mut unread) = s.unread.lock()
+    {
+        unread.remove(&triggerid);
+    }
     match op {
         None => error(
             StatusCode::NOT_FOUND,
