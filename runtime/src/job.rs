@@ -33,7 +33,13 @@ struct ClientInner {
     refusals: std::sync::Mutex<Vec<(Duration, String)>>,
     /// The job as the master last described it (for the REST API and metrics).
     view: std::sync::Mutex<JobView>,
+    /// Records per vertex over every attempt in this process: what a source vertex emitted,
+    /// what another processed. Made by the master at the job's start.
+    vertex_records: std::sync::Mutex<Arc<VertexRecords>>,
 }
+
+/// Records counted per vertex id.
+pub(crate) type VertexRecords = std::collections::BTreeMap<u32, AtomicU64>;
 
 /// A running job as its master describes it to the outside: what the REST API and the
 /// metrics report besides the checkpoint statistics.
@@ -53,6 +59,8 @@ pub struct JobView {
     pub restarts: u32,
     /// Its vertices (chains): id, name, parallelism.
     pub vertices: Vec<(u32, String, u32)>,
+    /// The ids of the vertices that are sources.
+    pub source_vertices: Vec<u32>,
     /// The checkpoint configuration it runs with.
     pub checkpoint_config: Option<weir_core::config::CheckpointConfig>,
     /// The state backend's and checkpoint storage's names.
@@ -93,6 +101,7 @@ impl Default for JobClient {
                     state: "CREATED",
                     ..JobView::default()
                 }),
+                vertex_records: std::sync::Mutex::new(Arc::new(VertexRecords::new())),
             }),
         }
     }
@@ -206,6 +215,34 @@ impl JobClient {
             .lock()
             .map(|v| v.clone())
             .unwrap_or_default()
+    }
+
+    /// Records per vertex so far (in this process): a source vertex's emitted records, another
+    /// vertex's processed ones (Flink's `numRecordsOut` and `numRecordsIn`).
+    pub fn vertex_records(&self) -> std::collections::BTreeMap<u32, u64> {
+        let counters = self
+            .inner
+            .vertex_records
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_default();
+        counters
+            .iter()
+            .map(|(v, n)| (*v, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Fresh counters for `vertices`, shared with the job's tasks.
+    pub(crate) fn vertex_counters(
+        &self,
+        vertices: impl Iterator<Item = u32>,
+    ) -> Arc<VertexRecords> {
+        let counters: Arc<VertexRecords> =
+            Arc::new(vertices.map(|v| (v, AtomicU64::new(0))).collect());
+        if let Ok(mut c) = self.inner.vertex_records.lock() {
+            *c = counters.clone();
+        }
+        counters
     }
 
     /// Whether cancellation was requested.

@@ -162,6 +162,33 @@ async fn the_rest_api_reports_checkpoints_takes_a_savepoint_and_cancels() {
         assert!(n >= 2.0, "{completed}");
         assert!(metrics.contains("flink_jobmanager_job_lastCheckpointDuration{"));
         assert!(metrics.contains("flink_jobmanager_job_numRestarts{"));
+        // Records per vertex: the source's written, the sum's read, both moving.
+        let count = |m: &str, name: &str| -> f64 {
+            m.lines()
+                .filter(|l| l.starts_with(name))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+                .sum()
+        };
+        assert!(
+            count(&metrics, "flink_taskmanager_job_task_numRecordsOut{") > 0.0,
+            "{metrics}"
+        );
+        assert!(
+            count(&metrics, "flink_taskmanager_job_task_numRecordsIn{") > 0.0,
+            "{metrics}"
+        );
+        let job = json(&a, &format!("/jobs/{id}"));
+        let vertices = job["vertices"].as_array().unwrap();
+        assert!(
+            vertices
+                .iter()
+                .any(|v| v["metrics"]["write-records"].as_u64() > Some(0))
+        );
+        assert!(
+            vertices
+                .iter()
+                .any(|v| v["metrics"]["read-records"].as_u64() > Some(0))
+        );
         // A savepoint over HTTP: a trigger id, then its location, a savepoint on disk.
         let (status, body) = http(&a, "POST", &format!("/jobs/{id}/savepoints"), b"{}");
         assert_eq!(status, 202, "{body}");

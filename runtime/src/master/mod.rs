@@ -245,6 +245,13 @@ fn describe(v: &mut crate::job::JobView, spec: &JobSpec, job_id: JobId) {
         .iter()
         .map(|x| (x.id.0, x.name.clone(), x.parallelism))
         .collect();
+    v.source_vertices = spec
+        .job
+        .vertices
+        .iter()
+        .filter(|x| x.is_source)
+        .map(|x| x.id.0)
+        .collect();
     v.checkpoint_config = Some(config.checkpoint.clone());
     v.state_backend = config.state_backend.name();
     v.checkpoint_storage = match &config.storage {
@@ -352,6 +359,7 @@ impl<'s> JobMaster<'s> {
         };
         let metrics = Arc::new(JobMetrics {
             source_records: client.source_records_counter(),
+            vertex_records: client.vertex_counters(job.vertices.iter().map(|v| v.id.0)),
             ..JobMetrics::default()
         });
         let settings = TaskSettings {

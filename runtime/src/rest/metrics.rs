@@ -12,8 +12,53 @@ use weir_core::element::SnapshotKind;
 
 type Labels = Vec<(String, String)>;
 
-/// The metrics text for `view` and `stats` at `now_ms`.
-pub(super) fn render(view: &JobView, stats: &[CheckpointStats], now_ms: u64) -> String {
+/// The metrics text for `view`, `stats` and the records per vertex at `now_ms`.
+pub(super) fn render(
+    view: &JobView,
+    stats: &[CheckpointStats],
+    records: &std::collections::BTreeMap<u32, u64>,
+    now_ms: u64,
+) -> String {
+    let mut text = job_metrics(view, stats, now_ms);
+    text.push_str(&task_metrics(view, records));
+    text
+}
+
+/// Per vertex (Flink's task metrics, over the vertex's subtasks): records a source vertex
+/// emitted (`numRecordsOut`), records another processed (`numRecordsIn`).
+fn task_metrics(view: &JobView, records: &std::collections::BTreeMap<u32, u64>) -> String {
+    let mut registry = Registry::with_prefix("flink_taskmanager_job_task");
+    let records_in = Family::<Labels, Gauge>::default();
+    let records_out = Family::<Labels, Gauge>::default();
+    for (id, name, _) in &view.vertices {
+        let labels: Labels = vec![
+            ("job_id".into(), view.job_id.clone()),
+            ("task_id".into(), super::views::vertex_id(*id)),
+            ("task_name".into(), name.clone()),
+        ];
+        let n = records.get(id).copied().unwrap_or(0) as i64;
+        if view.source_vertices.contains(id) {
+            records_out.get_or_create(&labels).set(n);
+        } else {
+            records_in.get_or_create(&labels).set(n);
+        }
+    }
+    registry.register(
+        "numRecordsIn",
+        "Records the vertex's subtasks processed",
+        records_in,
+    );
+    registry.register(
+        "numRecordsOut",
+        "Records the source vertex's subtasks emitted",
+        records_out,
+    );
+    let mut text = String::new();
+    let _ = encode(&mut text, &registry);
+    text
+}
+
+fn job_metrics(view: &JobView, stats: &[CheckpointStats], now_ms: u64) -> String {
     let mut registry = Registry::with_prefix("flink_jobmanager_job");
     let labels: Labels = vec![
         ("job_id".into(), view.job_id.clone()),

@@ -212,7 +212,7 @@ async fn jobs(State(s): State<AppState>) -> Response {
 
 async fn jobs_overview(State(s): State<AppState>) -> Response {
     let v = s.client.view();
-    let mut job = views::job(&v, now_ms());
+    let mut job = views::job(&v, &s.client.vertex_records(), now_ms());
     if let Some(o) = job.as_object_mut() {
         o.remove("vertices");
         o.insert("last-modification".into(), json!(now_ms()));
@@ -222,7 +222,7 @@ async fn jobs_overview(State(s): State<AppState>) -> Response {
 
 async fn job(State(s): State<AppState>, Path(jobid): Path<String>) -> Response {
     match the_job(&s, &jobid) {
-        Ok(v) => ok(views::job(&v, now_ms())),
+        Ok(v) => ok(views::job(&v, &s.client.vertex_records(), now_ms())),
         Err(e) => e.into_response(),
     }
 }
@@ -497,7 +497,12 @@ async fn cancel(
 }
 
 async fn metrics_text(State(s): State<AppState>) -> Response {
-    let text = metrics::render(&s.client.view(), &s.client.checkpoint_stats(), now_ms());
+    let text = metrics::render(
+        &s.client.view(),
+        &s.client.checkpoint_stats(),
+        &s.client.vertex_records(),
+        now_ms(),
+    );
     (
         [(
             axum::http::header::CONTENT_TYPE,

@@ -226,8 +226,12 @@ pub(super) fn checkpoint_config(view: &JobView) -> Value {
     })
 }
 
-/// `GET /jobs/:jobid`.
-pub(super) fn job(view: &JobView, now_ms: u64) -> Value {
+/// `GET /jobs/:jobid`, with each vertex's records so far (`records`).
+pub(super) fn job(
+    view: &JobView,
+    records: &std::collections::BTreeMap<u32, u64>,
+    now_ms: u64,
+) -> Value {
     let end = view.end_time_ms.map_or(-1, |e| e as i64);
     let duration = view
         .end_time_ms
@@ -250,6 +254,14 @@ pub(super) fn job(view: &JobView, now_ms: u64) -> Value {
             "start-time": view.start_time_ms,
             "end-time": end,
             "duration": duration,
+            // What is counted: a source's records written, another vertex's records read.
+            "metrics": if view.source_vertices.contains(id) {
+                json!({"write-records": records.get(id).copied().unwrap_or(0),
+                    "write-records-complete": view.end_time_ms.is_some()})
+            } else {
+                json!({"read-records": records.get(id).copied().unwrap_or(0),
+                    "read-records-complete": view.end_time_ms.is_some()})
+            },
         })).collect::<Vec<_>>(),
     })
 }

@@ -280,6 +280,9 @@ pub(super) fn count_records(env: &TaskEnv, n: usize) {
         &env.metrics.processed_records
     };
     counter.fetch_add(n as u64, Ordering::Relaxed);
+    if let Some(c) = env.metrics.vertex_records.get(&env.task.vertex.0) {
+        c.fetch_add(n as u64, Ordering::Relaxed);
+    }
 }
 
 pub(super) async fn handle_message(

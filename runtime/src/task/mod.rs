@@ -87,6 +87,8 @@ pub(crate) struct JobMetrics {
     pub first_record_us: std::sync::Mutex<Vec<(u64, u64)>>,
     /// Where restored native files came from.
     pub restore_files: fetch::RestoreFileCounts,
+    /// Records per vertex (shared with the job's client).
+    pub vertex_records: Arc<crate::job::VertexRecords>,
 }
 
 /// Where each in-flight checkpoint or savepoint is written, when not in the job's default
