@@ -25,6 +25,8 @@ mod modes;
 mod process_kill;
 #[path = "rescale.rs"]
 mod rescale;
+#[path = "terminal.rs"]
+mod terminal;
 #[path = "unaligned.rs"]
 mod unaligned;
 #[path = "union_state.rs"]

@@ -479,6 +479,7 @@ async fn run(args: Args) -> u8 {
         stop_with_savepoint_after(client.clone(), k, args.drain);
     }
     announce_rest_api(client.clone());
+    let progress = live_line(client.clone());
     let result = match env.execute_with(client).await {
         Ok(result) => result,
         Err(e) => {
@@ -493,6 +494,9 @@ async fn run(args: Args) -> u8 {
             return code;
         }
     };
+    if let Some(p) = progress {
+        p.finish_and_clear();
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let reported = if is_task_manager {
@@ -599,6 +603,50 @@ fn handle_ctrl_c(mut interrupts: Interrupts, client: JobClient, is_task_manager:
 
 /// `--stop-with-savepoint-after K`: once the sources emitted `k` records, stops the job with a
 /// savepoint.
+/// When stdout is a terminal, one live line: records/s, records, checkpoints and the last
+/// checkpoint's duration, redrawn five times a second (plain lines otherwise, as before).
+fn live_line(client: JobClient) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        None,
+        indicatif::ProgressDrawTarget::stdout_with_hz(5),
+    );
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg}") {
+        bar.set_style(style);
+    }
+    let line = bar.clone();
+    tokio::spawn(async move {
+        let mut last = (std::time::Instant::now(), client.source_records());
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let view = client.view();
+            if view.end_time_ms.is_some() || line.is_finished() {
+                return;
+            }
+            let (now, records) = (std::time::Instant::now(), client.source_records());
+            let rate = (records - last.1) as f64 / (now - last.0).as_secs_f64().max(1e-3);
+            last = (now, records);
+            let latest = client.checkpoint_stats().into_iter().rev().find(|s| {
+                s.status == weir_runtime::checkpoint::coordinator::CheckpointStatus::Completed
+            });
+            let duration = latest
+                .and_then(|s| s.end_to_end)
+                .map_or("-".to_string(), |d| {
+                    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+                });
+            line.set_message(format!(
+                "{rate:.0} records/s · {records} records · {} checkpoints (last {duration})",
+                view.completed
+            ));
+            line.tick();
+        }
+    });
+    Some(bar)
+}
+
 /// Prints where the REST API listens (to stderr) once it does.
 fn announce_rest_api(client: JobClient) {
     tokio::spawn(async move {
