@@ -541,6 +541,24 @@ impl CheckpointCoordinator {
         }
     }
 
+    /// Live tuning: the configuration becomes `config` (interval, timeout, min pause,
+    /// tolerable failures). The next periodic checkpoint is due one new interval from now at
+    /// the latest; checkpoints in progress keep the timeout they started with.
+    pub fn retune(&mut self, config: CheckpointConfig, now: Duration) {
+        if self.active
+            && let Some(interval) = config.interval
+        {
+            let due = now + interval;
+            self.next_periodic = Some(self.next_periodic.map_or(due, |d| d.min(due)));
+        }
+        self.setup.config = config;
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &CheckpointConfig {
+        &self.setup.config
+    }
+
     /// An on-demand checkpoint or savepoint (from the API).
     pub fn trigger(
         &mut self,
@@ -963,6 +981,31 @@ mod tests {
                 out,
             );
         }
+    }
+
+    /// Live tuning: a shorter interval brings the next checkpoint forward; a longer one does
+    /// not delay one already due sooner; the new timeout applies to new checkpoints.
+    #[test]
+    fn retuning_the_interval_moves_the_next_periodic_checkpoint() {
+        let mut c = coordinator(periodic(3_600_000));
+        let mut out = vec![];
+        c.job_status_changed(true, ms(0), &mut out);
+        assert_eq!(c.next_wakeup(), Some(ms(3_600_000)));
+        let tuned = CheckpointConfig {
+            interval: Some(ms(20)),
+            timeout: ms(5_000),
+            ..periodic(3_600_000)
+        };
+        c.retune(tuned.clone(), ms(100));
+        assert_eq!(c.next_wakeup(), Some(ms(120)));
+        assert_eq!(c.config(), &tuned);
+        c.tick(ms(120), &mut out);
+        assert!(
+            matches!(&out[..], [CoordinatorAction::Trigger { .. }]),
+            "{out:?}"
+        );
+        c.retune(periodic(1_000_000), ms(130));
+        assert_eq!(c.next_wakeup().map(|w| w <= ms(140 + 5_000)), Some(true));
     }
 
     #[test]

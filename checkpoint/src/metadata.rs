@@ -20,11 +20,11 @@ use weir_core::ids::{CheckpointId, JobId, OperatorId, SubtaskIndex};
 /// Magic bytes of a `_metadata` file.
 pub const METADATA_MAGIC: [u8; 4] = *b"WCKM";
 /// The format version this build writes.
-pub const METADATA_VERSION: u16 = 4;
+pub const METADATA_VERSION: u16 = 5;
 /// Every format version this build reads. Version 1 had no in-flight data; versions 1 and 2
 /// have no fingerprint, CRC-32s instead of digests, and state files without identity frames;
 /// versions 1 to 3 have no native keyed snapshots.
-pub const METADATA_READ_VERSIONS: [u16; 4] = [1, 2, 3, 4];
+pub const METADATA_READ_VERSIONS: [u16; 5] = [1, 2, 3, 4, 5];
 /// The largest `_metadata` a reader accepts: 256 MiB. Handles are small (inline state is at
 /// most 20 KiB per handle), so a larger file is damage or not Weir's, refused before it is read.
 pub const MAX_METADATA_SIZE: u64 = 256 << 20;
@@ -79,6 +79,9 @@ pub struct CheckpointMetadata {
     pub in_flight: Vec<SubtaskInFlight>,
     /// The job's fingerprint (since version 3; `None` when read from an older file).
     pub fingerprint: Option<JobFingerprint>,
+    /// The job's live tuning of its checkpointing when this checkpoint was triggered, which a
+    /// run restored from it applies again (since version 5; `None`: none, or an older file).
+    pub tuning: Option<weir_core::config::CheckpointTuning>,
     /// The format version the file was read from ([`METADATA_VERSION`] for one built in
     /// memory). Not part of the payload: the envelope carries it.
     #[serde(skip)]
@@ -130,6 +133,7 @@ impl From<CheckpointMetadataV1> for CheckpointMetadata {
             operators: v.operators.into_iter().map(Into::into).collect(),
             in_flight: Vec::new(),
             fingerprint: None,
+            tuning: None,
             format_version: 1,
         }
     }
@@ -162,6 +166,7 @@ impl From<CheckpointMetadataV2> for CheckpointMetadata {
             operators: v.operators.into_iter().map(Into::into).collect(),
             in_flight: v.in_flight,
             fingerprint: None,
+            tuning: None,
             format_version: 2,
         }
     }
@@ -195,7 +200,42 @@ impl From<CheckpointMetadataV3> for CheckpointMetadata {
             operators: v.operators.into_iter().map(Into::into).collect(),
             in_flight: v.in_flight,
             fingerprint: v.fingerprint,
+            tuning: None,
             format_version: 3,
+        }
+    }
+}
+
+/// Version 4 of the payload: version 5 without the tuning.
+#[derive(Deserialize)]
+struct CheckpointMetadataV4 {
+    job_id: JobId,
+    job_name: String,
+    checkpoint_id: CheckpointId,
+    kind: SnapshotKind,
+    trigger_timestamp_ms: u64,
+    completion_timestamp_ms: u64,
+    weir_version: String,
+    operators: Vec<OperatorState>,
+    in_flight: Vec<SubtaskInFlight>,
+    fingerprint: Option<JobFingerprint>,
+}
+
+impl From<CheckpointMetadataV4> for CheckpointMetadata {
+    fn from(v: CheckpointMetadataV4) -> Self {
+        CheckpointMetadata {
+            job_id: v.job_id,
+            job_name: v.job_name,
+            checkpoint_id: v.checkpoint_id,
+            kind: v.kind,
+            trigger_timestamp_ms: v.trigger_timestamp_ms,
+            completion_timestamp_ms: v.completion_timestamp_ms,
+            weir_version: v.weir_version,
+            operators: v.operators,
+            in_flight: v.in_flight,
+            fingerprint: v.fingerprint,
+            tuning: None,
+            format_version: 4,
         }
     }
 }
@@ -292,7 +332,7 @@ impl CheckpointMetadata {
         ))
     }
 
-    /// The file a build of format `version` (1 to 3) would have written for this checkpoint,
+    /// The file a build of format `version` (1 to 4) would have written for this checkpoint,
     /// native snapshots left out (they did not exist), and a fingerprint only from version 3:
     /// for tests and fuzzing of old files.
     pub fn to_legacy_bytes(&self, version: u16) -> Result<Vec<u8>, CheckpointError> {
@@ -341,6 +381,37 @@ impl CheckpointMetadata {
                     fingerprint: self.fingerprint.clone(),
                 },
             )?,
+            4 => {
+                // Version 4 is version 5 without the tuning.
+                #[derive(Serialize)]
+                struct V4<'a> {
+                    job_id: JobId,
+                    job_name: &'a str,
+                    checkpoint_id: CheckpointId,
+                    kind: SnapshotKind,
+                    trigger_timestamp_ms: u64,
+                    completion_timestamp_ms: u64,
+                    weir_version: &'a str,
+                    operators: &'a [OperatorState],
+                    in_flight: &'a [SubtaskInFlight],
+                    fingerprint: &'a Option<JobFingerprint>,
+                }
+                weir_core::codec::encode(
+                    "checkpoint metadata",
+                    &V4 {
+                        job_id: self.job_id,
+                        job_name: &self.job_name,
+                        checkpoint_id: self.checkpoint_id,
+                        kind: self.kind,
+                        trigger_timestamp_ms: self.trigger_timestamp_ms,
+                        completion_timestamp_ms: self.completion_timestamp_ms,
+                        weir_version: &self.weir_version,
+                        operators: &self.operators,
+                        in_flight: &self.in_flight,
+                        fingerprint: &self.fingerprint,
+                    },
+                )?
+            }
             other => {
                 return Err(CheckpointError::Corrupt {
                     path: "_metadata".to_string(),
@@ -372,6 +443,9 @@ impl CheckpointMetadata {
                 .map_err(corrupt)?
                 .into(),
             3 => weir_core::codec::decode::<CheckpointMetadataV3>(path, payload)
+                .map_err(corrupt)?
+                .into(),
+            4 => weir_core::codec::decode::<CheckpointMetadataV4>(path, payload)
                 .map_err(corrupt)?
                 .into(),
             _ => CheckpointMetadata {
@@ -525,6 +599,10 @@ mod tests {
                 sources: [("seed".to_string(), "42".to_string())].into(),
                 ..JobFingerprint::default()
             }),
+            tuning: (version >= 5).then(|| weir_core::config::CheckpointTuning {
+                interval: Some(std::time::Duration::from_millis(250)),
+                ..Default::default()
+            }),
             format_version: version,
         }
     }
@@ -639,8 +717,8 @@ mod tests {
     }
 
     #[test]
-    fn version_4_round_trips_with_in_flight_data_fingerprint_and_native_snapshots() {
-        let mut m = metadata(4, vec![in_flight(4)]);
+    fn version_5_round_trips_with_in_flight_data_fingerprint_native_snapshots_and_tuning() {
+        let mut m = metadata(5, vec![in_flight(5)]);
         let subtask = m.operators[0].subtasks.get_mut(&1).unwrap();
         subtask.native.push(weir_core::handle::NativeKeyedHandle {
             key_group_range: KeyGroupRange::new(4, 7),
@@ -658,9 +736,17 @@ mod tests {
             METADATA_VERSION,
             "the envelope must carry the version this build writes"
         );
-        assert_eq!(METADATA_VERSION, 4);
+        assert_eq!(METADATA_VERSION, 5);
         let back = CheckpointMetadata::from_bytes("chk-7/_metadata", &bytes).unwrap();
-        assert_eq!(back, m, "a v4 file must decode to what was written");
+        assert_eq!(back, m, "a v5 file must decode to what was written");
+        assert!(back.tuning.is_some());
+        // The same checkpoint as version 4 wrote it: everything but the tuning.
+        let v4 = CheckpointMetadata::from_bytes("chk-7/_metadata", &m.to_legacy_bytes(4).unwrap())
+            .unwrap();
+        assert_eq!(v4.format_version, 4);
+        assert_eq!(v4.tuning, None);
+        assert_eq!(v4.operators, m.operators);
+        assert_eq!(v4.fingerprint, m.fingerprint);
         assert!(back.has_identity_frames());
         assert_eq!(back.in_flight_size(), 321);
         assert_eq!(

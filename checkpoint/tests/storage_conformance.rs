@@ -25,6 +25,7 @@ fn metadata(job: JobId, id: u64) -> CheckpointMetadata {
         operators: Vec::new(),
         in_flight: Vec::new(),
         fingerprint: None,
+        tuning: None,
         format_version: weir_checkpoint::metadata::METADATA_VERSION,
     }
 }

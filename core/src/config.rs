@@ -53,6 +53,67 @@ pub struct CheckpointConfig {
     pub aligned_checkpoint_timeout: Duration,
 }
 
+/// A change of a running job's checkpointing (live tuning, through the REST API's
+/// `PATCH /jobs/:jobid/checkpoints/config`): each field that is set replaces the job's value.
+/// A completed checkpoint records the job's tuning in its `_metadata`, and a run restored from
+/// it applies it again over its own configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointTuning {
+    /// Time between periodic checkpoints (above 0).
+    pub interval: Option<Duration>,
+    /// How long a checkpoint may take before it is aborted (above 0).
+    pub timeout: Option<Duration>,
+    /// The least time between one checkpoint's end and the next trigger.
+    pub min_pause: Option<Duration>,
+    /// Consecutive failed checkpoints tolerated.
+    pub tolerable_failed_checkpoints: Option<u32>,
+}
+
+impl CheckpointTuning {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == CheckpointTuning::default()
+    }
+
+    /// `config` with this tuning applied, checked; an error names the value that cannot be.
+    pub fn applied_to(&self, config: &CheckpointConfig) -> Result<CheckpointConfig, CoreError> {
+        if config.interval.is_none() {
+            return Err(CoreError::InvalidGraph(
+                "checkpointing is off for this job: it cannot be tuned (start it with a \
+                 checkpoint interval)"
+                    .into(),
+            ));
+        }
+        let mut c = config.clone();
+        if let Some(i) = self.interval {
+            c.interval = Some(i);
+        }
+        if let Some(t) = self.timeout {
+            c.timeout = t;
+        }
+        if let Some(p) = self.min_pause {
+            c.min_pause = p;
+        }
+        if let Some(n) = self.tolerable_failed_checkpoints {
+            c.tolerable_failed_checkpoints = Some(n);
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// This tuning with `newer`'s settings over it.
+    pub fn then(&self, newer: &CheckpointTuning) -> CheckpointTuning {
+        CheckpointTuning {
+            interval: newer.interval.or(self.interval),
+            timeout: newer.timeout.or(self.timeout),
+            min_pause: newer.min_pause.or(self.min_pause),
+            tolerable_failed_checkpoints: newer
+                .tolerable_failed_checkpoints
+                .or(self.tolerable_failed_checkpoints),
+        }
+    }
+}
+
 /// What happens to a job's retained checkpoints when it is cancelled (Flink's
 /// `ExternalizedCheckpointRetention`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

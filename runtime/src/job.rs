@@ -115,6 +115,11 @@ pub(crate) enum Command {
         drain: bool,
         reply: oneshot::Sender<Result<String, String>>,
     },
+    /// Live tuning of checkpointing.
+    Retune {
+        tuning: weir_core::config::CheckpointTuning,
+        reply: oneshot::Sender<Result<weir_core::config::CheckpointConfig, String>>,
+    },
 }
 
 impl JobClient {
@@ -185,6 +190,27 @@ impl JobClient {
     ) -> Result<String, JobError> {
         self.snapshot(SnapshotKind::SynchronousSavepoint, dir, drain)
             .await
+    }
+
+    /// Changes the running job's checkpointing (interval, timeout, min pause, tolerable
+    /// failures; Flink has no such thing, RisingWave's `ALTER SYSTEM SET barrier_interval_ms`
+    /// does): the next periodic checkpoint is due one new interval from now at the latest, and
+    /// every checkpoint from now on records the change, so a restore from it keeps it. Returns
+    /// the configuration the job now runs with.
+    pub async fn retune_checkpoints(
+        &self,
+        tuning: weir_core::config::CheckpointTuning,
+    ) -> Result<weir_core::config::CheckpointConfig, JobError> {
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .commands
+            .send(Command::Retune { tuning, reply })
+            .await
+            .map_err(|_| JobError::Invalid("the job is not running".into()))?;
+        answer
+            .await
+            .map_err(|_| JobError::Invalid("the job ended before the change applied".into()))?
+            .map_err(JobError::Invalid)
     }
 
     /// The statistics of the job's last checkpoints and savepoints (in progress, completed and

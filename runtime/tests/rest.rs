@@ -394,3 +394,86 @@ async fn the_weir_tool_lists_checkpoints_saves_and_stops_a_job_over_rest() {
         "stopped with a savepoint"
     );
 }
+
+/// Live tuning: `PATCH /jobs/:jobid/checkpoints/config` shortens a running job's interval
+/// (from an hour to 20 ms: checkpoints start at once), bad changes are refused naming the
+/// problem, and a run restored from one of its checkpoints keeps the tuning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_job_s_checkpoint_interval_is_tuned_live_and_the_tuning_survives_a_restore() {
+    let (env, dir) = job(false);
+    env.enable_checkpointing(Duration::from_secs(3600));
+    let client = JobClient::default();
+    let run = tokio::spawn(env.execute_with(client.clone()).bounded());
+    let c = client.clone();
+    tokio::task::spawn_blocking(move || {
+        let a = address_of(&c);
+        let id = c.view().job_id;
+        let config = format!("/jobs/{id}/checkpoints/config");
+        assert_eq!(json(&a, &config)["interval"], 3_600_000);
+        for (body, says) in [
+            (r#"{"interval": 0}"#, "greater than zero"),
+            (r#"{"intervall": 5}"#, "'intervall' cannot be changed"),
+            (r#"{"interval": "5"}"#, "whole number"),
+            (r#"{}"#, "nothing to change"),
+        ] {
+            let (status, text) = http(&a, "PATCH", &config, body.as_bytes());
+            assert_eq!(status, 400, "{body}: {text}");
+            assert!(text.contains(says), "{body}: {text}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            json(&a, &format!("/jobs/{id}/checkpoints"))["counts"]["completed"],
+            0,
+            "no checkpoint within the hour"
+        );
+        let (status, text) = http(
+            &a,
+            "PATCH",
+            &config,
+            br#"{"interval": 20, "timeout": 60000}"#,
+        );
+        assert_eq!(status, 200, "{text}");
+        let tuned: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            (tuned["interval"].clone(), tuned["timeout"].clone()),
+            (20.into(), 60_000.into())
+        );
+        wait_for("checkpoints at the new interval", || {
+            json(&a, &format!("/jobs/{id}/checkpoints"))["counts"]["completed"]
+                .as_u64()
+                .unwrap()
+                >= 3
+        });
+    })
+    .await
+    .unwrap();
+    client.cancel();
+    let first = run.await.unwrap().unwrap();
+    let checkpoint = first.latest_checkpoint.expect("a retained checkpoint");
+    // A new run, configured with the hour again, restored from the tuned job's checkpoint.
+    let (env, _dir2) = job(false);
+    env.enable_checkpointing(Duration::from_secs(3600))
+        .set_checkpoint_dir(dir.path().join("checkpoints"))
+        .restore_from(&checkpoint);
+    let client = JobClient::default();
+    let run = tokio::spawn(env.execute_with(client.clone()).bounded());
+    let c = client.clone();
+    tokio::task::spawn_blocking(move || {
+        let a = address_of(&c);
+        let id = c.view().job_id;
+        wait_for("the restored tuning", || {
+            json(&a, &format!("/jobs/{id}/checkpoints/config"))["interval"] == 20
+        });
+        wait_for("checkpoints at the restored interval", || {
+            json(&a, &format!("/jobs/{id}/checkpoints"))["counts"]["completed"]
+                .as_u64()
+                .unwrap()
+                >= 2
+        });
+    })
+    .await
+    .unwrap();
+    client.cancel();
+    let second = run.await.unwrap().unwrap();
+    assert_eq!(second.restored_from.as_deref(), Some(checkpoint.as_str()));
+}

@@ -322,6 +322,7 @@ fn sample_metadata(
         completion_timestamp_ms: 1_700_000_000_100 + id,
         weir_version: "conformance".to_string(),
         fingerprint: None,
+        tuning: None,
         format_version: crate::metadata::METADATA_VERSION,
         operators: vec![
             OperatorState {

@@ -639,6 +639,7 @@ mod tests {
             operators: Vec::new(),
             in_flight: Vec::new(),
             fingerprint: None,
+            tuning: None,
             format_version: crate::metadata::METADATA_VERSION,
         }
     }

@@ -73,6 +73,7 @@ fn metadata(
             sources: [("seed".to_string(), "42".to_string())].into(),
             ..JobFingerprint::default()
         }),
+        tuning: None,
         format_version: weir_checkpoint::metadata::METADATA_VERSION,
     }
 }

@@ -184,7 +184,7 @@ impl JobMaster<'_> {
     ) {
         g.finalizing.insert(id);
         let coordinators = g.coordinator_states.remove(&id).unwrap_or_default();
-        let metadata = build_metadata(
+        let mut metadata = build_metadata(
             (self.job, &self.fingerprint),
             self.job_id,
             id,
@@ -193,6 +193,7 @@ impl JobMaster<'_> {
             acks,
             &coordinators,
         );
+        metadata.tuning = (!self.tuning.is_empty()).then(|| self.tuning.clone());
         let (storage, location) = self
             .targets
             .lock()

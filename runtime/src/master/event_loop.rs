@@ -447,14 +447,44 @@ impl JobMaster<'_> {
         });
     }
 
+    /// Live tuning: checked against the configuration, then applied to the coordinator, kept
+    /// for the next generations and recorded by each `_metadata` from now on.
+    fn retune(
+        &mut self,
+        tuning: weir_core::config::CheckpointTuning,
+        reply: tokio::sync::oneshot::Sender<Result<weir_core::config::CheckpointConfig, String>>,
+        g: &mut Generation,
+    ) {
+        let combined = self.tuning.then(&tuning);
+        match combined.applied_to(&self.config.checkpoint) {
+            Ok(config) => {
+                info!(?tuning, "checkpointing retuned");
+                self.tuning = combined;
+                g.coordinator.retune(config.clone(), self.started.elapsed());
+                self.client
+                    .update_view(|v| v.checkpoint_config = Some(config.clone()));
+                let _ = reply.send(Ok(config));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e.to_string()));
+            }
+        }
+    }
+
     /// A client asks for a checkpoint, a savepoint, or a stop with a savepoint.
     fn handle_command(&mut self, command: Command, g: &mut Generation) -> Step {
-        let Command::Snapshot {
-            kind,
-            dir,
-            drain,
-            reply,
-        } = command;
+        let (kind, dir, drain, reply) = match command {
+            Command::Snapshot {
+                kind,
+                dir,
+                drain,
+                reply,
+            } => (kind, dir, drain, reply),
+            Command::Retune { tuning, reply } => {
+                self.retune(tuning, reply, g);
+                return Step::Skip;
+            }
+        };
         let target = match kind {
             // Without checkpointing there is no checkpoint storage to write to (Flink has no
             // checkpoint coordinator then): savepoints only.

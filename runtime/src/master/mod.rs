@@ -113,6 +113,9 @@ pub(crate) struct JobMaster<'s> {
     /// The sources' count when the latest restore was deployed.
     since_restore_base: u64,
     totals: Totals,
+    /// The live tuning of checkpointing (through the REST API), over the configured values:
+    /// every generation's coordinator starts with it, and each `_metadata` records it.
+    tuning: weir_core::config::CheckpointTuning,
     /// Per restart: the generation deployed after the failure, and when it was detected.
     failures: Vec<(u64, Duration)>,
     sources: Vec<TaskKey>,
@@ -441,6 +444,7 @@ impl<'s> JobMaster<'s> {
             unusable: BTreeSet::new(),
             since_restore_base: 0,
             totals: Totals::default(),
+            tuning: Default::default(),
             failures: Vec::new(),
             sources: tasks(true),
             all: tasks(false),
@@ -466,6 +470,14 @@ impl<'s> JobMaster<'s> {
                 return Ok(result);
             }
         }
+    }
+
+    /// The checkpoint configuration with the live tuning applied (the configured one if the
+    /// tuning cannot apply).
+    fn checkpoint_config(&self) -> weir_core::config::CheckpointConfig {
+        self.tuning
+            .applied_to(&self.config.checkpoint)
+            .unwrap_or_else(|_| self.config.checkpoint.clone())
     }
 
     /// After the job ended, however: task managers hear of it, and the job directory's lease is
@@ -495,8 +507,16 @@ impl<'s> JobMaster<'s> {
         let Some((restored_meta, mut contexts)) = self.load_restore_point().await? else {
             return Ok(None);
         };
+        // A tuning recorded in the checkpoint restored from applies again, under this run's
+        // own (newer) tuning.
+        if let Some(t) = restored_meta.as_ref().and_then(|m| m.tuning.as_ref()) {
+            self.tuning = t.then(&self.tuning);
+        }
+        let config = self.checkpoint_config();
+        self.client
+            .update_view(|v| v.checkpoint_config = Some(config.clone()));
         let coordinator = CheckpointCoordinator::new(CoordinatorSetup {
-            config: self.config.checkpoint.clone(),
+            config,
             tasks_to_trigger: self.sources.clone(),
             tasks_to_wait_for: self.all.clone(),
             next_checkpoint_id: self.next_checkpoint_id,

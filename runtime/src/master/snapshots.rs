@@ -198,6 +198,8 @@ pub(crate) fn build_metadata(
             })
             .collect(),
         fingerprint: Some(fingerprint.clone()),
+        // The master sets the job's tuning, if any.
+        tuning: None,
         format_version: weir_checkpoint::metadata::METADATA_VERSION,
     }
 }

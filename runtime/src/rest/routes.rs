@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
+use weir_core::config::CheckpointTuning;
 
 /// A request body larger than this is refused.
 const BODY_LIMIT: usize = 64 * 1024;
@@ -151,7 +152,10 @@ fn router(shared: AppState) -> Router {
             "/jobs/{jobid}/checkpoints",
             get(checkpoints).post(trigger_checkpoint),
         )
-        .route("/jobs/{jobid}/checkpoints/config", get(checkpoint_config))
+        .route(
+            "/jobs/{jobid}/checkpoints/config",
+            get(checkpoint_config).patch(retune),
+        )
         .route(
             "/jobs/{jobid}/checkpoints/details/{cid}",
             get(checkpoint_details),
@@ -493,6 +497,60 @@ async fn cancel(
             StatusCode::BAD_REQUEST,
             format!("mode '{other}' is not supported: only mode=cancel"),
         ),
+    }
+}
+
+/// The tuning a `PATCH …/checkpoints/config` body asks for: durations in ms.
+fn tuning_of(o: &serde_json::Map<String, Value>) -> Result<CheckpointTuning, ApiError> {
+    const FIELDS: [&str; 4] = [
+        "interval",
+        "timeout",
+        "min_pause",
+        "tolerable_failed_checkpoints",
+    ];
+    if let Some(unknown) = o.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            format!("'{unknown}' cannot be changed: only {}", FIELDS.join(", ")),
+        ));
+    }
+    let number = |name: &str| -> Result<Option<u64>, ApiError> {
+        match o.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                fail(
+                    StatusCode::BAD_REQUEST,
+                    format!("'{name}' must be a whole number of ms (or failures), not {v}"),
+                )
+            }),
+        }
+    };
+    let ms = |n: Option<u64>| n.map(std::time::Duration::from_millis);
+    let tuning = CheckpointTuning {
+        interval: ms(number("interval")?),
+        timeout: ms(number("timeout")?),
+        min_pause: ms(number("min_pause")?),
+        tolerable_failed_checkpoints: number("tolerable_failed_checkpoints")?
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+    };
+    if tuning.is_empty() {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            format!("nothing to change: give one of {}", FIELDS.join(", ")),
+        ));
+    }
+    Ok(tuning)
+}
+
+/// `PATCH /jobs/:jobid/checkpoints/config`: live tuning of the running job's checkpointing.
+async fn retune(State(s): State<AppState>, Path(jobid): Path<String>, body: Bytes) -> Response {
+    let tuning = match mutation_allowed(&s, &jobid).and_then(|()| tuning_of(&body_object(&body)?)) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    match s.client.retune_checkpoints(tuning).await {
+        Ok(_) => ok(views::checkpoint_config(&s.client.view())),
+        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
     }
 }
 
