@@ -456,8 +456,12 @@ impl<T: Send + 'static> SourceDriver<T> {
             && w > self.emitted_watermark
         {
             self.emitted_watermark = w;
-            // A watermark is activity: the downstream counts this channel again.
-            self.idle = false;
+            // A watermark is activity: say so first (downstream ignores an idle channel's).
+            if self.idle {
+                self.idle = false;
+                self.next
+                    .watermark_status(weir_core::element::WatermarkStatus::Active)?;
+            }
             self.next.watermark(weir_core::element::Watermark(w))?;
         }
         if n == 0 && !self.idle && self.source.is_idle() {
@@ -499,8 +503,14 @@ impl<T: Send + 'static> SourceDriver<T> {
         }
     }
 
-    /// Event time advanced (for a source: to the end, before a drained stop).
+    /// Event time advanced (for a source: to the end, at its end or before a drained stop).
+    /// An idle source says it is active first: downstream ignores an idle channel's watermark.
     pub fn watermark(&mut self, watermark: weir_core::element::Watermark) -> OpResult {
+        if self.idle {
+            self.idle = false;
+            self.next
+                .watermark_status(weir_core::element::WatermarkStatus::Active)?;
+        }
         self.next.watermark(watermark)
     }
 

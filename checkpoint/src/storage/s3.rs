@@ -134,14 +134,19 @@ impl S3Config {
         }
     }
 
-    /// `s3://bucket/prefix (endpoint …, region …)`, as the storage describes itself.
+    /// `s3://bucket/prefix (endpoint …, region …)`, as the storage describes itself in
+    /// messages and logs: an endpoint's user information (`user:password@`) never shows.
     pub fn describe(&self) -> String {
-        format!(
-            "{} (endpoint {}, region {})",
-            self.url(),
-            self.effective_endpoint(),
-            self.region
-        )
+        let endpoint = self.effective_endpoint();
+        let shown = match endpoint.split_once("://") {
+            Some((scheme, rest)) => {
+                let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+                let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+                format!("{scheme}://{host}{path}")
+            }
+            None => endpoint,
+        };
+        format!("{} (endpoint {shown}, region {})", self.url(), self.region)
     }
 
     /// Checks every field, so that a configuration that cannot work is refused before any
@@ -392,6 +397,15 @@ mod tests {
             c.describe(),
             "s3://weir-ckpt/jobs/word-count (endpoint http://127.0.0.1:9000, region eu-west-1)"
         );
+    }
+
+    #[test]
+    fn an_endpoint_s_user_information_is_never_described() {
+        let mut c = S3Config::from_url_and_vars("s3://bucket/p", vars(&CREDS)).unwrap();
+        c.endpoint = Some("http://user:pw@127.0.0.1:9000/base".into());
+        let shown = c.describe();
+        assert!(!shown.contains("pw") && !shown.contains("user"), "{shown}");
+        assert!(shown.contains("http://127.0.0.1:9000/base"), "{shown}");
     }
 
     #[test]

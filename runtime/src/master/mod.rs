@@ -664,6 +664,8 @@ impl<'s> JobMaster<'s> {
         });
         if self.restored_from.is_none() || fell_back {
             self.restored_from = Some(point.describe());
+            let from = self.restored_from.clone();
+            self.client.update_view(|v| v.restored_from = from);
             if let (Some(c), Some(k)) = (self.claim.as_mut(), self.keeper.as_ref()) {
                 c.restored(&point.location, k).await;
             }

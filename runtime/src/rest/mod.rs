@@ -6,6 +6,8 @@
 #[cfg(feature = "rest")]
 mod metrics;
 #[cfg(feature = "rest")]
+mod operations;
+#[cfg(feature = "rest")]
 mod routes;
 #[cfg(feature = "rest")]
 mod views;
@@ -16,6 +18,10 @@ use crate::spec::JobSpec;
 
 pub use crate::config::RestOptions;
 
+/// How long a job's end waits for its REST server to stop.
+#[cfg(feature = "rest")]
+const STOP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(6);
+
 /// The REST server of a running job; stopped when the job ends.
 pub(crate) struct RestServer {
     #[cfg(feature = "rest")]
@@ -25,12 +31,20 @@ pub(crate) struct RestServer {
 }
 
 impl RestServer {
-    /// Stops serving (requests in progress finish).
+    /// Stops serving: requests in progress finish, and the server lingers while an ended
+    /// operation's result is unread, both for at most [`STOP_DEADLINE`]; then it is aborted
+    /// (a client that holds a connection open keeps neither the job nor the process).
     pub async fn stop(self) {
         #[cfg(feature = "rest")]
         {
+            let mut task = self.task;
             let _ = self.shutdown.send(());
-            let _ = self.task.await;
+            if tokio::time::timeout(STOP_DEADLINE, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 //! statistics; triggers go through the client as asynchronous operations with a trigger id,
 //! as Flink's. Every error is a JSON `{"errors": [..]}` with a 4xx or 5xx status, never a panic.
 
+use super::operations::{Kind, Operation, Operations, retrying};
 use super::{RestOptions, RestServer, metrics, views};
 use crate::error::JobError;
 use crate::job::JobClient;
@@ -12,8 +13,8 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use tracing::{info, warn};
 use weir_core::config::CheckpointTuning;
 
@@ -23,22 +24,11 @@ const BODY_LIMIT: usize = 64 * 1024;
 /// How long the server outlives its job while a finished operation's result is unread.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// An asynchronous operation's state (Flink's `QueueStatus` and its result).
-#[derive(Clone, Debug)]
-enum Operation {
-    InProgress,
-    Completed(String),
-    Failed(String),
-}
-
 struct Shared {
     client: JobClient,
     read_only: bool,
-    operations: Mutex<BTreeMap<String, Operation>>,
-    /// Operations that ended and whose result nobody fetched yet: at the job's end the server
-    /// lingers for them (a stop's caller reads its savepoint's path after the job ended).
-    unread: Mutex<std::collections::BTreeSet<String>>,
-    next_trigger: std::sync::atomic::AtomicU64,
+    /// Checkpoints, savepoints and stops triggered here.
+    operations: Operations,
 }
 
 type AppState = Arc<Shared>;
@@ -83,9 +73,7 @@ pub(super) async fn serve(
     let shared = Arc::new(Shared {
         client,
         read_only: options.read_only,
-        operations: Mutex::new(BTreeMap::new()),
-        unread: Mutex::new(Default::default()),
-        next_trigger: std::sync::atomic::AtomicU64::new(1),
+        operations: Operations::default(),
     });
     let app = router(shared.clone());
     let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -96,9 +84,7 @@ pub(super) async fn serve(
                 // The job ended: serve on until every ended operation's result was fetched,
                 // for at most LINGER.
                 let deadline = tokio::time::Instant::now() + LINGER;
-                while shared.unread.lock().is_ok_and(|u| !u.is_empty())
-                    && tokio::time::Instant::now() < deadline
-                {
+                while shared.operations.any_unread() && tokio::time::Instant::now() < deadline {
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 }
             })
@@ -129,6 +115,7 @@ async fn bind(options: &RestOptions) -> Result<tokio::net::TcpListener, JobError
             },
         );
         if attempt == options.port_attempts
+            && options.port_attempts > 0
             && let Ok(l) = tokio::net::TcpListener::bind(address).await
         {
             return Ok(l);
@@ -164,17 +151,54 @@ fn router(shared: AppState) -> Router {
             "/jobs/{jobid}/checkpoints/details/{cid}/subtasks/{vertexid}",
             get(checkpoint_subtasks),
         )
-        .route("/jobs/{jobid}/checkpoints/{triggerid}", get(operation))
+        .route(
+            "/jobs/{jobid}/checkpoints/{triggerid}",
+            get(checkpoint_operation),
+        )
         .route(
             "/jobs/{jobid}/savepoints",
             axum::routing::post(trigger_savepoint),
         )
-        .route("/jobs/{jobid}/savepoints/{triggerid}", get(operation))
+        .route(
+            "/jobs/{jobid}/savepoints/{triggerid}",
+            get(savepoint_operation),
+        )
         .route("/jobs/{jobid}/stop", axum::routing::post(stop))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(shared)
+}
+
+/// Every error answer as JSON `{"errors": [..]}`, including the ones axum makes itself (a body
+/// over the limit, a path that does not decode, a method a path does not take).
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let allow = response.headers().get(axum::http::header::ALLOW).cloned();
+    let body = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&body).trim().to_string();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    let mut answer = error(status, message);
+    if let Some(allow) = allow {
+        answer
+            .headers_mut()
+            .insert(axum::http::header::ALLOW, allow);
+    }
+    answer
 }
 
 async fn not_found(uri: Uri) -> Response {
@@ -327,33 +351,16 @@ fn mutation_allowed(s: &Shared, jobid: &str) -> Result<(), ApiError> {
     the_job(s, jobid).map(|_| ())
 }
 
-/// Starts `run` as an asynchronous operation; its trigger id.
-fn start_operation<F>(s: &AppState, run: F) -> Response
+/// Starts `run` as an asynchronous operation of `kind`; its trigger id.
+fn start_operation<F>(s: &AppState, kind: Kind, run: F) -> Response
 where
     F: std::future::Future<Output = Result<String, JobError>> + Send + 'static,
 {
-    let n = s
-        .next_trigger
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let id = format!(
-        "{:032x}",
-        weir_core::ids::stable_hash128(format!("{n}-{}", now_ms()).as_bytes())
-    );
-    if let Ok(mut ops) = s.operations.lock() {
-        ops.insert(id.clone(), Operation::InProgress);
-    }
+    let id = s.operations.begin(kind);
     let (shared, key) = (s.clone(), id.clone());
     tokio::spawn(async move {
-        let done = match run.await {
-            Ok(path) => Operation::Completed(path),
-            Err(e) => Operation::Failed(e.to_string()),
-        };
-        if let Ok(mut unread) = shared.unread.lock() {
-            unread.insert(key.clone());
-        }
-        if let Ok(mut ops) = shared.operations.lock() {
-            ops.insert(key, done);
-        }
+        let result = run.await;
+        shared.operations.end(&key, result);
     });
     (
         StatusCode::ACCEPTED,
@@ -362,24 +369,11 @@ where
         .into_response()
 }
 
-async fn operation(
-    State(s): State<AppState>,
-    Path((jobid, triggerid)): Path<(String, String)>,
-) -> Response {
-    if let Err(e) = the_job(&s, &jobid) {
+fn operation(s: &Shared, kind: Kind, jobid: &str, triggerid: &str) -> Response {
+    if let Err(e) = the_job(s, jobid) {
         return e.into_response();
     }
-    let op = s
-        .operations
-        .lock()
-        .ok()
-        .and_then(|o| o.get(&triggerid).cloned());
-    if !matches!(op, None | Some(Operation::InProgress))
-        && let Ok(mut unread) = s.unread.lock()
-    {
-        unread.remove(&triggerid);
-    }
-    match op {
+    match s.operations.get(kind, triggerid) {
         None => error(
             StatusCode::NOT_FOUND,
             format!("Operation {triggerid} not found"),
@@ -396,6 +390,20 @@ async fn operation(
     }
 }
 
+async fn checkpoint_operation(
+    State(s): State<AppState>,
+    Path((jobid, triggerid)): Path<(String, String)>,
+) -> Response {
+    operation(&s, Kind::Checkpoint, &jobid, &triggerid)
+}
+
+async fn savepoint_operation(
+    State(s): State<AppState>,
+    Path((jobid, triggerid)): Path<(String, String)>,
+) -> Response {
+    operation(&s, Kind::Savepoint, &jobid, &triggerid)
+}
+
 async fn trigger_checkpoint(
     State(s): State<AppState>,
     Path(jobid): Path<String>,
@@ -405,7 +413,9 @@ async fn trigger_checkpoint(
         return e.into_response();
     }
     let client = s.client.clone();
-    start_operation(&s, async move { client.trigger_checkpoint().await })
+    start_operation(&s, Kind::Checkpoint, async move {
+        retrying(|| client.trigger_checkpoint()).await
+    })
 }
 
 /// A string field of a request body, if present.
@@ -416,6 +426,12 @@ fn string_field(
     for name in names {
         match o.get(*name) {
             None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s.trim().is_empty() => {
+                return Err(fail(
+                    StatusCode::BAD_REQUEST,
+                    format!("'{name}' must not be empty"),
+                ));
+            }
             Some(Value::String(s)) => return Ok(Some(s.clone())),
             Some(_) => {
                 return Err(fail(
@@ -455,8 +471,9 @@ async fn trigger_savepoint(
         Err(e) => return e.into_response(),
     };
     let client = s.client.clone();
-    start_operation(&s, async move {
-        let path = client.trigger_savepoint(dir.map(Into::into)).await?;
+    start_operation(&s, Kind::Savepoint, async move {
+        let dir: Option<std::path::PathBuf> = dir.map(Into::into);
+        let path = retrying(|| client.trigger_savepoint(dir.clone())).await?;
         if cancel {
             client.cancel();
         }
@@ -475,8 +492,9 @@ async fn stop(State(s): State<AppState>, Path(jobid): Path<String>, body: Bytes)
         Err(e) => return e.into_response(),
     };
     let client = s.client.clone();
-    start_operation(&s, async move {
-        client.stop_with_savepoint(dir.map(Into::into), drain).await
+    start_operation(&s, Kind::Savepoint, async move {
+        let dir: Option<std::path::PathBuf> = dir.map(Into::into);
+        retrying(|| client.stop_with_savepoint(dir.clone(), drain)).await
     })
 }
 

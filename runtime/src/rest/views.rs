@@ -67,7 +67,11 @@ pub(super) fn checkpoint(s: &CheckpointStats, view: &JobView) -> Value {
         );
     }
     let mut v = json!({
-        "className": if matches!(s.status, CheckpointStatus::Completed) { "completed" } else { "failed" },
+        "className": match s.status {
+            CheckpointStatus::Completed => "completed",
+            CheckpointStatus::InProgress => "in_progress",
+            CheckpointStatus::Failed(_) => "failed",
+        },
         "id": s.id.0,
         "status": status(&s.status),
         "is_savepoint": s.kind != SnapshotKind::Checkpoint,

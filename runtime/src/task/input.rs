@@ -163,11 +163,15 @@ pub(crate) struct NetworkInput<T> {
 impl<T: Data> NetworkInput<T> {
     /// Passes what the valve gave on down the chain: a status change, then a watermark.
     fn emit(&mut self, out: super::valve::ValveOutput) -> OpResult {
-        if let Some(status) = out.status {
+        let status_last = out.status_last();
+        if let Some(status) = out.status.filter(|_| !status_last) {
             self.head.watermark_status(status)?;
         }
-        match out.watermark {
-            Some(w) => self.head.watermark(Watermark(w)),
+        if let Some(w) = out.watermark {
+            self.head.watermark(Watermark(w))?;
+        }
+        match out.status.filter(|_| status_last) {
+            Some(status) => self.head.watermark_status(status),
             None => Ok(()),
         }
     }

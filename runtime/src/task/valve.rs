@@ -4,13 +4,22 @@
 
 use weir_core::element::WatermarkStatus;
 
-/// What one input event makes the task emit downstream, in this order.
+/// What one input event makes the task emit downstream: a task that becomes active says so
+/// before its watermark, one that goes idle after its last watermark (a watermark downstream
+/// of an idle status would be ignored there: it comes from an idle channel).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ValveOutput {
     /// The task's status changed.
     pub status: Option<WatermarkStatus>,
     /// The task's watermark advanced to this.
     pub watermark: Option<i64>,
+}
+
+impl ValveOutput {
+    /// Whether the status goes out after the watermark (going idle) rather than before.
+    pub fn status_last(&self) -> bool {
+        self.status == Some(WatermarkStatus::Idle)
+    }
 }
 
 /// The channels' watermarks and statuses, and what the task last emitted.
@@ -43,10 +52,13 @@ impl WatermarkValve {
         self.current
     }
 
-    /// Channel `ch` sent watermark `w`: it is active (a watermark is activity).
+    /// Channel `ch` sent watermark `w`. One from an idle channel is ignored (Flink's valve
+    /// does the same): a channel says it is active before it sends watermarks again.
     pub fn watermark(&mut self, ch: usize, w: i64) -> ValveOutput {
+        if self.idle[ch] {
+            return ValveOutput::default();
+        }
         self.watermarks[ch] = self.watermarks[ch].max(w);
-        self.idle[ch] = false;
         self.settle(true)
     }
 
@@ -110,6 +122,53 @@ mod tests {
     use super::*;
     use WatermarkStatus::{Active, Idle};
 
+    /// Passes what `up` emitted into channel `ch` of `down`, in the order a task emits it.
+    fn forward(out: ValveOutput, down: &mut WatermarkValve, ch: usize) -> ValveOutput {
+        let mut last = ValveOutput::default();
+        let mut apply = |o: ValveOutput| {
+            if o != ValveOutput::default() {
+                last = o;
+            }
+        };
+        if !out.status_last()
+            && let Some(s) = out.status
+        {
+            apply(down.status(ch, s));
+        }
+        if let Some(w) = out.watermark {
+            apply(down.watermark(ch, w));
+        }
+        if out.status_last()
+            && let Some(s) = out.status
+        {
+            apply(down.status(ch, s));
+        }
+        last
+    }
+
+    /// Idleness crosses any number of hops: a task that goes idle at a higher watermark sends
+    /// the watermark first, so the next task does not take it for activity.
+    #[test]
+    fn idleness_crosses_a_second_hop() {
+        let mut up = WatermarkValve::new(2);
+        up.watermark(0, 100);
+        up.watermark(1, 50);
+        up.status(0, Idle);
+        let out = up.status(1, Idle);
+        assert_eq!(
+            out,
+            ValveOutput {
+                status: Some(Idle),
+                watermark: Some(100)
+            }
+        );
+        assert!(out.status_last());
+        // Downstream: channel 0 from `up`, channel 1 a live stream.
+        let mut down = WatermarkValve::new(2);
+        forward(out, &mut down, 0);
+        assert_eq!(down.watermark(1, 10_000).watermark, Some(10_000));
+    }
+
     fn wm(w: i64) -> ValveOutput {
         ValveOutput {
             status: None,
@@ -160,13 +219,15 @@ mod tests {
             }
         );
         assert_eq!(v.current(), 80);
+        assert_eq!(v.watermark(0, 90), ValveOutput::default(), "idle: ignored");
         assert_eq!(
-            v.watermark(0, 90),
+            v.status(0, Active),
             ValveOutput {
                 status: Some(Active),
-                watermark: Some(90)
+                watermark: None
             }
         );
+        assert_eq!(v.watermark(0, 90), wm(90));
         v.end(0);
         assert_eq!(
             v.end(1).watermark,
