@@ -845,19 +845,19 @@ mod tests {
     #[test]
     fn unknown_versions_are_rejected_naming_the_file() {
         let payload =
-            weir_core::codec::encode("metadata", &metadata(4, vec![in_flight(4)])).unwrap();
-        let bytes = weir_core::codec::seal(METADATA_MAGIC, 5, &payload);
+            weir_core::codec::encode("metadata", &metadata(5, vec![in_flight(5)])).unwrap();
+        let bytes = weir_core::codec::seal(METADATA_MAGIC, 6, &payload);
         let err = CheckpointMetadata::from_bytes("jobs/abc/chk-7/_metadata", &bytes).unwrap_err();
         match &err {
             CheckpointError::Corrupt { path, reason } => {
                 assert_eq!(path, "jobs/abc/chk-7/_metadata");
-                assert!(reason.contains("format version 5"), "{reason}");
+                assert!(reason.contains("format version 6"), "{reason}");
             }
             other => panic!("expected a corrupt-file error, got {other:?}"),
         }
         let shown = err.to_string();
         assert!(
-            shown.contains("jobs/abc/chk-7/_metadata") && shown.contains("version 5"),
+            shown.contains("jobs/abc/chk-7/_metadata") && shown.contains("version 6"),
             "the error must name the file and the version: {shown}"
         );
     }

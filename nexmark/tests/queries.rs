@@ -1,5 +1,5 @@
 //! Every Nexmark query on Weir gives exactly the reference's result (computed without the
-//! engine): at parallelism 1 and 2, with and without an injected failure, q5 across a
+//! engine): at parallelism 1 without and 2 with an injected failure, q5 across a
 //! stop-with-savepoint and a rescale, and through the `nexmark` binary's flags.
 
 use std::path::Path;
@@ -54,7 +54,9 @@ async fn run(query: Query, parallelism: u32, fail: bool) -> Vec<String> {
 async fn check(query: Query) {
     let want = expected(query);
     assert!(!want.is_empty(), "{query}: the reference has no rows");
-    for (parallelism, fail) in [(1, false), (2, false), (1, true), (2, true)] {
+    // Without a failure at p=1, with one at p=2 (the edge-case test below runs both
+    // parallelisms without failures; the binary's test, a failure at p=2 again).
+    for (parallelism, fail) in [(1, false), (2, true)] {
         let got = run(query, parallelism, fail).await;
         assert!(
             got == want,
