@@ -21,6 +21,8 @@ const MAX_P: u32 = 128;
 struct Fixture {
     dir: tempfile::TempDir,
     n: u32,
+    /// The statistics of the last store opened.
+    stats: Arc<DiskStats>,
 }
 
 impl Fixture {
@@ -28,20 +30,44 @@ impl Fixture {
         Fixture {
             dir: tempfile::tempdir().unwrap(),
             n: 0,
+            stats: Arc::new(DiskStats::default()),
         }
     }
 
     fn backend(&mut self, range: KeyGroupRange) -> StoreKeyedStateBackend<String> {
         self.n += 1;
+        self.stats = Arc::new(DiskStats::default());
         let store = DiskKeyedStore::open(
             self.dir.path().join(format!("store-{}", self.n)),
             format!("test-{}", self.n),
             range,
             DiskOptions::default().with_memtable_bytes(32 << 10),
-            Arc::new(DiskStats::default()),
+            Arc::clone(&self.stats),
         )
         .unwrap();
         StoreKeyedStateBackend::new(Box::new(store), MAX_P, range).with_native_snapshots(true)
+    }
+
+    /// Waits until the last store's background flushes and compactions have been still for a
+    /// while (the store itself is behind the backend's seam, which has no `settle`): a
+    /// compaction that ends between two snapshots rewrites runs the first one listed.
+    fn quiet(&self) {
+        let counts = || {
+            (
+                self.stats.flushes.load(std::sync::atomic::Ordering::SeqCst),
+                self.stats
+                    .compactions
+                    .load(std::sync::atomic::Ordering::SeqCst),
+            )
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let (mut last, mut still) = (counts(), 0);
+        while still < 5 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let now = counts();
+            still = if now == last { still + 1 } else { 0 };
+            last = now;
+        }
     }
 
     /// Copies a snapshot's files to "checkpoint storage" (a directory of this fixture), as the
@@ -125,6 +151,7 @@ fn a_native_snapshot_restores_the_state_of_its_moment_and_shares_unchanged_runs(
         .unwrap();
     let mut model = BTreeMap::new();
     write(&mut source, count, 0..20_000, &mut model);
+    fx.quiet();
     let (first, _) = native(&fx, &mut source, 1);
     // 1% of the keys change: the next snapshot lists the earlier runs again, and its new files
     // are a small part of the whole.
