@@ -25,11 +25,15 @@ mod modes;
 mod process_kill;
 #[path = "rescale.rs"]
 mod rescale;
+#[path = "standing_cluster.rs"]
+mod standing_cluster;
 #[path = "terminal.rs"]
 mod terminal;
 #[path = "unaligned.rs"]
 mod unaligned;
 #[path = "union_state.rs"]
 mod union_state;
+#[path = "web_ui.rs"]
+mod web_ui;
 #[path = "word_count_s3.rs"]
 mod word_count_s3;

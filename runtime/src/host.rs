@@ -64,8 +64,9 @@ pub(crate) trait TaskHost: Send + Sync {
     /// Whether no upload of the current generation is still running.
     fn uploads_idle(&self) -> bool;
 
-    /// The job is over: processes that ran its subtasks hear of it.
-    async fn shutdown(&self);
+    /// The job is over (`state`: Flink's final job status): processes that ran its subtasks
+    /// hear of it.
+    async fn shutdown(&self, state: &'static str);
 }
 
 /// The subtasks of a job run in this process, on a runtime of their own, so that a stuck one
@@ -138,5 +139,5 @@ impl TaskHost for LocalHost<'_> {
         self.running.as_ref().is_none_or(Running::uploads_idle)
     }
 
-    async fn shutdown(&self) {}
+    async fn shutdown(&self, _: &'static str) {}
 }

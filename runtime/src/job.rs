@@ -33,13 +33,49 @@ struct ClientInner {
     refusals: std::sync::Mutex<Vec<(Duration, String)>>,
     /// The job as the master last described it (for the REST API and metrics).
     view: std::sync::Mutex<JobView>,
-    /// Records per vertex over every attempt in this process: what a source vertex emitted,
-    /// what another processed. Made by the master at the job's start.
+    /// Records and backpressure per vertex over every attempt in this process. Made by the
+    /// master at the job's start.
     vertex_records: std::sync::Mutex<Arc<VertexRecords>>,
 }
 
-/// Records counted per vertex id.
-pub(crate) type VertexRecords = std::collections::BTreeMap<u32, AtomicU64>;
+/// What the tasks of one vertex count, over every attempt in this process.
+#[derive(Debug, Default)]
+pub(crate) struct VertexCounters {
+    /// What a source vertex emitted, what another processed.
+    pub records: AtomicU64,
+    /// Per subtask: ns its task waited for credits with output queued (Flink's back-pressured
+    /// time), over the waits that ended. One add per wait, not per record.
+    pub backpressured_ns: Box<[AtomicU64]>,
+    /// Per subtask: when its current wait for credits began (ns since the Unix epoch, on the
+    /// job's clock), 0 when it is not waiting: a wait that lasts is counted as it goes.
+    pub backpressured_since_ns: Box<[AtomicU64]>,
+}
+
+impl VertexCounters {
+    /// Subtask `i`'s back-pressured ns at `now_ns`, the current wait included.
+    fn backpressured_at(&self, i: usize, now_ns: u64) -> u64 {
+        let ended = self.backpressured_ns[i].load(Ordering::Relaxed);
+        let since = self.backpressured_since_ns[i].load(Ordering::Relaxed);
+        ended
+            + if since == 0 {
+                0
+            } else {
+                now_ns.saturating_sub(since)
+            }
+    }
+}
+
+/// Counters per vertex id.
+pub(crate) type VertexRecords = std::collections::BTreeMap<u32, VertexCounters>;
+
+/// One vertex's counters read at one moment (see [`JobClient::vertex_metrics`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VertexSample {
+    /// Records so far: a source vertex's emitted records, another vertex's processed ones.
+    pub records: u64,
+    /// Per subtask: ms its task waited for credits so far (back-pressured time).
+    pub backpressured_ms: Vec<u64>,
+}
 
 /// A running job as its master describes it to the outside: what the REST API and the
 /// metrics report besides the checkpoint statistics.
@@ -61,6 +97,9 @@ pub struct JobView {
     pub vertices: Vec<(u32, String, u32)>,
     /// The ids of the vertices that are sources.
     pub source_vertices: Vec<u32>,
+    /// Its exchanges: producer vertex, consumer vertex, how records pick a channel (Flink's
+    /// ship strategy: `FORWARD`, `REBALANCE`, `HASH`, `BROADCAST`).
+    pub edges: Vec<(u32, u32, &'static str)>,
     /// The checkpoint configuration it runs with.
     pub checkpoint_config: Option<weir_core::config::CheckpointConfig>,
     /// The state backend's and checkpoint storage's names.
@@ -75,6 +114,42 @@ pub struct JobView {
     pub restored_from: Option<String>,
     /// Where its REST API listens, if it serves one.
     pub rest_address: Option<String>,
+    /// The last restore of this run, if it restored (after a failure, or at its start).
+    pub last_restore: Option<RestoreView>,
+    /// Restores in this run (Flink's `counts.restored`).
+    pub restores: u64,
+    /// In cluster mode, the jobs that ran on the cluster before this one, as its standing task
+    /// managers remember them.
+    pub past_jobs: Vec<PastJob>,
+}
+
+/// A job that ran on the cluster, as a task manager remembers it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PastJob {
+    /// Its id (32 hex digits).
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// How it ended: `FINISHED`, `CANCELED`, `FAILED`, or `SUSPENDED` when its job manager was
+    /// lost before it said.
+    pub state: String,
+    /// When this task manager was first deployed its subtasks, ms since the Unix epoch.
+    pub start_time_ms: u64,
+    /// When it heard the job was over (or lost its job manager).
+    pub end_time_ms: u64,
+}
+
+/// One restore of a running job.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreView {
+    /// The restored checkpoint's id.
+    pub checkpoint_id: u64,
+    /// Where it is.
+    pub path: String,
+    /// Whether it was a savepoint.
+    pub is_savepoint: bool,
+    /// When the restore began, ms since the Unix epoch.
+    pub timestamp_ms: u64,
 }
 
 impl std::fmt::Debug for JobClient {
@@ -246,25 +321,55 @@ impl JobClient {
     /// Records per vertex so far (in this process): a source vertex's emitted records, another
     /// vertex's processed ones (Flink's `numRecordsOut` and `numRecordsIn`).
     pub fn vertex_records(&self) -> std::collections::BTreeMap<u32, u64> {
+        self.vertex_metrics()
+            .into_iter()
+            .map(|(v, s)| (v, s.records))
+            .collect()
+    }
+
+    /// Each vertex's counters now (in this process): records, and per subtask the time it was
+    /// back-pressured.
+    pub fn vertex_metrics(&self) -> std::collections::BTreeMap<u32, VertexSample> {
         let counters = self
             .inner
             .vertex_records
             .lock()
             .map(|c| c.clone())
             .unwrap_or_default();
+        let now_ns = weir_core::sim::wall_clock().as_nanos() as u64;
         counters
             .iter()
-            .map(|(v, n)| (*v, n.load(Ordering::Relaxed)))
+            .map(|(v, c)| {
+                let sample = VertexSample {
+                    records: c.records.load(Ordering::Relaxed),
+                    backpressured_ms: (0..c.backpressured_ns.len())
+                        .map(|i| c.backpressured_at(i, now_ns) / 1_000_000)
+                        .collect(),
+                };
+                (*v, sample)
+            })
             .collect()
     }
 
-    /// Fresh counters for `vertices`, shared with the job's tasks.
+    /// Fresh counters for `vertices` (id, parallelism), shared with the job's tasks.
     pub(crate) fn vertex_counters(
         &self,
-        vertices: impl Iterator<Item = u32>,
+        vertices: impl Iterator<Item = (u32, u32)>,
     ) -> Arc<VertexRecords> {
-        let counters: Arc<VertexRecords> =
-            Arc::new(vertices.map(|v| (v, AtomicU64::new(0))).collect());
+        let counters: Arc<VertexRecords> = Arc::new(
+            vertices
+                .map(|(v, parallelism)| {
+                    let counters = VertexCounters {
+                        records: AtomicU64::new(0),
+                        backpressured_ns: (0..parallelism).map(|_| AtomicU64::new(0)).collect(),
+                        backpressured_since_ns: (0..parallelism)
+                            .map(|_| AtomicU64::new(0))
+                            .collect(),
+                    };
+                    (v, counters)
+                })
+                .collect(),
+        );
         if let Ok(mut c) = self.inner.vertex_records.lock() {
             *c = counters.clone();
         }

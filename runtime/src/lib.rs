@@ -66,7 +66,7 @@ pub use config::{ClaimMode, JobConfig, StorageConfig};
 pub use deploy::OperatorContext;
 pub use env::{DataStream, KeyedStream, StreamEnvironment};
 pub use error::{JobError, TaskError};
-pub use job::{JobCanceller, JobClient};
+pub use job::{JobCanceller, JobClient, JobView, RestoreView, VertexSample};
 pub use local_recovery::RestoreFiles;
 pub use restart::RestartStrategy;
 pub use schemes::register_storage_scheme;

@@ -70,6 +70,10 @@ pub struct JobManagerOptions {
     /// How long a deployment waits for task managers to offer enough slots (Flink's
     /// `slot.request.timeout`) before the job fails.
     pub slot_timeout: Duration,
+    /// The job's arguments, from which the same program builds the same job: handed to
+    /// standing task managers (started without a job), which build the job from them. `None`:
+    /// only task managers started with the job's own arguments can run it.
+    pub job_args: Option<Vec<String>>,
 }
 
 impl JobManagerOptions {
@@ -79,6 +83,7 @@ impl JobManagerOptions {
             listen,
             heartbeat: HeartbeatConfig::default(),
             slot_timeout: Duration::from_secs(300),
+            job_args: None,
         }
     }
 }

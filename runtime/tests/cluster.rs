@@ -37,6 +37,7 @@ async fn run_child(jobmanager: SocketAddr) -> ! {
         pid: std::process::id(),
         job: None,
         protocol: weir_runtime::cluster::TASK_PROTOCOL_VERSION,
+        past_jobs: Vec::new(),
     };
     let session = match TaskManagerSession::join(jobmanager, info, BOUND).await {
         Ok(s) => s,
@@ -193,6 +194,7 @@ async fn heartbeat_settings_are_checked() {
             pid: 0,
             job: None,
             protocol: weir_runtime::cluster::TASK_PROTOCOL_VERSION,
+            past_jobs: Vec::new(),
         },
         Duration::from_millis(200),
     )

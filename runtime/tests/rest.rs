@@ -162,6 +162,17 @@ async fn the_rest_api_reports_checkpoints_takes_a_savepoint_and_cancels() {
         assert!(n >= 2.0, "{completed}");
         assert!(metrics.contains("flink_jobmanager_job_lastCheckpointDuration{"));
         assert!(metrics.contains("flink_jobmanager_job_numRestarts{"));
+        // Per subtask, the last completed checkpoint's alignment and start delay (ns).
+        for name in ["checkpointAlignmentTime", "checkpointStartDelayNanos"] {
+            let lines = metrics
+                .lines()
+                .filter(|l| l.starts_with(&format!("flink_taskmanager_job_task_{name}{{")))
+                .count();
+            assert_eq!(
+                lines, 6,
+                "{name}: three vertices of two subtasks:\n{metrics}"
+            );
+        }
         // Records per vertex: the source's written, the sum's read, both moving.
         let count = |m: &str, name: &str| -> f64 {
             m.lines()
@@ -475,6 +486,22 @@ async fn a_running_job_s_checkpoint_interval_is_tuned_live_and_the_tuning_surviv
                 .unwrap()
                 >= 2
         });
+        // The restore, as Flink reports it: counted, its checkpoint and when.
+        let cps = json(&a, &format!("/jobs/{id}/checkpoints"));
+        assert_eq!(cps["counts"]["restored"], 1, "{cps}");
+        let restored = &cps["latest"]["restored"];
+        assert_eq!(restored["is_savepoint"], false, "{restored}");
+        assert!(restored["id"].as_u64() > Some(0), "{restored}");
+        let at = restored["restore_timestamp"].as_u64().unwrap();
+        assert!(at >= c.view().start_time_ms, "{restored}");
+        let (_, metrics) = http(&a, "GET", "/metrics", b"");
+        assert_eq!(
+            metric(
+                &metrics,
+                "flink_jobmanager_job_lastCheckpointRestoreTimestamp{"
+            ),
+            at as f64
+        );
     })
     .await
     .unwrap();
@@ -519,4 +546,157 @@ async fn a_stalled_client_does_not_hold_the_job_and_a_taken_port_is_refused() {
         Err(JobError::Invalid(m)) => assert!(m.contains("cannot listen on"), "{m}"),
         other => panic!("{other:?}"),
     }
+}
+
+/// The value of the metric line that starts with `prefix`.
+fn metric(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in:\n{metrics}"))
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_pressure_is_measured_where_the_credits_run_out_and_the_page_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = StreamEnvironment::new();
+    env.set_parallelism(2)
+        .enable_checkpointing(Duration::from_millis(50))
+        .set_checkpoint_dir(dir.path().join("checkpoints"));
+    env.config_mut().rest = Some(RestOptions {
+        address: "127.0.0.1:0".parse().unwrap(),
+        port_attempts: 0,
+        allow_remote: false,
+        read_only: false,
+    });
+    // The gate, after the exchange, holds every record: the source's output waits for credits
+    // all the time, the gated vertex never.
+    let gate = weir_runtime::testing::Gate::closed();
+    let _ = env
+        .from_generator(None, |i| (i % 7, 1i64))
+        .key_by(|t: &(u64, i64)| &t.0)
+        .sum()
+        .through_gate(&gate)
+        .latest_per_key();
+    let client = JobClient::default();
+    let run = tokio::spawn(env.execute_with(client.clone()).bounded());
+    let c = client.clone();
+    tokio::task::spawn_blocking(move || {
+        let a = address_of(&c);
+        let id = c.view().job_id;
+        let job = json(&a, &format!("/jobs/{id}"));
+        // The plan: the source feeds the sum's chain by hash, which feeds the sink's.
+        let nodes = job["plan"]["nodes"].as_array().unwrap();
+        assert_eq!(nodes.len(), 3, "{job}");
+        assert_eq!(nodes[2]["inputs"][0]["id"], nodes[1]["id"]);
+        assert_eq!(nodes[0]["inputs"].as_array().unwrap().len(), 0);
+        assert_eq!(nodes[1]["inputs"][0]["id"], nodes[0]["id"]);
+        assert_eq!(nodes[1]["inputs"][0]["ship_strategy"], "HASH");
+        let (source, sum) = (
+            nodes[0]["id"].as_str().unwrap().to_string(),
+            nodes[1]["id"].as_str().unwrap().to_string(),
+        );
+        // Over the rates' window (once it spans seconds) the source is back-pressured nearly
+        // all the time.
+        let source_metrics = |field: &str| {
+            let job = json(&a, &format!("/jobs/{id}"));
+            job["vertices"][0]["metrics"][field].clone()
+        };
+        wait_for("a second back-pressured per source subtask", || {
+            source_metrics("accumulated-backpressured-time").as_u64() > Some(2000)
+        });
+        wait_for("the source's back pressure", || {
+            let bp = json(&a, &format!("/jobs/{id}/vertices/{source}/backpressure"));
+            bp["backpressureLevel"] == "high"
+                && bp["subtasks"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|s| s["ratio"].as_f64().unwrap() > 0.5)
+        });
+        let bp = json(&a, &format!("/jobs/{id}/vertices/{sum}/backpressure"));
+        assert_eq!(bp["backpressureLevel"], "ok", "{bp}");
+        assert_eq!(bp["subtasks"].as_array().unwrap().len(), 2);
+        let job = json(&a, &format!("/jobs/{id}"));
+        let vertex = |vid: &str| {
+            job["vertices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["id"] == vid)
+                .unwrap()["metrics"]
+                .clone()
+        };
+        assert_eq!(vertex(&source)["backpressure-level"], "high", "{job}");
+        assert_eq!(vertex(&sum)["backpressure-level"], "ok", "{job}");
+        let (status, metrics) = http(&a, "GET", "/metrics", b"");
+        assert_eq!(status, 200);
+        let source_label = format!("task_id=\"{source}\"");
+        let bp_line = metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("flink_taskmanager_job_task_backPressuredTimeMsPerSecond{")
+                    && l.contains(&source_label)
+            })
+            .unwrap_or_else(|| panic!("{metrics}"));
+        let ms: f64 = bp_line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(ms > 500.0, "{bp_line}");
+        assert_eq!(
+            metric(
+                &metrics,
+                "flink_jobmanager_job_lastCheckpointRestoreTimestamp{"
+            ),
+            -1.0
+        );
+        for name in ["numRecordsOutPerSecond", "numRecordsInPerSecond"] {
+            assert!(
+                metrics.contains(&format!("flink_taskmanager_job_task_{name}{{")),
+                "{name}: {metrics}"
+            );
+        }
+        // The web UI: the page, its script and its style, from this server, with a policy that
+        // lets it load nothing from elsewhere.
+        for (path, kind, needle) in [
+            ("/", "text/html", "checkpoint-timeline"),
+            ("/web/app.js", "text/javascript", "renderTimeline"),
+            ("/web/style.css", "text/css", ".cp-bar"),
+        ] {
+            let (status, head, body) = http_with_head(&a, path);
+            assert_eq!(status, 200, "{path}");
+            assert!(
+                head.contains(&format!("content-type: {kind}")),
+                "{path}: {head}"
+            );
+            assert!(
+                head.contains("content-security-policy: default-src 'self'"),
+                "{head}"
+            );
+            assert!(body.contains(needle), "{path}");
+        }
+        c.cancel();
+    })
+    .await
+    .unwrap();
+    let result = run.await.unwrap().unwrap();
+    assert_eq!(result.status, JobStatus::Canceled);
+}
+
+/// A GET's status, its head (lower case) and its body.
+fn http_with_head(address: &str, path: &str) -> (u16, String, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, head.to_ascii_lowercase(), body.to_string())
 }

@@ -7,7 +7,8 @@
 //!
 //! `ci`, `test` and `chaos` first make sure the S3 server the storage tests use is installed
 //! ([`s3::ensure_s3s_fs`]) and pass its path to the tests as `WEIR_S3FS_BIN`; `ci` and `test`
-//! also make sure of iproute2, for the network partition test ([`netns::ensure_iproute2`]).
+//! also make sure of iproute2, for the network partition test ([`apt::ensure_iproute2`]), and of
+//! Chromium and its WebDriver, for the web UI test ([`apt::ensure_chromium`]).
 //! - `bench [name]`: release-build the examples and run a named benchmark (default `wordcount`).
 //! - `chaos`: the heavy `#[ignore]`d scenarios, in release mode.
 //! - `mutants`: the exactly-once and restore tests under each deliberate bug (`weir_mutant`),
@@ -19,6 +20,7 @@
 //!
 //! Plain `std::process::Command` throughout; no shell scripts.
 
+mod apt;
 mod bench;
 mod bench_disk;
 mod bench_nexmark;
@@ -27,7 +29,6 @@ mod benches;
 mod compare;
 mod lines;
 mod mutants;
-mod netns;
 mod s3;
 mod structure;
 mod testcount;
@@ -52,7 +53,8 @@ commands:
 ci, test and chaos install s3s-fs (the S3 server of the storage tests) once, into
 $WEIR_TOOLS_DIR or ~/.cache/weir/tools, and pass it to the tests as WEIR_S3FS_BIN (set it to
 use your own); ci and test install iproute2 with apt-get when it is missing and they run as root
-(the network partition test's hosts are network namespaces)
+(the network partition test's hosts are network namespaces), and chromium and chromium-driver
+for the web UI test (WEIR_CHROMIUM_BIN and WEIR_CHROMEDRIVER_BIN name your own)
   bench [name]  release benchmarks; names: {benches}
   bench compare REV [ROUNDS]
                 word_count built at git revision REV against the work tree's, interleaved
@@ -191,8 +193,13 @@ fn package_args(args: &[String]) -> Vec<String> {
 
 /// The test commands of CI step 4: nextest (or `cargo test`) with `extra` args, then doc tests,
 /// over the workspace or, when `extra` names packages (`-p`), over those. Both get
-/// `WEIR_S3FS_BIN=s3s_fs`.
-fn test_commands(root: &Path, extra: &[String], s3s_fs: &Path) -> Vec<(&'static str, Command)> {
+/// `WEIR_S3FS_BIN=s3s_fs` and the browser's paths (`browser`).
+fn test_commands(
+    root: &Path,
+    extra: &[String],
+    s3s_fs: &Path,
+    browser: &[(&'static str, PathBuf)],
+) -> Vec<(&'static str, Command)> {
     let packages = package_args(extra);
     let scope = if packages.is_empty() {
         vec!["--workspace".to_string()]
@@ -210,15 +217,19 @@ fn test_commands(root: &Path, extra: &[String], s3s_fs: &Path) -> Vec<(&'static 
     doc.arg("test").args(&scope).args(&packages).arg("--doc");
     for cmd in [&mut main, &mut doc] {
         cmd.env(s3::BIN_VAR, s3s_fs);
+        for (var, path) in browser {
+            cmd.env(var, path);
+        }
     }
     vec![("test", main), ("doctest", doc)]
 }
 
 fn tests(root: &Path, extra: &[String]) -> Result<()> {
     let s3s_fs = s3::ensure_s3s_fs()?;
-    netns::ensure_iproute2()?;
+    apt::ensure_iproute2()?;
+    let browser = apt::ensure_chromium()?;
     let mut counts = testcount::Counts::default();
-    let result = test_commands(root, extra, &s3s_fs)
+    let result = test_commands(root, extra, &s3s_fs, &browser)
         .into_iter()
         .try_for_each(|(_, cmd)| testcount::run_counting(cmd, &mut counts));
     println!("{}", counts.line());
@@ -315,9 +326,10 @@ fn ci(root: &Path) -> Result<()> {
     ));
     // Before the steps, so that a missing tool fails CI at once, not after clippy.
     let s3s_fs = s3::ensure_s3s_fs()?;
-    netns::ensure_iproute2()?;
+    apt::ensure_iproute2()?;
+    let browser = apt::ensure_chromium()?;
     let counts = Rc::new(Cell::new(testcount::Counts::default()));
-    for (name, cmd) in test_commands(root, &[], &s3s_fs) {
+    for (name, cmd) in test_commands(root, &[], &s3s_fs, &browser) {
         let counts = Rc::clone(&counts);
         steps.push((
             name,

@@ -264,6 +264,14 @@ impl StderrLines {
         }
     }
 
+    /// Every line written so far.
+    pub fn so_far(&mut self) -> &[String] {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+        &self.seen
+    }
+
     /// Everything written so far and until the child closes stderr (waiting at most `within`).
     pub fn all(mut self, within: Duration) -> String {
         let give_up = Instant::now() + within;

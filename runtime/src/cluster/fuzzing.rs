@@ -69,7 +69,9 @@ pub fn seeds() -> Result<Vec<(Direction, Vec<u8>)>, String> {
                 generation: 3,
                 finished: true,
             },
-            ToTaskManager::Shutdown,
+            ToTaskManager::Shutdown {
+                state: "FINISHED".to_string(),
+            },
         ],
         Vec::new(),
     ];

@@ -6,7 +6,7 @@ use super::HeartbeatConfig;
 use super::membership::{
     Membership, MembershipEvent, TaskManagerId, TaskManagerInfo, UnknownTaskManager,
 };
-use super::rpc::{FETCH_WAIT, JobManagerService, MAX_FRAME, Registration, RpcError};
+use super::rpc::{FETCH_WAIT, JobArguments, JobManagerService, MAX_FRAME, Registration, RpcError};
 use futures::prelude::*;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -35,6 +35,8 @@ struct Service {
     inbound: mpsc::UnboundedSender<(TaskManagerId, Vec<u8>)>,
     /// The fingerprint of the job graph task managers must have built, if any.
     job: Option<u128>,
+    /// The job's id and arguments, for standing task managers to build the job from.
+    job_args: Option<(String, Vec<String>)>,
 }
 
 /// The messages for each registered task manager, numbered from 1, kept until its fetch
@@ -221,6 +223,22 @@ impl JobManagerService for Service {
             .take(id, acked, Instant::now() + FETCH_WAIT)
             .await
     }
+
+    async fn job(self, _: Context) -> Result<JobArguments, String> {
+        match (&self.job_args, self.job) {
+            (Some((job_id, args)), Some(fingerprint)) => Ok(JobArguments {
+                args: args.clone(),
+                fingerprint,
+                job_id: job_id.clone(),
+                protocol: super::TASK_PROTOCOL_VERSION,
+            }),
+            _ => Err(
+                "this job manager's program gave no job arguments: start its task \
+                      managers with the job's own arguments"
+                    .to_string(),
+            ),
+        }
+    }
 }
 
 /// What reaches the job manager from task managers.
@@ -259,6 +277,18 @@ impl JobManagerServer {
         config: HeartbeatConfig,
         job: Option<u128>,
     ) -> Result<JobManagerServer, String> {
+        Self::start_with_arguments(listen, config, job, None).await
+    }
+
+    /// As [`start_for_job`](Self::start_for_job), answering standing task managers' `job`
+    /// calls with `job_args`: the job's id, and the arguments from which the program builds the
+    /// graph of fingerprint `job`.
+    pub async fn start_with_arguments(
+        listen: SocketAddr,
+        config: HeartbeatConfig,
+        job: Option<u128>,
+        job_args: Option<(String, Vec<String>)>,
+    ) -> Result<JobManagerServer, String> {
         config.validate()?;
         let mut listener = tarpc::serde_transport::tcp::listen(listen, Bincode::default)
             .await
@@ -278,6 +308,7 @@ impl JobManagerServer {
             outboxes: outboxes.clone(),
             inbound: inbound_tx,
             job,
+            job_args,
         };
         let serve = service.clone();
         let server = tokio::spawn(async move {

@@ -116,8 +116,8 @@ impl TaskHost for RemoteHost<'_> {
         true
     }
 
-    async fn shutdown(&self) {
-        self.gateway.shutdown().await;
+    async fn shutdown(&self, state: &'static str) {
+        self.gateway.shutdown(state).await;
     }
 }
 
@@ -143,6 +143,8 @@ struct RouterContext {
     metrics: Arc<JobMetrics>,
     started: Instant,
     results: Vec<Arc<dyn SharedResult>>,
+    /// The job's client: the jobs registering task managers ran before are listed in its view.
+    client: crate::job::JobClient,
 }
 
 /// The master's way to subtasks running on task managers.
@@ -174,11 +176,18 @@ impl RemoteGateway {
         metrics: Arc<JobMetrics>,
         started: Instant,
         results: Vec<Arc<dyn SharedResult>>,
+        client: crate::job::JobClient,
     ) -> Result<RemoteGateway, JobError> {
         let heartbeat: HeartbeatConfig = options.heartbeat;
-        let server = JobManagerServer::start_for_job(options.listen, heartbeat, Some(fingerprint))
-            .await
-            .map_err(JobError::Invalid)?;
+        let job_id = client.view().job_id;
+        let server = JobManagerServer::start_with_arguments(
+            options.listen,
+            heartbeat,
+            Some(fingerprint),
+            options.job_args.clone().map(|args| (job_id, args)),
+        )
+        .await
+        .map_err(JobError::Invalid)?;
         let addr = server.local_addr();
         let state = Arc::new(Mutex::new(RouterState::default()));
         let changed = Arc::new(Notify::new());
@@ -191,6 +200,7 @@ impl RemoteGateway {
                 metrics,
                 started,
                 results,
+                client,
             },
         ));
         Ok(RemoteGateway {
@@ -448,11 +458,17 @@ impl RemoteGateway {
         lock(&self.state).reports = None;
     }
 
-    /// Tells every task manager the job is over, and waits briefly until each has left.
-    pub async fn shutdown(&self) {
+    /// Tells every task manager the job is over and how it ended, and waits briefly until each
+    /// has left.
+    pub async fn shutdown(&self, state: &'static str) {
         let members: Vec<TaskManagerId> = lock(&self.state).members.keys().copied().collect();
         for tm in &members {
-            self.post(*tm, &ToTaskManager::Shutdown);
+            self.post(
+                *tm,
+                &ToTaskManager::Shutdown {
+                    state: state.to_string(),
+                },
+            );
         }
         let gone = |s: &RouterState| members.iter().all(|tm| !s.members.contains_key(tm));
         if !self.wait_for(Instant::now() + SHUTDOWN_WAIT, gone).await {
@@ -471,7 +487,7 @@ async fn route(
     loop {
         match server.next_incoming().await {
             None => return,
-            Some(Incoming::Membership(event)) => on_membership(&state, event).await,
+            Some(Incoming::Membership(event)) => on_membership(&state, &ctx, event).await,
             Some(Incoming::Report(tm, bytes)) => {
                 match decode::<FromTaskManager>(&bytes, &tm.to_string()) {
                     Ok(messages) => {
@@ -487,9 +503,17 @@ async fn route(
     }
 }
 
-async fn on_membership(state: &Mutex<RouterState>, event: MembershipEvent) {
+async fn on_membership(state: &Mutex<RouterState>, ctx: &RouterContext, event: MembershipEvent) {
     let (id, reason) = match event {
         MembershipEvent::Registered { id, info } => {
+            ctx.client.update_view(|v| {
+                for job in &info.past_jobs {
+                    if !v.past_jobs.iter().any(|p| p.id == job.id) {
+                        v.past_jobs.push(job.clone());
+                    }
+                }
+                v.past_jobs.sort_by_key(|p| p.start_time_ms);
+            });
             lock(state).members.insert(id, info);
             return;
         }

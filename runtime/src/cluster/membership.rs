@@ -3,6 +3,7 @@
 //! `HeartbeatManager` and the resource manager's task manager registry, on the job manager's
 //! side).
 
+pub use crate::job::PastJob;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,6 +36,9 @@ pub struct TaskManagerInfo {
     pub job: Option<u128>,
     /// The version of the task protocol it speaks ([`super::TASK_PROTOCOL_VERSION`]).
     pub protocol: u8,
+    /// The jobs it ran before, newest last (a standing task manager's memory of the cluster's
+    /// jobs, which the job manager lists beside its own).
+    pub past_jobs: Vec<PastJob>,
 }
 
 /// A change of membership.
@@ -195,6 +199,7 @@ mod tests {
             pid: 1,
             job: None,
             protocol: crate::cluster::TASK_PROTOCOL_VERSION,
+            past_jobs: Vec::new(),
         }
     }
 

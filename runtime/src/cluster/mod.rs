@@ -19,6 +19,8 @@
 //!   ordered delivery, and a lost task manager turned into a task failure.
 //! - `taskexecutor`: a task manager's main loop: it runs what it is deployed, and rejoins (or
 //!   exits) when the job manager is lost.
+//! - [`standing`]: a standing task manager (Flink's session cluster), started without a job: it
+//!   builds each job from the arguments its job manager hands out, job after job.
 //! - `transport`: a task manager's data transport: in process between its own subtasks, TCP to
 //!   other task managers.
 //!
@@ -46,6 +48,8 @@ pub(crate) mod protocol;
 #[cfg(feature = "cluster")]
 pub mod rpc;
 #[cfg(feature = "cluster")]
+pub mod standing;
+#[cfg(feature = "cluster")]
 pub(crate) mod taskexecutor;
 #[cfg(feature = "cluster")]
 pub mod taskmanager;
@@ -54,12 +58,29 @@ pub(crate) mod transport;
 
 #[cfg(feature = "cluster")]
 pub use jobmanager::JobManagerServer;
+#[cfg(feature = "cluster")]
+pub use standing::run_standing_task_manager;
+
+/// Builds a job from its arguments: the program's own job-building code, given the arguments
+/// its job manager was started with ([`JobManagerOptions::job_args`]).
+pub type JobBuilder = std::sync::Arc<
+    dyn Fn(&[String]) -> Result<crate::StreamEnvironment, crate::JobError> + Send + Sync + 'static,
+>;
+
+/// A standing task manager needs the `cluster` feature: without it, this fails at once.
+#[cfg(not(feature = "cluster"))]
+pub async fn run_standing_task_manager(
+    _options: TaskManagerOptions,
+    _build: JobBuilder,
+) -> Result<(), crate::JobError> {
+    Err(crate::JobError::Invalid(MISSING.to_string()))
+}
 
 /// The version of the task protocol this build speaks; a task manager of another version is
 /// refused at registration.
 #[cfg(feature = "cluster")]
 pub const TASK_PROTOCOL_VERSION: u8 = protocol::PROTOCOL_VERSION;
-pub use membership::{MembershipEvent, TaskManagerId, TaskManagerInfo};
+pub use membership::{MembershipEvent, PastJob, TaskManagerId, TaskManagerInfo};
 #[cfg(feature = "cluster")]
 pub use taskmanager::{JobManagerLost, TaskManagerSession};
 

@@ -12,8 +12,9 @@ use weir_core::ids::{CheckpointId, JobId, SubtaskIndex, VertexId};
 
 /// The version of these messages and of the RPC service's answers; a peer with another one is
 /// refused with both numbers. 2: the service's errors are a typed `RpcError`, not text. 3: a
-/// deployment's settings name the job's state backend.
-pub(crate) const PROTOCOL_VERSION: u8 = 3;
+/// deployment's settings name the job's state backend. 4: standing task managers: the job's
+/// arguments (`job`), the job's final state at shutdown, past jobs at registration.
+pub(crate) const PROTOCOL_VERSION: u8 = 4;
 
 /// From the job manager to a task manager, delivered in order.
 #[derive(Debug, Serialize, Deserialize)]
@@ -41,8 +42,9 @@ pub(crate) enum ToTaskManager {
     /// for the end), or aborted. Answered with [`FromTaskManager::Stopped`] once they and their
     /// uploads have ended.
     Stop { generation: u64, finished: bool },
-    /// The job is over: leave and exit.
-    Shutdown,
+    /// The job is over (`state`: `FINISHED`, `CANCELED` or `FAILED`): leave, and exit or (a
+    /// standing task manager) wait for the next job.
+    Shutdown { state: String },
 }
 
 /// One generation's subtasks for one task manager.

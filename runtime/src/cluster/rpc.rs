@@ -63,4 +63,22 @@ pub trait JobManagerService {
     /// manager reaches task managers without connecting to them, and a lost answer is sent
     /// again. `Err`: the job manager does not know it.
     async fn fetch(id: TaskManagerId, acked: u64) -> Result<Vec<(u64, Vec<u8>)>, RpcError>;
+    /// The job this job manager runs, for a standing task manager to build before it
+    /// registers (Flink's session cluster: task managers are started without a job). `Err`
+    /// (text): the job manager's program gave no job arguments.
+    async fn job() -> Result<JobArguments, String>;
+}
+
+/// The job a job manager runs, as a standing task manager builds it: the same program, given
+/// these arguments, must build the graph whose fingerprint this is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobArguments {
+    /// The job's arguments (the job manager's command line without the program's name).
+    pub args: Vec<String>,
+    /// The fingerprint of the job manager's job graph.
+    pub fingerprint: u128,
+    /// The job's id: a task manager that saw this job end does not join it again.
+    pub job_id: String,
+    /// The task protocol the job manager speaks.
+    pub protocol: u8,
 }

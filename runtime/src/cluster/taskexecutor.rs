@@ -4,7 +4,7 @@
 //! exits, if the job manager stays unreachable).
 
 use super::TaskManagerOptions;
-use super::membership::TaskManagerInfo;
+use super::membership::{PastJob, TaskManagerInfo};
 use super::protocol::{Deploy, FromTaskManager, ToTaskManager, decode, encode};
 use super::rpc::RpcError;
 use super::taskmanager::TaskManagerSession;
@@ -43,6 +43,11 @@ pub(crate) fn graph_fingerprint(job: &weir_core::graph::JobGraph) -> u128 {
     }
 }
 
+/// Now, ms since the Unix epoch.
+fn wall_ms() -> u64 {
+    weir_core::sim::wall_clock().as_millis() as u64
+}
+
 /// This host's address on the route to `peer` (no packet is sent).
 fn address_towards(peer: SocketAddr) -> IpAddr {
     let unspecified: SocketAddr = if peer.is_ipv4() {
@@ -78,12 +83,14 @@ struct Executor {
     storages: HashMap<String, Arc<dyn CheckpointStorage>>,
     running: BTreeMap<u64, Running>,
     reports: mpsc::UnboundedSender<TaskReport>,
+    /// The job, once it was deployed here: for the list of the cluster's jobs.
+    job: Option<PastJob>,
 }
 
 /// How a session with the job manager ended.
 enum SessionEnd {
-    /// The job is over.
-    Shutdown,
+    /// The job is over, in this state.
+    Shutdown(String),
     /// The job manager was lost (or forgot this task manager).
     Lost(String),
 }
@@ -93,48 +100,30 @@ pub(crate) async fn run_task_manager(
     spec: JobSpec,
     options: TaskManagerOptions,
 ) -> Result<JobResult, JobError> {
+    serve_job(spec, &options, Vec::new()).await.0
+}
+
+/// Runs a task manager for `spec`'s job until the job manager shuts it down (or stays lost),
+/// telling it at registration of the `past_jobs` it ran; also the job as this task manager
+/// saw it, if it was deployed its subtasks.
+pub(crate) async fn serve_job(
+    spec: JobSpec,
+    options: &TaskManagerOptions,
+    past_jobs: Vec<PastJob>,
+) -> (Result<JobResult, JobError>, Option<PastJob>) {
     if options.slots == 0 {
-        return Err(JobError::Invalid(
-            "a task manager needs at least one slot".into(),
-        ));
+        let refused = JobError::Invalid("a task manager needs at least one slot".into());
+        return (Err(refused), None);
     }
     let ip = options
         .bind
         .unwrap_or_else(|| address_towards(options.jobmanager));
-    let runtime = TaskRuntime::new()?;
-    let placement = Arc::new(Placement::new(&spec.job));
-    // The transport's connections run on the subtasks' runtime.
-    let entered = runtime.handle().enter();
-    let transport = ClusterTransport::bind(
-        (ip, 0).into(),
-        ChannelConfig {
-            buffers_per_channel: spec.config.buffers_per_channel,
-        },
-        placement,
-    )
-    .map_err(|e| JobError::Invalid(format!("the task manager's data transport: {e}")))?;
-    drop(entered);
-    let data_addr = transport.local_addr();
-    let transport = Arc::new(transport);
-    let data: Arc<dyn Transport> = match &spec.config.transport {
-        Some(layer) => layer.apply(transport.clone()),
-        None => transport.clone(),
+    let mut executor = match Executor::new(spec, ip) {
+        Ok(e) => e,
+        Err(e) => return (Err(e), None),
     };
+    let data_addr = executor.transport.local_addr();
     let span = info_span!("taskmanager", data = %data_addr);
-    let mut executor = Executor {
-        runtime,
-        fingerprint: graph_fingerprint(&spec.job),
-        spec,
-        transport,
-        data,
-        started: Instant::now(),
-        metrics: Arc::new(JobMetrics::default()),
-        targets: Arc::new(Targets::default()),
-        chain_epoch: Arc::new(AtomicU64::new(0)),
-        storages: HashMap::new(),
-        running: BTreeMap::new(),
-        reports: mpsc::unbounded_channel().0,
-    };
     let info = TaskManagerInfo {
         name: format!("taskmanager-{}@{ip}", std::process::id()),
         slots: options.slots,
@@ -142,6 +131,7 @@ pub(crate) async fn run_task_manager(
         pid: std::process::id(),
         job: Some(executor.fingerprint),
         protocol: super::TASK_PROTOCOL_VERSION,
+        past_jobs,
     };
     let result = async {
         loop {
@@ -160,33 +150,11 @@ pub(crate) async fn run_task_manager(
             }
             executor.end_session();
             match end {
-                SessionEnd::Shutdown => {
+                SessionEnd::Shutdown(state) => {
                     let _ = session.leave().await;
-                    info!("the job is over; task manager exiting");
-                    return Ok(JobResult {
-                        job_id: JobId::from_name(&executor.spec.config.job_name),
-                        status: JobStatus::Finished,
-                        duration: executor.started.elapsed(),
-                        running_duration: None,
-                        bytes_sent: executor.transport.bytes_sent(),
-                        source_records: executor.metrics.source_records.load(Ordering::Relaxed),
-                        checkpoints_completed: 0,
-                        checkpoints_failed: 0,
-                        restarts: 0,
-                        checkpoint_durations: Vec::new(),
-                        checkpoint_in_flight: Vec::new(),
-                        checkpoint_history: Vec::new(),
-                        recovery_times: Vec::new(),
-                        latest_checkpoint: None,
-                        restored_from: None,
-                        restore_files: executor.metrics.restore_files.read(),
-                        source_records_since_restore: executor
-                            .metrics
-                            .source_records
-                            .load(Ordering::Relaxed),
-                        savepoint: None,
-                        trigger_refusals: 0,
-                    });
+                    info!(%state, "the job is over");
+                    executor.job_ended(&state);
+                    return Ok(executor.result());
                 }
                 SessionEnd::Lost(reason) => {
                     warn!(%reason, "lost the job manager; subtasks stopped, registering again");
@@ -196,6 +164,10 @@ pub(crate) async fn run_task_manager(
     }
     .instrument(span)
     .await;
+    if result.is_err() {
+        executor.job_ended("SUSPENDED");
+    }
+    let job = executor.job.take();
     // The transport goes first; the runtime's threads end on their own.
     let Executor {
         runtime,
@@ -206,7 +178,7 @@ pub(crate) async fn run_task_manager(
     drop(data);
     drop(transport);
     drop(runtime);
-    result
+    (result, job)
 }
 
 /// One session with the job manager: heartbeats, fetching what it sends, forwarding reports.
@@ -264,6 +236,90 @@ async fn fetch_loop(
 }
 
 impl Executor {
+    /// An executor of `spec`'s job, its data transport bound on `ip`.
+    fn new(spec: JobSpec, ip: IpAddr) -> Result<Executor, JobError> {
+        let runtime = TaskRuntime::new()?;
+        let placement = Arc::new(Placement::new(&spec.job));
+        // The transport's connections run on the subtasks' runtime.
+        let entered = runtime.handle().enter();
+        let transport = ClusterTransport::bind(
+            (ip, 0).into(),
+            ChannelConfig {
+                buffers_per_channel: spec.config.buffers_per_channel,
+            },
+            placement,
+        )
+        .map_err(|e| JobError::Invalid(format!("the task manager's data transport: {e}")))?;
+        drop(entered);
+        let transport = Arc::new(transport);
+        let data: Arc<dyn Transport> = match &spec.config.transport {
+            Some(layer) => layer.apply(transport.clone()),
+            None => transport.clone(),
+        };
+        Ok(Executor {
+            runtime,
+            fingerprint: graph_fingerprint(&spec.job),
+            spec,
+            transport,
+            data,
+            started: Instant::now(),
+            metrics: Arc::new(JobMetrics::default()),
+            targets: Arc::new(Targets::default()),
+            chain_epoch: Arc::new(AtomicU64::new(0)),
+            storages: HashMap::new(),
+            running: BTreeMap::new(),
+            reports: mpsc::unbounded_channel().0,
+            job: None,
+        })
+    }
+
+    /// Subtasks of job `id` were deployed here: remembered from the first deployment on.
+    fn job_deployed(&mut self, id: JobId) {
+        let id = id.to_string();
+        if self.job.as_ref().is_none_or(|j| j.id != id) {
+            self.job = Some(PastJob {
+                id,
+                name: self.spec.config.job_name.clone(),
+                state: "RUNNING".into(),
+                start_time_ms: wall_ms(),
+                end_time_ms: 0,
+            });
+        }
+    }
+
+    /// The job is over (or its job manager lost for good), in `state`.
+    fn job_ended(&mut self, state: &str) {
+        if let Some(j) = self.job.as_mut().filter(|j| j.end_time_ms == 0) {
+            j.state = state.to_string();
+            j.end_time_ms = wall_ms();
+        }
+    }
+
+    /// What a task manager reports of its job: the records and bytes it sent.
+    fn result(&self) -> JobResult {
+        JobResult {
+            job_id: JobId::from_name(&self.spec.config.job_name),
+            status: JobStatus::Finished,
+            duration: self.started.elapsed(),
+            running_duration: None,
+            bytes_sent: self.transport.bytes_sent(),
+            source_records: self.metrics.source_records.load(Ordering::Relaxed),
+            checkpoints_completed: 0,
+            checkpoints_failed: 0,
+            restarts: 0,
+            checkpoint_durations: Vec::new(),
+            checkpoint_in_flight: Vec::new(),
+            checkpoint_history: Vec::new(),
+            recovery_times: Vec::new(),
+            latest_checkpoint: None,
+            restored_from: None,
+            restore_files: self.metrics.restore_files.read(),
+            source_records_since_restore: self.metrics.source_records.load(Ordering::Relaxed),
+            savepoint: None,
+            trigger_refusals: 0,
+        }
+    }
+
     /// Forgets what belonged to the session that ended: a job manager started again numbers
     /// its generations and snapshots from 1 and its chain epochs from 0, so no channel, target
     /// or epoch of the last session may linger under the same numbers.
@@ -376,13 +432,16 @@ impl Executor {
                 info!(generation, finished, "subtasks stopped");
                 let _ = control.send(FromTaskManager::Stopped { generation });
             }
-            ToTaskManager::Shutdown => return Some(SessionEnd::Shutdown),
+            ToTaskManager::Shutdown { state } => return Some(SessionEnd::Shutdown(state)),
         }
         None
     }
 
     async fn deploy(&mut self, deploy: Deploy) {
         let generation = deploy.generation;
+        if deploy.graph_fingerprint == self.fingerprint {
+            self.job_deployed(deploy.job_id);
+        }
         let span = info_span!("deploy", generation);
         // A newer generation replaces any older one still here.
         let older: Vec<u64> = self.running.range(..generation).map(|(g, _)| *g).collect();

@@ -3,7 +3,9 @@
 
 use super::HeartbeatConfig;
 use super::membership::{TaskManagerId, TaskManagerInfo};
-use super::rpc::{FETCH_WAIT, JobManagerServiceClient, MAX_FRAME, Registration, RpcError};
+use super::rpc::{
+    FETCH_WAIT, JobArguments, JobManagerServiceClient, MAX_FRAME, Registration, RpcError,
+};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tarpc::client;
@@ -50,35 +52,7 @@ impl TaskManagerSession {
             addr: jobmanager,
             reason,
         };
-        let give_up = deadline_after(connect_timeout);
-        let mut delay = Duration::from_millis(20);
-        let transport = loop {
-            let mut connect = tarpc::serde_transport::tcp::connect(jobmanager, Bincode::default);
-            connect.config_mut().max_frame_length(MAX_FRAME);
-            // An address that drops packets would otherwise hold one attempt for minutes.
-            let attempt = tokio::time::timeout_at(give_up.into(), connect)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "connecting timed out",
-                    ))
-                });
-            match attempt {
-                Ok(t) => break t,
-                Err(e) if Instant::now() < give_up => {
-                    debug!(%jobmanager, error = %e, "job manager not reachable yet; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_millis(500));
-                }
-                Err(e) => {
-                    return Err(lost(format!(
-                        "not reachable within {connect_timeout:?}: {e}"
-                    )));
-                }
-            }
-        };
-        let client = JobManagerServiceClient::new(client::Config::default(), transport).spawn();
+        let client = connect(jobmanager, connect_timeout).await?;
         let mut ctx = context::current();
         ctx.deadline = deadline_after(connect_timeout.max(Duration::from_secs(1)));
         let registration = client
@@ -103,6 +77,69 @@ impl TaskManagerSession {
         })
     }
 
+    /// The job the job manager at `jobmanager` runs, for a standing task manager to build
+    /// (trying to reach it for up to `connect_timeout`).
+    pub async fn job_arguments(
+        jobmanager: SocketAddr,
+        connect_timeout: Duration,
+    ) -> Result<JobArguments, JobManagerLost> {
+        let lost = |reason: String| JobManagerLost {
+            addr: jobmanager,
+            reason,
+        };
+        let client = connect(jobmanager, connect_timeout).await?;
+        let mut ctx = context::current();
+        ctx.deadline = deadline_after(connect_timeout.max(Duration::from_secs(1)));
+        client
+            .job(ctx)
+            .await
+            .map_err(|e| lost(format!("asking for its job failed: {e}")))?
+            .map_err(lost)
+    }
+}
+
+/// A client of the job manager at `jobmanager`, connecting for up to `connect_timeout` (it may
+/// not be up yet).
+async fn connect(
+    jobmanager: SocketAddr,
+    connect_timeout: Duration,
+) -> Result<JobManagerServiceClient, JobManagerLost> {
+    let lost = |reason: String| JobManagerLost {
+        addr: jobmanager,
+        reason,
+    };
+    let give_up = deadline_after(connect_timeout);
+    let mut delay = Duration::from_millis(20);
+    let transport = loop {
+        let mut connect = tarpc::serde_transport::tcp::connect(jobmanager, Bincode::default);
+        connect.config_mut().max_frame_length(MAX_FRAME);
+        // An address that drops packets would otherwise hold one attempt for minutes.
+        let attempt = tokio::time::timeout_at(give_up.into(), connect)
+            .await
+            .unwrap_or_else(|_| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connecting timed out",
+                ))
+            });
+        match attempt {
+            Ok(t) => break t,
+            Err(e) if Instant::now() < give_up => {
+                debug!(%jobmanager, error = %e, "job manager not reachable yet; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => {
+                return Err(lost(format!(
+                    "not reachable within {connect_timeout:?}: {e}"
+                )));
+            }
+        }
+    };
+    Ok(JobManagerServiceClient::new(client::Config::default(), transport).spawn())
+}
+
+impl TaskManagerSession {
     /// This task manager's id.
     pub fn id(&self) -> TaskManagerId {
         self.registration.id

@@ -17,6 +17,7 @@ pub(crate) mod decide;
 mod event_loop;
 pub(crate) mod snapshots;
 mod teardown;
+mod view;
 
 use crate::claim::Claim;
 use crate::cluster::ClusterRole;
@@ -204,7 +205,7 @@ pub(crate) async fn run_job(spec: JobSpec, client: JobClient) -> Result<JobResul
         // Taken first: a failed setup drops it, so that a client's request fails at once
         // instead of waiting for an answer.
         let commands = client.take_commands();
-        client.update_view(|v| describe(v, &spec, job_id));
+        client.update_view(|v| view::describe(v, &spec, job_id));
         let rest = crate::rest::start(&spec, &client).await?;
         let mut master = JobMaster::start(&spec, job_id, client.clone(), commands).await?;
         // The job runs in here, so that task managers hear of its end however it ends.
@@ -212,15 +213,13 @@ pub(crate) async fn run_job(spec: JobSpec, client: JobClient) -> Result<JobResul
         master.close(&result).await;
         client.update_view(|v| {
             v.end_time_ms = Some(wall_ms());
-            v.state = match &result {
-                Ok(r) if r.status == crate::spec::JobStatus::Canceled => "CANCELED",
-                Ok(r) => {
-                    v.restored_from = r.restored_from.clone();
-                    v.restarts = r.restarts;
-                    "FINISHED"
-                }
-                Err(_) => "FAILED",
-            };
+            v.state = final_state(&result);
+            if let Ok(r) = &result
+                && r.status != crate::spec::JobStatus::Canceled
+            {
+                v.restored_from = r.restored_from.clone();
+                v.restarts = r.restarts;
+            }
         });
         if let Some(server) = rest {
             server.stop().await;
@@ -233,38 +232,6 @@ pub(crate) async fn run_job(spec: JobSpec, client: JobClient) -> Result<JobResul
     }
     .instrument(span)
     .await
-}
-
-/// What a job's view says before it runs: who it is, its graph and its configuration.
-fn describe(v: &mut crate::job::JobView, spec: &JobSpec, job_id: JobId) {
-    let config = &spec.config;
-    v.job_id = job_id.to_string();
-    v.name = config.job_name.clone();
-    v.state = "RUNNING";
-    v.start_time_ms = wall_ms();
-    v.vertices = spec
-        .job
-        .vertices
-        .iter()
-        .map(|x| (x.id.0, x.name.clone(), x.parallelism))
-        .collect();
-    v.source_vertices = spec
-        .job
-        .vertices
-        .iter()
-        .filter(|x| x.is_source)
-        .map(|x| x.id.0)
-        .collect();
-    v.checkpoint_config = Some(config.checkpoint.clone());
-    v.state_backend = config.state_backend.name();
-    v.checkpoint_storage = match &config.storage {
-        crate::config::StorageConfig::Filesystem(p) => p.display().to_string(),
-        // The bucket and prefix only: never the credentials or the endpoint's user part.
-        crate::config::StorageConfig::S3(s3) => format!("s3://{}/{}", s3.bucket, s3.prefix),
-        crate::config::StorageConfig::Memory => "memory".into(),
-        crate::config::StorageConfig::Custom(_) => "custom".into(),
-        crate::config::StorageConfig::Registered(url) => crate::rest::redact_url(url),
-    };
 }
 
 impl<'s> JobMaster<'s> {
@@ -362,7 +329,8 @@ impl<'s> JobMaster<'s> {
         };
         let metrics = Arc::new(JobMetrics {
             source_records: client.source_records_counter(),
-            vertex_records: client.vertex_counters(job.vertices.iter().map(|v| v.id.0)),
+            vertex_records: client
+                .vertex_counters(job.vertices.iter().map(|v| (v.id.0, v.parallelism))),
             ..JobMetrics::default()
         });
         let settings = TaskSettings {
@@ -390,6 +358,7 @@ impl<'s> JobMaster<'s> {
             metrics: metrics.clone(),
             targets: targets.clone(),
             chain_epoch: chain_epoch.clone(),
+            client: client.clone(),
         })
         .await?;
         let next_checkpoint_id = if config.checkpoint.is_enabled() {
@@ -483,7 +452,7 @@ impl<'s> JobMaster<'s> {
     /// After the job ended, however: task managers hear of it, and the job directory's lease is
     /// released (the directory removed if the run left nothing in it).
     async fn close(&mut self, result: &Result<JobResult, JobError>) {
-        self.host.shutdown().await;
+        self.host.shutdown(final_state(result)).await;
         if let Some(k) = self.keeper.take() {
             // A run taken over leaves the directory to its new holder.
             let lost = matches!(
@@ -655,6 +624,7 @@ impl<'s> JobMaster<'s> {
             point.metadata.checkpoint_id.0,
         ));
         self.since_restore_base = self.metrics.source_records.load(Ordering::Relaxed);
+        view::restoring(&self.client, &point);
         // The checkpoint the job started from: the first restore's, unless a subtask found
         // that one unusable and the job fell back.
         let fell_back = self.restored_from.as_ref().is_some_and(|from| {
@@ -789,6 +759,16 @@ struct HostParts<'s> {
     metrics: Arc<JobMetrics>,
     targets: Arc<Targets>,
     chain_epoch: Arc<AtomicU64>,
+    client: JobClient,
+}
+
+/// How a job ended, as Flink's job status names it.
+fn final_state(result: &Result<JobResult, JobError>) -> &'static str {
+    match result {
+        Ok(r) if r.status == crate::spec::JobStatus::Canceled => "CANCELED",
+        Ok(_) => "FINISHED",
+        Err(_) => "FAILED",
+    }
 }
 
 /// Where the subtasks run: on task managers when this process is a job manager, else here.
@@ -804,12 +784,13 @@ async fn task_host(parts: HostParts<'_>) -> Result<Box<dyn TaskHost + '_>, JobEr
         metrics,
         targets,
         chain_epoch,
+        client,
     } = parts;
     let (config, job) = (&spec.config, &spec.job);
     Ok(match &config.cluster {
         #[cfg(not(feature = "cluster"))]
         Some(ClusterRole::JobManager(_)) => {
-            let _ = (storage_root, job);
+            let _ = (storage_root, job, client);
             return Err(JobError::Invalid(crate::cluster::MISSING.to_string()));
         }
         #[cfg(feature = "cluster")]
@@ -827,6 +808,7 @@ async fn task_host(parts: HostParts<'_>) -> Result<Box<dyn TaskHost + '_>, JobEr
                 metrics.clone(),
                 started,
                 spec.results.clone(),
+                client,
             )
             .await?;
             info!(addr = %gateway.local_addr(), "job manager listening");
@@ -932,38 +914,4 @@ async fn first_checkpoint_id(
         }
     };
     Ok(existing.last().map_or(1, |last| last.id.0 + 1))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What the REST API shows of the checkpoint storage names no credential.
-    #[test]
-    fn a_job_s_view_shows_no_credentials() {
-        let env = crate::StreamEnvironment::new();
-        let _ = env.from_collection(vec![1u64]).collect();
-        let mut spec = env.into_spec().unwrap();
-        spec.config.storage = crate::config::StorageConfig::S3(crate::S3Config {
-            endpoint: Some("http://user:pw@127.0.0.1:9".into()),
-            region: "us-east-1".into(),
-            bucket: "bucket".into(),
-            prefix: "prefix".into(),
-            access_key_id: Some("AKIDSECRETID".into()),
-            secret_access_key: Some("SECRETKEY".into()),
-            session_token: Some("SESSIONTOKEN".into()),
-            path_style: true,
-        });
-        let mut view = crate::job::JobView::default();
-        describe(&mut view, &spec, JobId(7));
-        let shown = format!("{view:?}");
-        for secret in ["AKIDSECRETID", "SECRETKEY", "SESSIONTOKEN", "pw"] {
-            assert!(!shown.contains(secret), "{secret} in {shown}");
-        }
-        assert_eq!(view.checkpoint_storage, "s3://bucket/prefix");
-        spec.config.storage =
-            crate::config::StorageConfig::Registered("mine://key:secret@host/root".into());
-        describe(&mut view, &spec, JobId(7));
-        assert_eq!(view.checkpoint_storage, "mine://host/root");
-    }
 }

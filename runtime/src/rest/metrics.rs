@@ -2,56 +2,136 @@
 //! under the names Flink's Prometheus reporter gives them (`flink_jobmanager_job_…`), so that a
 //! dashboard made for Flink reads Weir.
 
+use super::routes::VertexFigures;
 use crate::job::JobView;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 use weir_checkpoint::coordinator::{CheckpointStats, CheckpointStatus};
 use weir_core::element::SnapshotKind;
 
 type Labels = Vec<(String, String)>;
 
-/// The metrics text for `view`, `stats` and the records per vertex at `now_ms`.
+/// The metrics text for `view`, `stats` and the vertices' `figures` at `now_ms`.
 pub(super) fn render(
     view: &JobView,
     stats: &[CheckpointStats],
-    records: &std::collections::BTreeMap<u32, u64>,
+    figures: &VertexFigures,
     now_ms: u64,
 ) -> String {
     let mut text = job_metrics(view, stats, now_ms);
-    text.push_str(&task_metrics(view, records));
+    text.push_str(&task_metrics(view, stats, figures));
     text
 }
 
+/// The task metrics' families (Flink's names), each a gauge.
+struct TaskFamilies {
+    records_in: Family<Labels, Gauge>,
+    records_out: Family<Labels, Gauge>,
+    records_in_rate: Family<Labels, Gauge<f64, AtomicU64>>,
+    records_out_rate: Family<Labels, Gauge<f64, AtomicU64>>,
+    backpressured: Family<Labels, Gauge<f64, AtomicU64>>,
+    alignment: Family<Labels, Gauge>,
+    start_delay: Family<Labels, Gauge>,
+}
+
 /// Per vertex (Flink's task metrics, over the vertex's subtasks): records a source vertex
-/// emitted (`numRecordsOut`), records another processed (`numRecordsIn`).
-fn task_metrics(view: &JobView, records: &std::collections::BTreeMap<u32, u64>) -> String {
-    let mut registry = Registry::with_prefix("flink_taskmanager_job_task");
-    let records_in = Family::<Labels, Gauge>::default();
-    let records_out = Family::<Labels, Gauge>::default();
-    for (id, name, _) in &view.vertices {
+/// emitted (`numRecordsOut`, `numRecordsOutPerSecond`), records another processed
+/// (`numRecordsIn`, `numRecordsInPerSecond`); per subtask, the ms a second it was
+/// back-pressured (`backPressuredTimeMsPerSecond`), and the last completed checkpoint's
+/// alignment and start delay (`checkpointAlignmentTime`, `checkpointStartDelayNanos`, in ns).
+fn task_metrics(view: &JobView, stats: &[CheckpointStats], figures: &VertexFigures) -> String {
+    let f = TaskFamilies {
+        records_in: Family::default(),
+        records_out: Family::default(),
+        records_in_rate: Family::default(),
+        records_out_rate: Family::default(),
+        backpressured: Family::default(),
+        alignment: Family::default(),
+        start_delay: Family::default(),
+    };
+    let last = stats
+        .iter()
+        .rev()
+        .find(|s| s.status == CheckpointStatus::Completed);
+    for (id, name, parallelism) in &view.vertices {
         let labels: Labels = vec![
             ("job_id".into(), view.job_id.clone()),
             ("task_id".into(), super::views::vertex_id(*id)),
             ("task_name".into(), name.clone()),
         ];
-        let n = records.get(id).copied().unwrap_or(0) as i64;
-        if view.source_vertices.contains(id) {
-            records_out.get_or_create(&labels).set(n);
+        let (sample, rate) = figures.get(id).cloned().unwrap_or_default();
+        let (count, per_second) = if view.source_vertices.contains(id) {
+            (&f.records_out, &f.records_out_rate)
         } else {
-            records_in.get_or_create(&labels).set(n);
+            (&f.records_in, &f.records_in_rate)
+        };
+        count.get_or_create(&labels).set(sample.records as i64);
+        per_second
+            .get_or_create(&labels)
+            .set(rate.records_per_second);
+        for subtask in 0..*parallelism {
+            let mut labels = labels.clone();
+            labels.push(("subtask_index".into(), subtask.to_string()));
+            let ms = rate
+                .backpressured_ms_per_second
+                .get(subtask as usize)
+                .copied()
+                .unwrap_or(0.0);
+            f.backpressured.get_or_create(&labels).set(ms);
+            let acked = last.and_then(|s| {
+                s.subtasks
+                    .iter()
+                    .find(|(k, _)| k.vertex.0 == *id && k.subtask == subtask)
+                    .map(|(_, m)| m)
+            });
+            if let Some(m) = acked {
+                f.alignment
+                    .get_or_create(&labels)
+                    .set(m.alignment.as_nanos() as i64);
+                f.start_delay
+                    .get_or_create(&labels)
+                    .set(m.start_delay.as_nanos() as i64);
+            }
         }
     }
+    let mut registry = Registry::with_prefix("flink_taskmanager_job_task");
     registry.register(
         "numRecordsIn",
         "Records the vertex's subtasks processed",
-        records_in,
+        f.records_in,
     );
     registry.register(
         "numRecordsOut",
         "Records the source vertex's subtasks emitted",
-        records_out,
+        f.records_out,
+    );
+    registry.register(
+        "numRecordsInPerSecond",
+        "Records the vertex's subtasks processed a second, over the last seconds",
+        f.records_in_rate,
+    );
+    registry.register(
+        "numRecordsOutPerSecond",
+        "Records the source vertex's subtasks emitted a second, over the last seconds",
+        f.records_out_rate,
+    );
+    registry.register(
+        "backPressuredTimeMsPerSecond",
+        "Ms a second the subtask waited for credits to send, over the last seconds",
+        f.backpressured,
+    );
+    registry.register(
+        "checkpointAlignmentTime",
+        "Ns the last completed checkpoint's barrier alignment took at the subtask",
+        f.alignment,
+    );
+    registry.register(
+        "checkpointStartDelayNanos",
+        "Ns from the last completed checkpoint's trigger to its barrier reaching the subtask",
+        f.start_delay,
     );
     let mut text = String::new();
     let _ = encode(&mut text, &registry);
@@ -76,7 +156,7 @@ fn job_metrics(view: &JobView, stats: &[CheckpointStats], now_ms: u64) -> String
         Some(_) => 0,
         None => now_ms.saturating_sub(view.start_time_ms) as i64,
     };
-    let gauges: [(&str, &str, i64); 11] = [
+    let gauges: [(&str, &str, i64); 12] = [
         (
             "numberOfCompletedCheckpoints",
             "Checkpoints completed",
@@ -122,6 +202,13 @@ fn job_metrics(view: &JobView, stats: &[CheckpointStats], now_ms: u64) -> String
             "lastCompletedCheckpointId",
             "Id of the last completed checkpoint",
             last.map_or(-1, |s| s.id.0 as i64),
+        ),
+        (
+            "lastCheckpointRestoreTimestamp",
+            "When the job last restored from a checkpoint, ms since the Unix epoch",
+            view.last_restore
+                .as_ref()
+                .map_or(-1, |r| r.timestamp_ms as i64),
         ),
         (
             "numRestarts",

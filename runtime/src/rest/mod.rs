@@ -8,9 +8,13 @@ mod metrics;
 #[cfg(feature = "rest")]
 mod operations;
 #[cfg(feature = "rest")]
+mod rates;
+#[cfg(feature = "rest")]
 mod routes;
 #[cfg(feature = "rest")]
 mod views;
+#[cfg(feature = "rest")]
+mod web;
 
 use crate::error::JobError;
 use crate::job::JobClient;

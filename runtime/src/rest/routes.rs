@@ -3,7 +3,8 @@
 //! as Flink's. Every error is a JSON `{"errors": [..]}` with a 4xx or 5xx status, never a panic.
 
 use super::operations::{Kind, Operation, Operations, retrying};
-use super::{RestOptions, RestServer, metrics, views};
+use super::rates::{self, Rates, VertexRate};
+use super::{RestOptions, RestServer, metrics, views, web};
 use crate::error::JobError;
 use crate::job::JobClient;
 use axum::Router;
@@ -29,6 +30,23 @@ struct Shared {
     read_only: bool,
     /// Checkpoints, savepoints and stops triggered here.
     operations: Operations,
+    /// The vertices' counters of the last seconds, for their rates.
+    rates: Rates,
+}
+
+/// Each vertex's counters now and its rates over the last seconds.
+pub(super) type VertexFigures =
+    std::collections::BTreeMap<u32, (crate::job::VertexSample, VertexRate)>;
+
+fn vertex_figures(s: &Shared) -> VertexFigures {
+    let now = s.client.vertex_metrics();
+    let rates = s.rates.rates(&now, now_ms());
+    now.into_iter()
+        .map(|(v, sample)| {
+            let rate = rates.get(&v).cloned().unwrap_or_default();
+            (v, (sample, rate))
+        })
+        .collect()
 }
 
 type AppState = Arc<Shared>;
@@ -74,8 +92,17 @@ pub(super) async fn serve(
         client,
         read_only: options.read_only,
         operations: Operations::default(),
+        rates: Rates::default(),
     });
     let app = router(shared.clone());
+    let sampled = shared.clone();
+    let sampler = tokio::spawn(async move {
+        let mut every = tokio::time::interval(rates::SAMPLE_EVERY);
+        loop {
+            every.tick().await;
+            sampled.rates.sample(&sampled.client, now_ms());
+        }
+    });
     let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let served = axum::serve(listener, app)
@@ -89,6 +116,7 @@ pub(super) async fn serve(
                 }
             })
             .await;
+        sampler.abort();
         if let Err(e) = served {
             warn!(error = %e, "the REST API stopped");
         }
@@ -164,7 +192,12 @@ fn router(shared: AppState) -> Router {
             get(savepoint_operation),
         )
         .route("/jobs/{jobid}/stop", axum::routing::post(stop))
+        .route(
+            "/jobs/{jobid}/vertices/{vertexid}/backpressure",
+            get(backpressure),
+        )
         .route("/metrics", get(metrics_text))
+        .merge(web::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::map_response(json_errors))
@@ -233,24 +266,30 @@ async fn config(State(s): State<AppState>) -> Response {
     }))
 }
 
+/// `GET /jobs`: this job, and in cluster mode the jobs that ran on the cluster before it.
 async fn jobs(State(s): State<AppState>) -> Response {
     let v = s.client.view();
-    ok(json!({"jobs": [{"id": v.job_id, "status": v.state}]}))
+    let mut jobs = vec![json!({"id": v.job_id, "status": v.state})];
+    jobs.extend(views::past_jobs(&v).map(|p| json!({"id": p.id, "status": p.state})));
+    ok(json!({ "jobs": jobs }))
 }
 
 async fn jobs_overview(State(s): State<AppState>) -> Response {
     let v = s.client.view();
-    let mut job = views::job(&v, &s.client.vertex_records(), now_ms());
+    let mut job = views::job(&v, &vertex_figures(&s), now_ms());
     if let Some(o) = job.as_object_mut() {
         o.remove("vertices");
+        o.remove("plan");
         o.insert("last-modification".into(), json!(now_ms()));
     }
-    ok(json!({ "jobs": [job] }))
+    let mut jobs = vec![job];
+    jobs.extend(views::past_jobs(&v).map(views::past_job));
+    ok(json!({ "jobs": jobs }))
 }
 
 async fn job(State(s): State<AppState>, Path(jobid): Path<String>) -> Response {
     match the_job(&s, &jobid) {
-        Ok(v) => ok(views::job(&v, &s.client.vertex_records(), now_ms())),
+        Ok(v) => ok(views::job(&v, &vertex_figures(&s), now_ms())),
         Err(e) => e.into_response(),
     }
 }
@@ -319,6 +358,34 @@ async fn checkpoint_subtasks(
             .find(|c| c.id.0 == id)
             .ok_or_else(|| fail(StatusCode::NOT_FOUND, format!("Checkpoint {id} not found")))?;
         Ok(views::subtasks(c, vertex, parallelism))
+    });
+    found.map_or_else(IntoResponse::into_response, ok)
+}
+
+/// `GET /jobs/:jobid/vertices/:vertexid/backpressure`: each subtask's share of the last
+/// seconds it waited for credits, and Flink's level of it.
+async fn backpressure(
+    State(s): State<AppState>,
+    Path((jobid, vertexid)): Path<(String, String)>,
+) -> Response {
+    let found = the_job(&s, &jobid).and_then(|v| {
+        let vertex = v
+            .vertices
+            .iter()
+            .find(|(vid, _, _)| views::vertex_id(*vid) == vertexid)
+            .map(|(vid, _, _)| *vid)
+            .ok_or_else(|| {
+                fail(
+                    StatusCode::NOT_FOUND,
+                    format!("Vertex {vertexid} not found"),
+                )
+            })?;
+        let figures = vertex_figures(&s);
+        let rate = figures
+            .get(&vertex)
+            .map(|(_, r)| r.clone())
+            .unwrap_or_default();
+        Ok(views::backpressure(&rate, now_ms()))
     });
     found.map_or_else(IntoResponse::into_response, ok)
 }
@@ -576,7 +643,7 @@ async fn metrics_text(State(s): State<AppState>) -> Response {
     let text = metrics::render(
         &s.client.view(),
         &s.client.checkpoint_stats(),
-        &s.client.vertex_records(),
+        &vertex_figures(&s),
         now_ms(),
     );
     (

@@ -2,6 +2,8 @@
 //! Flink's field names (`/jobs/:jobid/checkpoints` and its details, `/jobs/:jobid`,
 //! `/overview`), pure functions of their inputs.
 
+use super::rates::VertexRate;
+use super::routes::VertexFigures;
 use crate::job::JobView;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -133,7 +135,7 @@ pub(super) fn checkpoints(stats: &[CheckpointStats], view: &JobView) -> Value {
     };
     json!({
         "counts": {
-            "restored": u64::from(view.restored_from.is_some()),
+            "restored": view.restores,
             "total": view.completed + view.failed + in_progress,
             "in_progress": in_progress,
             "completed": view.completed,
@@ -159,8 +161,11 @@ pub(super) fn checkpoints(stats: &[CheckpointStats], view: &JobView) -> Value {
             "savepoint": latest(&|s| s.status == CheckpointStatus::Completed
                 && s.kind != SnapshotKind::Checkpoint),
             "failed": latest(&|s| matches!(s.status, CheckpointStatus::Failed(_))),
-            "restored": view.restored_from.as_ref().map_or(Value::Null, |p| json!({
-                "external_path": p, "is_savepoint": Value::Null,
+            "restored": view.last_restore.as_ref().map_or(Value::Null, |r| json!({
+                "id": r.checkpoint_id,
+                "restore_timestamp": r.timestamp_ms,
+                "is_savepoint": r.is_savepoint,
+                "external_path": r.path,
             })),
         },
         "history": stats.iter().rev().map(|s| checkpoint(s, view)).collect::<Vec<_>>(),
@@ -230,17 +235,50 @@ pub(super) fn checkpoint_config(view: &JobView) -> Value {
     })
 }
 
-/// `GET /jobs/:jobid`, with each vertex's records so far (`records`).
-pub(super) fn job(
-    view: &JobView,
-    records: &std::collections::BTreeMap<u32, u64>,
-    now_ms: u64,
-) -> Value {
+/// `GET /jobs/:jobid`: the job, its vertices with their records, rates and back-pressured
+/// time (`figures`), and its plan (the vertices and the exchanges between them).
+pub(super) fn job(view: &JobView, figures: &VertexFigures, now_ms: u64) -> Value {
     let end = view.end_time_ms.map_or(-1, |e| e as i64);
     let duration = view
         .end_time_ms
         .unwrap_or(now_ms)
         .saturating_sub(view.start_time_ms);
+    let complete = view.end_time_ms.is_some();
+    let vertices: Vec<Value> = view
+        .vertices
+        .iter()
+        .map(|(id, name, parallelism)| {
+            let (sample, rate) = figures.get(id).cloned().unwrap_or_default();
+            let backpressured = rate
+                .backpressured_ms_per_second
+                .iter()
+                .copied()
+                .fold(0.0, f64::max);
+            // What is counted: a source's records written, another vertex's records read.
+            let (count, per_second) = if view.source_vertices.contains(id) {
+                ("write-records", "numRecordsOutPerSecond")
+            } else {
+                ("read-records", "numRecordsInPerSecond")
+            };
+            json!({
+                "id": vertex_id(*id),
+                "name": name,
+                "parallelism": parallelism,
+                "status": view.state,
+                "start-time": view.start_time_ms,
+                "end-time": end,
+                "duration": duration,
+                "metrics": {
+                    count: sample.records,
+                    format!("{count}-complete"): complete,
+                    per_second: rate.records_per_second,
+                    "accumulated-backpressured-time": sample.backpressured_ms.iter().sum::<u64>(),
+                    "backPressuredTimeMsPerSecond": backpressured,
+                    "backpressure-level": super::rates::level(backpressured / 1000.0),
+                },
+            })
+        })
+        .collect();
     json!({
         "jid": view.job_id,
         "name": view.name,
@@ -250,30 +288,91 @@ pub(super) fn job(
         "end-time": end,
         "duration": duration,
         "now": now_ms,
-        "vertices": view.vertices.iter().map(|(id, name, parallelism)| json!({
-            "id": vertex_id(*id),
-            "name": name,
-            "parallelism": parallelism,
-            "status": view.state,
-            "start-time": view.start_time_ms,
-            "end-time": end,
-            "duration": duration,
-            // What is counted: a source's records written, another vertex's records read.
-            "metrics": if view.source_vertices.contains(id) {
-                json!({"write-records": records.get(id).copied().unwrap_or(0),
-                    "write-records-complete": view.end_time_ms.is_some()})
-            } else {
-                json!({"read-records": records.get(id).copied().unwrap_or(0),
-                    "read-records-complete": view.end_time_ms.is_some()})
-            },
+        "vertices": vertices,
+        "plan": plan(view),
+    })
+}
+
+/// Flink's job plan: one node per vertex, with its inputs (producer and ship strategy).
+fn plan(view: &JobView) -> Value {
+    let nodes: Vec<Value> = view
+        .vertices
+        .iter()
+        .map(|(id, name, parallelism)| {
+            let inputs: Vec<Value> = view
+                .edges
+                .iter()
+                .filter(|(_, target, _)| target == id)
+                .enumerate()
+                .map(|(num, (source, _, strategy))| {
+                    json!({
+                        "num": num,
+                        "id": vertex_id(*source),
+                        "ship_strategy": strategy,
+                        "exchange": "pipelined_bounded",
+                    })
+                })
+                .collect();
+            json!({
+                "id": vertex_id(*id),
+                "parallelism": parallelism,
+                "operator": "",
+                "operator_strategy": "",
+                "description": name,
+                "inputs": inputs,
+                "optimizer_properties": {},
+            })
+        })
+        .collect();
+    json!({"jid": view.job_id, "name": view.name, "type": "STREAMING", "nodes": nodes})
+}
+
+/// `GET /jobs/:jobid/vertices/:vertexid/backpressure` from the vertex's rates (Flink's
+/// `JobVertexBackPressureInfo`; the ratio is the share of time a subtask waited for credits).
+pub(super) fn backpressure(rate: &VertexRate, now_ms: u64) -> Value {
+    let ratios: Vec<f64> = rate
+        .backpressured_ms_per_second
+        .iter()
+        .map(|ms| ms / 1000.0)
+        .collect();
+    let worst = ratios.iter().copied().fold(0.0, f64::max);
+    json!({
+        "status": "ok",
+        "backpressureLevel": super::rates::level(worst),
+        "end-timestamp": now_ms,
+        "subtasks": ratios.iter().enumerate().map(|(i, r)| json!({
+            "subtask": i,
+            "attempt-number": 0,
+            "backpressureLevel": super::rates::level(*r),
+            "ratio": r,
         })).collect::<Vec<_>>(),
+    })
+}
+
+/// The jobs that ran on the cluster before this one (in cluster mode), oldest first.
+pub(super) fn past_jobs(view: &JobView) -> impl Iterator<Item = &crate::job::PastJob> {
+    view.past_jobs.iter().filter(|p| p.id != view.job_id)
+}
+
+/// A past job's entry in `/jobs/overview`.
+pub(super) fn past_job(p: &crate::job::PastJob) -> Value {
+    json!({
+        "jid": p.id,
+        "name": p.name,
+        "state": p.state,
+        "start-time": p.start_time_ms,
+        "end-time": p.end_time_ms,
+        "duration": p.end_time_ms.saturating_sub(p.start_time_ms),
+        "last-modification": p.end_time_ms,
     })
 }
 
 /// `GET /overview`.
 pub(super) fn overview(view: &JobView) -> Value {
     let slots: u32 = view.vertices.iter().map(|(_, _, p)| *p).max().unwrap_or(0);
-    let count = |s: &str| u32::from(view.state == s);
+    let count = |s: &str| {
+        u32::from(view.state == s) + past_jobs(view).filter(|p| p.state == s).count() as u32
+    };
     json!({
         "taskmanagers": 1,
         "slots-total": slots,

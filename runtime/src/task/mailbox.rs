@@ -115,6 +115,8 @@ pub(super) async fn run(
                 (at, Box::pin(tokio::time::sleep(wait)))
             });
         }
+        // Whether the wait below found the output blocked on credits (back pressure).
+        let mut blocked = false;
         let wake = if end_now {
             Wake::Step(Ok(Step::End))
         } else {
@@ -134,7 +136,12 @@ pub(super) async fn run(
                     return Poll::Ready(Wake::ProcessingTime);
                 }
                 if output_pending {
-                    input.poll_flush(cx).map(Wake::Flushed)
+                    let flushed = input.poll_flush(cx);
+                    if flushed.is_pending() && !blocked {
+                        blocked = true;
+                        backpressure_began(env, now);
+                    }
+                    flushed.map(Wake::Flushed)
                 } else if suspended {
                     Poll::Pending
                 } else {
@@ -143,6 +150,9 @@ pub(super) async fn run(
             })
             .await
         };
+        if blocked {
+            backpressure_ended(env, now);
+        }
         match wake {
             Wake::Message(None) => return Err(TaskError::MasterGone),
             Wake::Message(Some(msg)) => {
@@ -198,23 +208,30 @@ pub(super) async fn run(
                     env.report(TaskEvent::SplitRequest).await?;
                 }
                 Step::Idle => {
-                    // What an idle step emitted (a watermark, an idle status) leaves now.
-                    input.lifecycle(&mut Lifecycle::FlushPartial)?;
+                    idle_step(input, env, &mut cps, &mut actions).await?;
                     output_pending = true;
-                    tokio::select! {
-                        biased;
-                        m = env.mailbox.recv() => {
-                            match m {
-                                None => return Err(TaskError::MasterGone),
-                                Some(msg) => handle_message(msg, input, env, &mut cps, &mut actions).await?,
-                            }
-                            output_pending = true;
-                        }
-                        _ = tokio::time::sleep(Duration::from_millis(1)) => {}
-                    }
                 }
             },
         }
+    }
+}
+
+/// A step that found nothing to do: what it emitted (a watermark, an idle status) leaves now,
+/// then the task waits for a message, or a millisecond.
+async fn idle_step(
+    input: &mut dyn TaskInput,
+    env: &mut TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+    actions: &mut Vec<HandlerAction>,
+) -> Result<(), TaskError> {
+    input.lifecycle(&mut Lifecycle::FlushPartial)?;
+    tokio::select! {
+        biased;
+        m = env.mailbox.recv() => match m {
+            None => Err(TaskError::MasterGone),
+            Some(msg) => handle_message(msg, input, env, cps, actions).await,
+        },
+        _ = tokio::time::sleep(Duration::from_millis(1)) => Ok(()),
     }
 }
 
@@ -281,7 +298,32 @@ pub(super) fn count_records(env: &TaskEnv, n: usize) {
     };
     counter.fetch_add(n as u64, Ordering::Relaxed);
     if let Some(c) = env.metrics.vertex_records.get(&env.task.vertex.0) {
-        c.fetch_add(n as u64, Ordering::Relaxed);
+        c.records.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// The task's back-pressure counters: the ns of its ended waits for credits, and when its
+/// current wait began.
+fn backpressure_counters(env: &TaskEnv) -> Option<(&AtomicU64, &AtomicU64)> {
+    let c = env.metrics.vertex_records.get(&env.task.vertex.0)?;
+    let i = env.task.subtask as usize;
+    Some((c.backpressured_ns.get(i)?, c.backpressured_since_ns.get(i)?))
+}
+
+/// A wait for credits (output queued, the channels full) began at `since`: readers count it
+/// as it goes.
+fn backpressure_began(env: &TaskEnv, since: Duration) {
+    if let Some((_, began)) = backpressure_counters(env) {
+        began.store((since.as_nanos() as u64).max(1), Ordering::Relaxed);
+    }
+}
+
+/// The wait for credits that began at `since` ended: it joins the task's back-pressured time.
+fn backpressure_ended(env: &TaskEnv, since: Duration) {
+    if let Some((ended, began)) = backpressure_counters(env) {
+        began.store(0, Ordering::Relaxed);
+        let waited = wall_clock().saturating_sub(since);
+        ended.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
     }
 }
 

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use weir_examples::{WordCountOptions, build, write_totals};
-use weir_runtime::cluster::{ClusterRole, HeartbeatConfig, JobManagerOptions, TaskManagerOptions};
+use weir_runtime::cluster::ClusterRole;
 use weir_runtime::config::{DEFAULT_TASK_CANCELLATION_TIMEOUT, limits};
 use weir_runtime::{CheckpointingMode, JobClient, JobError, JobResult, JobStatus, StorageConfig};
 
@@ -310,51 +310,13 @@ fn checkpoint_storage(dir: &Path) -> Result<StorageConfig> {
     }
 }
 
-/// The cluster role the flags ask for, if any.
-fn cluster_role(args: &Args) -> Result<Option<ClusterRole>> {
-    let heartbeat = HeartbeatConfig {
-        interval: args.heartbeat_interval,
-        timeout: args.heartbeat_timeout,
-    };
-    match (args.role, args.jobmanager) {
-        (Some(_), Some(_)) => bail!("--role jobmanager and --jobmanager exclude each other"),
-        (Some(Role::Jobmanager), None) => {
-            let listen = args
-                .listen
-                .context("--role jobmanager needs --listen ADDR, e.g. 127.0.0.1:6123")?;
-            heartbeat
-                .validate()
-                .map_err(anyhow::Error::msg)
-                .context("--heartbeat-interval / --heartbeat-timeout")?;
-            let mut options = JobManagerOptions::new(listen);
-            options.heartbeat = heartbeat;
-            options.slot_timeout = args.slot_timeout;
-            Ok(Some(ClusterRole::JobManager(options)))
-        }
-        (None, Some(jobmanager)) => {
-            if args.listen.is_some() {
-                bail!("--listen is for --role jobmanager; a task manager takes --data-bind");
-            }
-            let mut options = TaskManagerOptions::new(jobmanager, args.slots);
-            options.bind = args.data_bind;
-            // A task manager outlives a job manager restart by this much.
-            options.connect_timeout = args.heartbeat_timeout.max(Duration::from_secs(30));
-            Ok(Some(ClusterRole::TaskManager(options)))
-        }
-        (None, None) => {
-            if args.listen.is_some() {
-                bail!("--listen needs --role jobmanager");
-            }
-            Ok(None)
-        }
-    }
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
 }
 
 /// Exit codes, listed in `--help` and the README.
+mod cluster;
+
 mod exit {
     /// The job finished (or stopped with a savepoint).
     pub const FINISHED: u8 = 0;
@@ -402,7 +364,7 @@ fn init_logging() {
 
 fn main() -> ExitCode {
     init_logging();
-    let args = Args::parse();
+    let (args, job_given) = cluster::parse_args();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -413,15 +375,16 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::FAILED);
         }
     };
-    let code = runtime.block_on(run(args));
+    let code = runtime.block_on(run(args, job_given));
     // Nothing of the job waits to be done here; an abandoned task's thread (its own runtime,
     // already shut down) ends with the process.
     runtime.shutdown_timeout(Duration::from_millis(100));
     ExitCode::from(code)
 }
 
-/// Runs the job the flags describe; returns the exit code.
-async fn run(args: Args) -> u8 {
+/// Runs the job the flags describe (`job_given`: flags beyond a task manager's own were given);
+/// returns the exit code.
+async fn run(args: Args, job_given: bool) -> u8 {
     let interrupts = match Interrupts::listen() {
         Ok(i) => i,
         Err(e) => {
@@ -429,37 +392,32 @@ async fn run(args: Args) -> u8 {
             return exit::FAILED;
         }
     };
-    let (storage, cluster) = match checkpoint_storage(&args.checkpoint_dir)
-        .and_then(|storage| Ok((storage, cluster_role(&args)?)))
+    let cluster = match cluster::role(&args) {
+        Ok(role) => role,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            return exit::USAGE;
+        }
+    };
+    if let Some(ClusterRole::TaskManager(options)) = &cluster
+        && !job_given
     {
-        Ok(found) => found,
+        // Only --jobmanager and --slots: a standing task manager, job after job.
+        handle_ctrl_c(interrupts, JobClient::default(), true);
+        return match cluster::standing(options.clone()).await {
+            Ok(()) => exit::FINISHED,
+            Err(e) => {
+                eprintln!("Error: {e}");
+                exit::USAGE
+            }
+        };
+    }
+    let (env, totals) = match job_env(&args) {
+        Ok(built) => built,
         Err(e) => {
             eprintln!("Error: {e:?}");
             return exit::USAGE;
         }
-    };
-    let opts = match job_options(&args) {
-        Ok(opts) => opts,
-        Err(e) => {
-            eprintln!("Error: {e:?}");
-            return exit::USAGE;
-        }
-    };
-    let (env, totals, _injector) = build(&opts);
-    if let Err(e) = env.configure(&args.config) {
-        eprintln!("Error: {e}");
-        return exit::USAGE;
-    }
-    env.set_checkpoint_storage(storage);
-    if let Some(timeout) = args.task_cancellation_timeout {
-        env.config_mut().task_cancellation_timeout = timeout;
-    }
-    if let Some(lease) = args.job_lock_lease {
-        env.config_mut().job_lock_lease = lease;
-    }
-    env.config_mut().claim_mode = match args.claim_mode {
-        Claim::NoClaim => weir_runtime::ClaimMode::NoClaim,
-        Claim::Claim => weir_runtime::ClaimMode::Claim,
     };
     let is_task_manager = matches!(cluster, Some(ClusterRole::TaskManager(_)));
     if !args.no_rest && !is_task_manager {
@@ -508,7 +466,13 @@ async fn run(args: Args) -> u8 {
         )
         .map_err(anyhow::Error::from)
     } else {
-        report(&mut out, &args, opts.records, &result, &totals.get())
+        report(
+            &mut out,
+            &args,
+            (args.records > 0).then_some(args.records),
+            &result,
+            &totals.get(),
+        )
     };
     let flushed = reported.and_then(|()| out.flush().map_err(anyhow::Error::from));
     match (flushed, result.status) {
@@ -519,6 +483,27 @@ async fn run(args: Args) -> u8 {
         (Ok(()), JobStatus::Finished) => exit::FINISHED,
         (Ok(()), JobStatus::Canceled) => exit::INTERRUPTED,
     }
+}
+
+/// The job the flags describe, without its cluster role and REST API: its environment and
+/// the totals its sink collects.
+fn job_env(args: &Args) -> Result<(weir_runtime::StreamEnvironment, weir_examples::Totals)> {
+    let storage = checkpoint_storage(&args.checkpoint_dir)?;
+    let opts = job_options(args)?;
+    let (env, totals, _injector) = build(&opts);
+    env.configure(&args.config).map_err(|e| anyhow!("{e}"))?;
+    env.set_checkpoint_storage(storage);
+    if let Some(timeout) = args.task_cancellation_timeout {
+        env.config_mut().task_cancellation_timeout = timeout;
+    }
+    if let Some(lease) = args.job_lock_lease {
+        env.config_mut().job_lock_lease = lease;
+    }
+    env.config_mut().claim_mode = match args.claim_mode {
+        Claim::NoClaim => weir_runtime::ClaimMode::NoClaim,
+        Claim::Claim => weir_runtime::ClaimMode::Claim,
+    };
+    Ok((env, totals))
 }
 
 /// The job's options from the flags.

@@ -1,0 +1,258 @@
+//! A standing cluster (Flink's session cluster): two task managers started with only
+//! `--jobmanager` and `--slots` run job after job, each built from the arguments of the job
+//! manager that runs it, with different parallelism, records and seeds; each job's totals are
+//! exact, and the last job manager's REST API lists the jobs that ran on the cluster before it,
+//! as its task managers remember them.
+
+#[path = "support/processes.rs"]
+mod processes;
+
+use processes::{Processes, StderrLines, free_port, log_tail, parse_totals, wait_output};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use weir_examples::expected_totals;
+
+fn word_count(args: &[&str], log: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_word_count"))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// A job manager at `listen` running `job`, its REST API on a free port, announced on stderr.
+fn job_manager(listen: &str, job: &[&str]) -> (Child, StderrLines) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_word_count"))
+        .args(job)
+        .args(["--role", "jobmanager", "--listen", listen])
+        .args(["--heartbeat-interval", "100ms", "--heartbeat-timeout", "2s"])
+        .args(["--rest-address", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = StderrLines::read(child.stderr.take().unwrap());
+    (child, lines)
+}
+
+/// The REST API's address and the job's id, from the job manager's stderr.
+fn rest_of(lines: &mut StderrLines) -> (String, String) {
+    lines.wait_for("REST API: http://", Duration::from_secs(60));
+    let line = lines
+        .so_far()
+        .iter()
+        .find(|l| l.contains("REST API: http://"))
+        .unwrap()
+        .clone();
+    let address = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let job = line
+        .rsplit("(job ")
+        .next()
+        .unwrap()
+        .trim_end_matches(')')
+        .to_string();
+    (address, job)
+}
+
+/// A GET on the REST API: the JSON it answers.
+fn get(address: &str, path: &str) -> Value {
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let body = answer.split_once("\r\n\r\n").unwrap().1;
+    // axum answers these with a length, not in chunks.
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"))
+}
+
+fn finished_exactly(jm: Child, lines: StderrLines, out: &Path, records: u64, seed: u64) {
+    let o = wait_output(jm, Duration::from_secs(180));
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = lines.all(Duration::from_secs(5));
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        parse_totals(out),
+        expected_totals(records, seed),
+        "exact totals of {records} records of seed {seed}, computed without the engine"
+    );
+}
+
+#[test]
+fn standing_task_managers_run_job_after_job_and_the_cluster_lists_its_jobs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = |name: &str| tmp.path().join(name).to_string_lossy().to_string();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let log = |name: &str| tmp.path().join(format!("{name}.log"));
+    // The task managers come first, and wait: no job manager is up yet.
+    let mut tms = Processes(Vec::new());
+    for name in ["tm1", "tm2"] {
+        tms.0.push(word_count(
+            &["--jobmanager", &listen, "--slots", "2"],
+            &log(name),
+        ));
+    }
+
+    // Job 1: parallelism 4 over both task managers, checkpoints every 50 ms.
+    let ck = path("ck");
+    let out1 = path("out1.csv");
+    let (jm, mut lines) = job_manager(
+        &listen,
+        &[
+            "--records",
+            "300000",
+            "--parallelism",
+            "4",
+            "--checkpoint-interval",
+            "50ms",
+            "--checkpoint-dir",
+            &ck,
+            "--output",
+            &out1,
+        ],
+    );
+    let (_, job1) = rest_of(&mut lines);
+    finished_exactly(jm, lines, Path::new(&out1), 300_000, 42);
+    // The task managers outlived the job.
+    for (i, tm) in tms.0.iter_mut().enumerate() {
+        assert!(
+            tm.try_wait().unwrap().is_none(),
+            "task manager {} exited after the first job:\n{}",
+            i + 1,
+            log_tail(&log(&format!("tm{}", i + 1)))
+        );
+    }
+
+    // Job 2, another job manager at the same address: other records, seed and parallelism.
+    let out2 = path("out2.csv");
+    let (jm, mut lines) = job_manager(
+        &listen,
+        &[
+            "--records",
+            "200000",
+            "--seed",
+            "7",
+            "--parallelism",
+            "2",
+            "--checkpoint-interval",
+            "50ms",
+            "--checkpoint-dir",
+            &ck,
+            "--output",
+            &out2,
+        ],
+    );
+    let (_, job2) = rest_of(&mut lines);
+    finished_exactly(jm, lines, Path::new(&out2), 200_000, 7);
+
+    // Job 3 runs until cancelled; its REST API lists the cluster's jobs.
+    let (jm, mut lines) = job_manager(
+        &listen,
+        &[
+            "--records",
+            "0",
+            "--parallelism",
+            "4",
+            "--checkpoint-interval",
+            "100ms",
+            "--checkpoint-dir",
+            &ck,
+        ],
+    );
+    let (rest, job3) = rest_of(&mut lines);
+    let give_up = Instant::now() + Duration::from_secs(60);
+    let listed = loop {
+        let jobs = get(&rest, "/jobs/overview");
+        let running = jobs["jobs"][0]["state"] == "RUNNING"
+            && get(&rest, &format!("/jobs/{job3}/checkpoints"))["counts"]["completed"].as_u64()
+                > Some(0);
+        if running && jobs["jobs"].as_array().unwrap().len() == 3 {
+            break jobs;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "the cluster's jobs were not listed: {jobs}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let entries: Vec<(String, String)> = listed["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            (
+                j["jid"].as_str().unwrap().to_string(),
+                j["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        vec![
+            (job3.clone(), "RUNNING".to_string()),
+            (job1, "FINISHED".to_string()),
+            (job2, "FINISHED".to_string()),
+        ]
+    );
+    assert_eq!(get(&rest, "/overview")["jobs-finished"], 2);
+    // `weir list` shows them, with Flink's line per job.
+    let cli = <weir_runtime::cli::Cli as clap::Parser>::try_parse_from([
+        "weir".to_string(),
+        "list".to_string(),
+        "--rest".to_string(),
+        format!("http://{rest}"),
+    ])
+    .unwrap();
+    let mut out = Vec::new();
+    let code = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(weir_runtime::cli::run(&cli, &mut out))
+        .unwrap();
+    assert_eq!(code, 0);
+    let out = String::from_utf8(out).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    for ((id, state), line) in entries.iter().zip(&lines) {
+        assert!(
+            line.contains(&format!(" : {id} : word_count ({state})")),
+            "{line}"
+        );
+    }
+    let mut stream = std::net::TcpStream::connect(&rest).unwrap();
+    write!(
+        stream,
+        "PATCH /jobs/{job3}?mode=cancel HTTP/1.1\r\nHost: {rest}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let o = wait_output(jm, Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(130), "job 3 was cancelled");
+
+    // Each task manager built each job from its job manager's arguments.
+    for name in ["tm1", "tm2"] {
+        let text = std::fs::read_to_string(log(name)).unwrap();
+        let built = text.matches("building the job manager's job").count();
+        assert!(
+            built >= 3,
+            "{name} built {built} jobs:\n{}",
+            log_tail(&log(name))
+        );
+    }
+    drop(tms);
+}
