@@ -210,6 +210,28 @@ fn standing_task_managers_run_job_after_job_and_the_cluster_lists_its_jobs() {
         ]
     );
     assert_eq!(get(&rest, "/overview")["jobs-finished"], 2);
+    // The task managers' counts reach the job manager: every vertex's records move.
+    let give_up = Instant::now() + Duration::from_secs(30);
+    loop {
+        let job = get(&rest, &format!("/jobs/{job3}"));
+        let counted: Vec<u64> = job["vertices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                let m = &v["metrics"];
+                m["write-records"]
+                    .as_u64()
+                    .or(m["read-records"].as_u64())
+                    .unwrap()
+            })
+            .collect();
+        if counted.len() == 2 && counted.iter().all(|n| *n > 10_000) {
+            break;
+        }
+        assert!(Instant::now() < give_up, "no records counted: {job}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // `weir list` shows them, with Flink's line per job.
     let cli = <weir_runtime::cli::Cli as clap::Parser>::try_parse_from([
         "weir".to_string(),

@@ -51,6 +51,43 @@ pub(crate) struct VertexCounters {
     pub backpressured_since_ns: Box<[AtomicU64]>,
 }
 
+/// Each vertex's counters read at one moment: its id, its records, and per subtask the
+/// back-pressured ns.
+pub(crate) type VertexCounts = Vec<(u32, u64, Vec<u64>)>;
+
+/// Fresh counters for `vertices` (id, parallelism).
+pub(crate) fn new_vertex_counters(
+    vertices: impl Iterator<Item = (u32, u32)>,
+) -> Arc<VertexRecords> {
+    Arc::new(
+        vertices
+            .map(|(v, parallelism)| {
+                let counters = VertexCounters {
+                    records: AtomicU64::new(0),
+                    backpressured_ns: (0..parallelism).map(|_| AtomicU64::new(0)).collect(),
+                    backpressured_since_ns: (0..parallelism).map(|_| AtomicU64::new(0)).collect(),
+                };
+                (v, counters)
+            })
+            .collect(),
+    )
+}
+
+/// Every vertex's counters now: records, and per subtask the back-pressured ns (a current wait
+/// included).
+pub(crate) fn read_vertex_counters(counters: &VertexRecords) -> VertexCounts {
+    let now_ns = weir_core::sim::wall_clock().as_nanos() as u64;
+    counters
+        .iter()
+        .map(|(v, c)| {
+            let ns = (0..c.backpressured_ns.len())
+                .map(|i| c.backpressured_at(i, now_ns))
+                .collect();
+            (*v, c.records.load(Ordering::Relaxed), ns)
+        })
+        .collect()
+}
+
 impl VertexCounters {
     /// Subtask `i`'s back-pressured ns at `now_ns`, the current wait included.
     fn backpressured_at(&self, i: usize, now_ns: u64) -> u64 {
@@ -336,17 +373,14 @@ impl JobClient {
             .lock()
             .map(|c| c.clone())
             .unwrap_or_default();
-        let now_ns = weir_core::sim::wall_clock().as_nanos() as u64;
-        counters
-            .iter()
-            .map(|(v, c)| {
+        read_vertex_counters(&counters)
+            .into_iter()
+            .map(|(v, records, ns)| {
                 let sample = VertexSample {
-                    records: c.records.load(Ordering::Relaxed),
-                    backpressured_ms: (0..c.backpressured_ns.len())
-                        .map(|i| c.backpressured_at(i, now_ns) / 1_000_000)
-                        .collect(),
+                    records,
+                    backpressured_ms: ns.iter().map(|n| n / 1_000_000).collect(),
                 };
-                (*v, sample)
+                (v, sample)
             })
             .collect()
     }
@@ -356,20 +390,7 @@ impl JobClient {
         &self,
         vertices: impl Iterator<Item = (u32, u32)>,
     ) -> Arc<VertexRecords> {
-        let counters: Arc<VertexRecords> = Arc::new(
-            vertices
-                .map(|(v, parallelism)| {
-                    let counters = VertexCounters {
-                        records: AtomicU64::new(0),
-                        backpressured_ns: (0..parallelism).map(|_| AtomicU64::new(0)).collect(),
-                        backpressured_since_ns: (0..parallelism)
-                            .map(|_| AtomicU64::new(0))
-                            .collect(),
-                    };
-                    (v, counters)
-                })
-                .collect(),
-        );
+        let counters = new_vertex_counters(vertices);
         if let Ok(mut c) = self.inner.vertex_records.lock() {
             *c = counters.clone();
         }

@@ -108,6 +108,7 @@ pub fn seeds() -> Result<Vec<(Direction, Vec<u8>)>, String> {
         ],
         vec![
             FromTaskManager::SourceRecords(1 << 40),
+            FromTaskManager::VertexCounts(vec![(0, 1 << 40, vec![3, 0]), (1, 7, vec![])]),
             FromTaskManager::FirstRecord { generation: 3 },
             FromTaskManager::TargetSet(CheckpointId(9)),
             FromTaskManager::Results(vec![vec![7; 12], Vec::new()]),
@@ -257,7 +258,7 @@ mod tests {
         let seeds = seeds().unwrap();
         assert_eq!(seeds.len(), 7);
         let counts: Vec<usize> = seeds.iter().map(|(d, b)| decode(*d, b).unwrap()).collect();
-        assert_eq!(counts, vec![1, 6, 5, 0, 2, 5, 5]);
+        assert_eq!(counts, vec![1, 6, 5, 0, 2, 5, 6]);
         // The other direction's decoder refuses them, or reads something else: never panics.
         for (d, b) in &seeds {
             let other = match d {

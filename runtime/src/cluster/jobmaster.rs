@@ -136,6 +136,9 @@ struct RouterState {
     reports: Option<mpsc::UnboundedSender<TaskReport>>,
     /// Each task manager's latest count of records its sources emitted.
     source_counts: HashMap<TaskManagerId, u64>,
+    /// What each task manager (session) last reported of the vertices' counters; the job's
+    /// are their sums, kept after a task manager is lost.
+    vertex_counts: BTreeMap<TaskManagerId, crate::job::VertexCounts>,
 }
 
 /// What the router needs from the job.
@@ -503,6 +506,31 @@ async fn route(
     }
 }
 
+/// The job's vertex counters: the sums of what every task manager reported (an entry for a
+/// vertex or subtask the job does not have is ignored).
+fn sum_vertex_counts(
+    reported: &BTreeMap<TaskManagerId, crate::job::VertexCounts>,
+    job: &crate::job::VertexRecords,
+) {
+    for (vertex, counters) in job {
+        let mut records = 0u64;
+        let mut ns = vec![0u64; counters.backpressured_ns.len()];
+        for (v, r, per_subtask) in reported.values().flatten() {
+            if v != vertex {
+                continue;
+            }
+            records = records.saturating_add(*r);
+            for (total, n) in ns.iter_mut().zip(per_subtask) {
+                *total = total.saturating_add(*n);
+            }
+        }
+        counters.records.store(records, Ordering::Relaxed);
+        for (c, n) in counters.backpressured_ns.iter().zip(ns) {
+            c.store(n, Ordering::Relaxed);
+        }
+    }
+}
+
 async fn on_membership(state: &Mutex<RouterState>, ctx: &RouterContext, event: MembershipEvent) {
     let (id, reason) = match event {
         MembershipEvent::Registered { id, info } => {
@@ -594,6 +622,11 @@ async fn on_message(
             ctx.metrics
                 .source_records
                 .fetch_add(delta, Ordering::Relaxed);
+        }
+        FromTaskManager::VertexCounts(counts) => {
+            let mut st = lock(state);
+            st.vertex_counts.insert(tm, counts);
+            sum_vertex_counts(&st.vertex_counts, &ctx.metrics.vertex_records);
         }
         FromTaskManager::FirstRecord { generation } => {
             let us = ctx.started.elapsed().as_micros() as u64;

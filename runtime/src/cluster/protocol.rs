@@ -72,6 +72,9 @@ pub(crate) enum FromTaskManager {
     Report(TaskReport),
     /// Records its sources emitted in this session (since it registered).
     SourceRecords(u64),
+    /// Per vertex, in this session: the records its subtasks here counted, and per subtask
+    /// the ns they were back-pressured.
+    VertexCounts(crate::job::VertexCounts),
     /// A subtask of `generation` processed its first record.
     FirstRecord { generation: u64 },
     /// Took the target of a savepoint.

@@ -256,6 +256,12 @@ impl Executor {
             Some(layer) => layer.apply(transport.clone()),
             None => transport.clone(),
         };
+        let spec_vertices: Vec<(u32, u32)> = spec
+            .job
+            .vertices
+            .iter()
+            .map(|v| (v.id.0, v.parallelism))
+            .collect();
         Ok(Executor {
             runtime,
             fingerprint: graph_fingerprint(&spec.job),
@@ -263,7 +269,10 @@ impl Executor {
             transport,
             data,
             started: Instant::now(),
-            metrics: Arc::new(JobMetrics::default()),
+            metrics: Arc::new(JobMetrics {
+                vertex_records: crate::job::new_vertex_counters(spec_vertices.into_iter()),
+                ..JobMetrics::default()
+            }),
             targets: Arc::new(Targets::default()),
             chain_epoch: Arc::new(AtomicU64::new(0)),
             storages: HashMap::new(),
@@ -511,6 +520,57 @@ impl Executor {
     }
 }
 
+/// How often the vertices' counters go to the job manager, at most.
+const VERTEX_COUNTS_EVERY: Duration = Duration::from_millis(250);
+
+/// The vertices' counters as this session sends them: since the session began.
+struct VertexCountsSent {
+    base: crate::job::VertexCounts,
+    last: crate::job::VertexCounts,
+    at: Instant,
+}
+
+impl VertexCountsSent {
+    fn new(metrics: &JobMetrics) -> VertexCountsSent {
+        let base = crate::job::read_vertex_counters(&metrics.vertex_records);
+        VertexCountsSent {
+            last: base
+                .iter()
+                .map(|(v, _, ns)| (*v, 0, vec![0; ns.len()]))
+                .collect(),
+            base,
+            at: Instant::now(),
+        }
+    }
+
+    /// The counts since the session began, if they changed and the last were sent a while
+    /// ago.
+    fn changed(&mut self, metrics: &JobMetrics) -> Option<crate::job::VertexCounts> {
+        if self.at.elapsed() < VERTEX_COUNTS_EVERY {
+            return None;
+        }
+        let now = crate::job::read_vertex_counters(&metrics.vertex_records);
+        let counts: crate::job::VertexCounts = now
+            .into_iter()
+            .zip(&self.base)
+            .map(|((v, records, ns), (_, base_records, base_ns))| {
+                let ns = ns
+                    .iter()
+                    .zip(base_ns)
+                    .map(|(n, b)| n.saturating_sub(*b))
+                    .collect();
+                (v, records.saturating_sub(*base_records), ns)
+            })
+            .collect();
+        if counts == self.last {
+            return None;
+        }
+        self.at = Instant::now();
+        self.last = counts.clone();
+        Some(counts)
+    }
+}
+
 /// Sends the subtasks' reports and the executor's own messages to the job manager, in order,
 /// with the source count and first-record times.
 async fn forward(
@@ -524,6 +584,7 @@ async fn forward(
     // Counts are per session: the job manager knows this task manager under a new id each time.
     let base_records = metrics.source_records.load(Ordering::Relaxed);
     let mut sent_records = 0u64;
+    let mut vertices = VertexCountsSent::new(metrics);
     let mut sent_firsts = 0usize;
     let within = session.registration().heartbeat_timeout;
     loop {
@@ -566,6 +627,9 @@ async fn forward(
         if records != sent_records {
             sent_records = records;
             batch.push(FromTaskManager::SourceRecords(records));
+        }
+        if let Some(counts) = vertices.changed(metrics) {
+            batch.push(FromTaskManager::VertexCounts(counts));
         }
         if let Ok(firsts) = metrics.first_record_us.lock()
             && firsts.len() > sent_firsts
