@@ -479,6 +479,15 @@ impl BarrierHandler {
         }
     }
 
+    /// The checkpoint whose barriers are being aligned (or whose in-flight data is being
+    /// collected), if any; never for at-least-once, which does not align.
+    pub fn aligning(&self) -> Option<CheckpointId> {
+        match self {
+            BarrierHandler::Aligner(a) => a.aligning(),
+            BarrierHandler::Tracker(_) => None,
+        }
+    }
+
     /// When [`on_timer`](Self::on_timer) must be called next, if ever.
     pub fn next_deadline(&self) -> Option<Duration> {
         match self {

@@ -149,6 +149,9 @@ pub struct SubtaskCheckpointMetrics {
     pub async_duration: Duration,
     /// Bytes of state.
     pub state_size: u64,
+    /// Bytes of records the subtask processed while it aligned this checkpoint's barriers
+    /// (Flink's processed data; their encoded size).
+    pub processed_data: u64,
 }
 
 /// A checkpoint's status in the statistics.
@@ -200,6 +203,9 @@ pub struct CheckpointStats {
     pub checkpointed_size: u64,
     /// Bytes of persisted in-flight data (unaligned checkpoints) over all subtasks.
     pub in_flight_size: u64,
+    /// Bytes of records processed during alignment over all subtasks (Flink's processed
+    /// data).
+    pub processed_size: u64,
     /// Subtasks that acknowledged, of `num_subtasks`.
     pub num_acknowledged: usize,
     /// Subtasks it waits for.
@@ -685,6 +691,7 @@ impl CheckpointCoordinator {
             state_size: 0,
             checkpointed_size: 0,
             in_flight_size: 0,
+            processed_size: 0,
             num_acknowledged: 0,
             num_subtasks: self.setup.tasks_to_wait_for.len(),
             subtasks: BTreeMap::new(),
@@ -755,12 +762,14 @@ impl CheckpointCoordinator {
         let checkpointed_size = saturating_sum(p.acks.values().map(checkpointed_size));
         let in_flight_size = saturating_sum(p.acks.values().map(|s| s.in_flight_size()));
         p.in_flight_size = in_flight_size;
+        let processed_size = saturating_sum(p.metrics.values().map(|m| m.processed_data));
         let done = p.not_yet_acked.is_empty();
         if let Some(s) = self.history.iter_mut().find(|s| s.id == id) {
             s.num_acknowledged = num_acked;
             s.state_size = state_size;
             s.checkpointed_size = checkpointed_size;
             s.in_flight_size = in_flight_size;
+            s.processed_size = processed_size;
             s.subtasks.insert(task, metrics);
         }
         let Some(p) = self.pending.get_mut(&id) else {

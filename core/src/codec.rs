@@ -15,6 +15,15 @@ pub fn encode<T: Serialize + ?Sized>(what: &str, value: &T) -> Result<Vec<u8>, C
     })
 }
 
+/// The length of a value's postcard encoding, without encoding it (0 if it cannot be encoded).
+pub fn encoded_len<T: Serialize + ?Sized>(value: &T) -> u64 {
+    postcard::serialize_with_flavor::<T, postcard::ser_flavors::Size, usize>(
+        value,
+        postcard::ser_flavors::Size::default(),
+    )
+    .map_or(0, |n| n as u64)
+}
+
 /// Appends a value's postcard encoding to `out`.
 pub fn encode_into<T: Serialize + ?Sized>(
     what: &str,

@@ -171,7 +171,7 @@ fn the_web_ui_shows_the_checkpoints_and_its_buttons_take_a_savepoint_and_cancel(
     );
     assert_eq!(
         rows,
-        serde_json::json!([8, 8, 8, 8]),
+        serde_json::json!([9, 9, 9, 9]),
         "every subtask acknowledged"
     );
 

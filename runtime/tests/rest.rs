@@ -700,3 +700,59 @@ fn http_with_head(address: &str, path: &str) -> (u16, String, String) {
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     (status, head.to_ascii_lowercase(), body.to_string())
 }
+
+/// Flink's processed data: the bytes of records a subtask processed while it aligned barriers.
+/// Exactly-once alignment processes some (the channels whose barrier is late go on); an
+/// at-least-once job never aligns, so it reports none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_processed_during_alignment_is_reported_and_none_without_alignment() {
+    for mode in [
+        weir_runtime::CheckpointingMode::ExactlyOnce,
+        weir_runtime::CheckpointingMode::AtLeastOnce,
+    ] {
+        let (env, _dir) = job(false);
+        env.set_checkpointing_mode(mode);
+        let client = JobClient::default();
+        let run = tokio::spawn(env.execute_with(client.clone()).bounded());
+        let c = client.clone();
+        tokio::task::spawn_blocking(move || {
+            let a = address_of(&c);
+            let id = c.view().job_id;
+            let processed = |cps: &Value| -> Vec<u64> {
+                cps["history"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|h| h["status"] == "COMPLETED")
+                    .map(|h| h["processed_data"].as_u64().unwrap())
+                    .collect()
+            };
+            if mode == weir_runtime::CheckpointingMode::ExactlyOnce {
+                wait_for("a checkpoint that processed data while aligning", || {
+                    let cps = json(&a, &format!("/jobs/{id}/checkpoints"));
+                    processed(&cps).iter().any(|n| *n > 0)
+                });
+                let cps = json(&a, &format!("/jobs/{id}/checkpoints"));
+                assert!(cps["summary"]["processed_data"]["max"].as_u64() > Some(0));
+                let (_, metrics) = http(&a, "GET", "/metrics", b"");
+                assert!(
+                    metric(
+                        &metrics,
+                        "flink_jobmanager_job_lastCheckpointProcessedData{"
+                    ) >= 0.0
+                );
+            } else {
+                wait_for("ten completed checkpoints", || {
+                    let cps = json(&a, &format!("/jobs/{id}/checkpoints"));
+                    cps["counts"]["completed"].as_u64() >= Some(10)
+                });
+                let cps = json(&a, &format!("/jobs/{id}/checkpoints"));
+                assert!(processed(&cps).iter().all(|n| *n == 0), "{cps}");
+            }
+            c.cancel();
+        })
+        .await
+        .unwrap();
+        run.await.unwrap().unwrap();
+    }
+}

@@ -87,6 +87,7 @@ pub fn seeds() -> Result<Vec<(Direction, Vec<u8>)>, String> {
                     sync_duration: Duration::from_micros(40),
                     async_duration: Duration::from_millis(12),
                     state_size: 96,
+                    processed_data: 4096,
                 },
             }),
         ],

@@ -156,7 +156,7 @@ fn job_metrics(view: &JobView, stats: &[CheckpointStats], now_ms: u64) -> String
         Some(_) => 0,
         None => now_ms.saturating_sub(view.start_time_ms) as i64,
     };
-    let gauges: [(&str, &str, i64); 12] = [
+    let gauges: [(&str, &str, i64); 13] = [
         (
             "numberOfCompletedCheckpoints",
             "Checkpoints completed",
@@ -197,6 +197,11 @@ fn job_metrics(view: &JobView, stats: &[CheckpointStats], now_ms: u64) -> String
             "lastCheckpointPersistedData",
             "In-flight bytes the last completed checkpoint persisted (unaligned)",
             last.map_or(-1, |s| s.in_flight_size as i64),
+        ),
+        (
+            "lastCheckpointProcessedData",
+            "Bytes of records the last completed checkpoint's subtasks processed while aligning",
+            last.map_or(-1, |s| s.processed_size as i64),
         ),
         (
             "lastCompletedCheckpointId",

@@ -84,6 +84,7 @@ pub(super) fn checkpoint(s: &CheckpointStats, view: &JobView) -> Value {
         "checkpointed_size": s.checkpointed_size,
         "end_to_end_duration": s.end_to_end.map_or(-1, |d| ms(d) as i64),
         "persisted_data": s.in_flight_size,
+        "processed_data": s.processed_size,
         "num_subtasks": s.num_subtasks,
         "num_acknowledged_subtasks": s.num_acknowledged,
         "max_alignment_duration": alignment,
@@ -148,6 +149,7 @@ pub(super) fn checkpoints(stats: &[CheckpointStats], view: &JobView) -> Value {
                 completed.iter().filter_map(|s| s.end_to_end).map(ms).collect(),
             ),
             "persisted_data": summary(completed.iter().map(|s| s.in_flight_size).collect()),
+            "processed_data": summary(completed.iter().map(|s| s.processed_size).collect()),
             "alignment_duration": summary(
                 completed
                     .iter()
@@ -191,7 +193,7 @@ pub(super) fn subtasks(s: &CheckpointStats, vertex: u32, parallelism: u32) -> Va
                         + m.async_duration),
                     "state_size": m.state_size,
                     "checkpoint": {"sync": ms(m.sync_duration), "async": ms(m.async_duration)},
-                    "alignment": {"duration": ms(m.alignment)},
+                    "alignment": {"duration": ms(m.alignment), "processed": m.processed_data},
                     "start_delay": ms(m.start_delay),
                     "aborted": false,
                 }),

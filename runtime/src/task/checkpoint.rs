@@ -207,6 +207,7 @@ async fn snapshot(
         sync_duration: sync_start.elapsed(),
         async_duration: Duration::ZERO,
         state_size: 0,
+        processed_data: input.processed_data(id),
     };
     super::mailbox::simulated_failure(weir_core::sim::FaultPoint::AfterSnapshot, env)?;
     let parts = FrozenParts::new(env, parts);

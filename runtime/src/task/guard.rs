@@ -75,4 +75,8 @@ impl TaskInput for Guarded<'_> {
     fn take_in_flight(&mut self) -> Option<(CheckpointId, Vec<ChannelSection>)> {
         self.input.take_in_flight()
     }
+
+    fn processed_data(&mut self, id: CheckpointId) -> u64 {
+        self.input.processed_data(id)
+    }
 }

@@ -59,6 +59,11 @@ pub(crate) trait TaskInput: Send {
     fn take_in_flight(&mut self) -> Option<(CheckpointId, Vec<ChannelSection>)> {
         None
     }
+    /// The bytes of records processed while checkpoint `id`'s barriers were aligned (Flink's
+    /// processed data); 0 for an input that does not align.
+    fn processed_data(&mut self, _id: CheckpointId) -> u64 {
+        0
+    }
 }
 
 /// A source at the head of the chain.
@@ -158,9 +163,30 @@ pub(crate) struct NetworkInput<T> {
     /// moment the barrier arrived), handled before anything else, each with the checkpoint
     /// whose in-flight data holds it.
     stash: VecDeque<(GateItem<T>, Option<CheckpointId>)>,
+    /// Bytes of records processed while the handler aligned: the checkpoint and the count.
+    processed: Option<(CheckpointId, u64)>,
+    /// The last checkpoint triggered here: what is processed after it (an unaligned one still
+    /// collecting in-flight data) counts for none.
+    last_triggered: Option<CheckpointId>,
 }
 
 impl<T: Data> NetworkInput<T> {
+    /// While barriers are aligned, the batch's encoded bytes count as processed data (one size
+    /// computation per batch, only then).
+    fn count_processed(&mut self, batch: &Vec<T>) {
+        let Some(id) = self.handler.aligning() else {
+            return;
+        };
+        if self.last_triggered == Some(id) {
+            return;
+        }
+        let bytes = weir_core::codec::encoded_len(batch);
+        match &mut self.processed {
+            Some((c, n)) if *c == id => *n = n.saturating_add(bytes),
+            other => *other = Some((id, bytes)),
+        }
+    }
+
     /// Passes what the valve gave on down the chain: a status change, then a watermark.
     fn emit(&mut self, out: super::valve::ValveOutput) -> OpResult {
         let status_last = out.status_last();
@@ -196,6 +222,8 @@ impl<T: Data> NetworkInput<T> {
             completed: None,
             overtook: 0,
             stash: VecDeque::new(),
+            processed: None,
+            last_triggered: None,
         }
     }
 
@@ -308,6 +336,7 @@ impl<T: Data> NetworkInput<T> {
                     }
                 }
                 HandlerAction::Trigger { barrier, alignment } => {
+                    self.last_triggered = Some(barrier.id);
                     if barrier.options.is_unaligned() {
                         self.recorder = Some(InFlightRecorder {
                             id: barrier.id,
@@ -404,6 +433,7 @@ impl<T: Data> TaskInput for NetworkInput<T> {
         let step = match element {
             StreamElement::Batch(batch) => {
                 let n = batch.len();
+                self.count_processed(&batch);
                 self.head.push_batch(batch).map(|_| Step::Records(n))
             }
             StreamElement::Event(event) => match event {
@@ -464,5 +494,15 @@ impl<T: Data> TaskInput for NetworkInput<T> {
 
     fn take_in_flight(&mut self) -> Option<(CheckpointId, Vec<ChannelSection>)> {
         self.completed.take()
+    }
+
+    fn processed_data(&mut self, id: CheckpointId) -> u64 {
+        match self.processed {
+            Some((c, n)) if c == id => {
+                self.processed = None;
+                n
+            }
+            _ => 0,
+        }
     }
 }

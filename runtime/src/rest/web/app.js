@@ -235,7 +235,8 @@ function renderSummary(summary) {
     ["checkpointed size", summary.checkpointed_size, bytes],
     ["full state size", summary.state_size, bytes],
     ["alignment duration", summary.alignment_duration, millis],
-    ["persisted in-flight data", summary.persisted_data, bytes]];
+    ["persisted in-flight data", summary.persisted_data, bytes],
+    ["processed during alignment", summary.processed_data, bytes]];
   const cols = ["min", "avg", "p50", "p90", "p95", "p99", "max"];
   $("checkpoint-summary").replaceChildren(
     el("tr", {}, el("th", {}, ""), ...cols.map((c) => el("th", { class: "num" }, c))),
@@ -291,17 +292,18 @@ async function renderDetails() {
     const sub = await api("GET", `${base}/subtasks/${vertex}`);
     const name = state.vertexNames.get(vertex) || vertex;
     const head = el("tr", {}, ...["subtask", "status", "sync", "async", "alignment",
-      "start delay", "end to end", "state size"].map((h) => el("th", {}, h)));
+      "processed", "start delay", "end to end", "state size"].map((h) => el("th", {}, h)));
     const rows = sub.subtasks.map((s) => s.status === "completed"
       ? el("tr", { "data-subtask": s.index }, el("td", {}, s.index), el("td", {}, s.status),
         el("td", { class: "num" }, millis(s.checkpoint.sync)),
         el("td", { class: "num" }, millis(s.checkpoint.async)),
         el("td", { class: "num" }, millis(s.alignment.duration)),
+        el("td", { class: "num" }, bytes(s.alignment.processed)),
         el("td", { class: "num" }, millis(s.start_delay)),
         el("td", { class: "num" }, millis(s.end_to_end_duration)),
         el("td", { class: "num" }, bytes(s.state_size)))
       : el("tr", { "data-subtask": s.index }, el("td", {}, s.index),
-        el("td", { colspan: 7 }, "not acknowledged")));
+        el("td", { colspan: 8 }, "not acknowledged")));
     blocks.push(el("h3", {}, `${name}: ${task.num_acknowledged_subtasks}/${task.num_subtasks} ` +
       `acknowledged, ${bytes(task.state_size)}`), el("table", { "data-vertex-id": vertex },
       head, ...rows));
