@@ -249,7 +249,16 @@ fn standing_task_managers_run_job_after_job_and_the_cluster_lists_its_jobs() {
         .unwrap();
     assert_eq!(code, 0);
     let out = String::from_utf8(out).unwrap();
-    let lines: Vec<&str> = out.lines().collect();
+    // Flink's sections: the running job, then the terminated ones.
+    assert!(
+        out.starts_with("------------------ Running/Restarting Jobs"),
+        "{out}"
+    );
+    assert!(
+        out.contains("---------------------- Terminated Jobs"),
+        "{out}"
+    );
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains(" : ")).collect();
     assert_eq!(lines.len(), 3, "{out}");
     for ((id, state), line) in entries.iter().zip(&lines) {
         assert!(

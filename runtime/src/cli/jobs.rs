@@ -107,20 +107,72 @@ pub(super) fn list(rest: &str, out: &mut dyn Write) -> Result<u8, CliError> {
     let a = authority(rest)?;
     let jobs = expect(request(&a, "GET", "/jobs/overview", "")?, "list")?;
     let jobs = jobs["jobs"].as_array().cloned().unwrap_or_default();
-    if jobs.is_empty() {
-        writeln!(out, "No jobs.")?;
-    }
-    for j in jobs {
-        writeln!(
-            out,
+    let line = |j: &Value| {
+        format!(
             "{} : {} : {} ({})",
-            j["start-time"],
+            j["start-time"].as_u64().map_or("?".into(), flink_time),
             j["jid"].as_str().unwrap_or("?"),
             j["name"].as_str().unwrap_or("?"),
             j["state"].as_str().unwrap_or("?"),
+        )
+    };
+    let ended = |j: &Value| {
+        matches!(
+            j["state"].as_str(),
+            Some("FINISHED" | "CANCELED" | "FAILED" | "SUSPENDED")
+        )
+    };
+    // Flink's `flink list -a`: the running jobs, then the terminated ones.
+    let running: Vec<String> = jobs.iter().filter(|j| !ended(j)).map(line).collect();
+    let terminated: Vec<String> = jobs.iter().filter(|j| ended(j)).map(line).collect();
+    let rule = "--------------------------------------------------------------";
+    if running.is_empty() {
+        writeln!(out, "No running jobs.")?;
+    } else {
+        writeln!(
+            out,
+            "------------------ Running/Restarting Jobs -------------------"
         )?;
+        for l in &running {
+            writeln!(out, "{l}")?;
+        }
+        writeln!(out, "{rule}")?;
+    }
+    if terminated.is_empty() {
+        writeln!(out, "No terminated jobs.")?;
+    } else {
+        writeln!(
+            out,
+            "---------------------- Terminated Jobs -----------------------"
+        )?;
+        for l in &terminated {
+            writeln!(out, "{l}")?;
+        }
+        writeln!(out, "{rule}")?;
     }
     Ok(0)
+}
+
+/// `ms` since the Unix epoch as Flink's CLI prints a job's start: `dd.MM.yyyy HH:mm:ss` (UTC).
+fn flink_time(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Days to a civil date (Howard Hinnant's algorithm), in the proleptic Gregorian calendar.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{day:02}.{month:02}.{year} {:02}:{:02}:{:02}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
 }
 
 /// `weir cancel JOB`.
@@ -246,5 +298,14 @@ mod tests {
             assert!(matches!(authority(bad), Err(CliError::Usage(_))), "{bad}");
         }
         assert_eq!(dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), "abcde");
+    }
+
+    #[test]
+    fn start_times_print_as_flink_s_cli_prints_them() {
+        assert_eq!(flink_time(0), "01.01.1970 00:00:00");
+        // 2026-12-03 11:40:05 UTC.
+        assert_eq!(flink_time(1_796_298_005_000), "03.12.2026 11:40:05");
+        // A leap day.
+        assert_eq!(flink_time(951_782_400_000), "29.02.2000 00:00:00");
     }
 }
