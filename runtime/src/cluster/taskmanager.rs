@@ -52,9 +52,7 @@ impl TaskManagerSession {
             addr: jobmanager,
             reason,
         };
-        let client = connect(jobmanager, connect_timeout).await?;
-        let mut ctx = context::current();
-        ctx.deadline = deadline_after(connect_timeout.max(Duration::from_secs(1)));
+        let (client, ctx) = connect_for_call(jobmanager, connect_timeout).await?;
         let registration = client
             .register(ctx, info.clone())
             .await
@@ -83,19 +81,29 @@ impl TaskManagerSession {
         jobmanager: SocketAddr,
         connect_timeout: Duration,
     ) -> Result<JobArguments, JobManagerLost> {
+        let (client, ctx) = connect_for_call(jobmanager, connect_timeout).await?;
         let lost = |reason: String| JobManagerLost {
             addr: jobmanager,
             reason,
         };
-        let client = connect(jobmanager, connect_timeout).await?;
-        let mut ctx = context::current();
-        ctx.deadline = deadline_after(connect_timeout.max(Duration::from_secs(1)));
         client
             .job(ctx)
             .await
             .map_err(|e| lost(format!("asking for its job failed: {e}")))?
             .map_err(lost)
     }
+}
+
+/// A client of the job manager at `jobmanager` ([`connect`]) and the context of one call to it,
+/// whose answer may take as long as the connection may.
+async fn connect_for_call(
+    jobmanager: SocketAddr,
+    connect_timeout: Duration,
+) -> Result<(JobManagerServiceClient, context::Context), JobManagerLost> {
+    let client = connect(jobmanager, connect_timeout).await?;
+    let mut ctx = context::current();
+    ctx.deadline = deadline_after(connect_timeout.max(Duration::from_secs(1)));
+    Ok((client, ctx))
 }
 
 /// A client of the job manager at `jobmanager`, connecting for up to `connect_timeout` (it may
