@@ -684,6 +684,15 @@ async fn back_pressure_is_measured_where_the_credits_run_out_and_the_page_is_ser
     .unwrap();
     let result = run.await.unwrap().unwrap();
     assert_eq!(result.status, JobStatus::Canceled);
+    // The subtasks stopped mid-wait: their waits ended with them, none goes on being counted.
+    let before = client.vertex_metrics();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(client.vertex_metrics(), before);
+    assert!(
+        before
+            .values()
+            .any(|v| v.backpressured_ms.iter().any(|ms| *ms > 0))
+    );
 }
 
 /// A GET's status, its head (lower case) and its body.

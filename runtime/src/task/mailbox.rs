@@ -87,6 +87,7 @@ pub(super) async fn run(
     open(input, env, restore).await?;
     env.report(TaskEvent::Running).await?;
     let mut actions: Vec<HandlerAction> = Vec::new();
+    let _waits = EndWaitOnDrop::of(env);
     // A restored writer may hold in-flight data to send first.
     let mut output_pending = true;
     let mut first_record = true;
@@ -151,7 +152,7 @@ pub(super) async fn run(
             .await
         };
         if blocked {
-            backpressure_ended(env, now);
+            backpressure_ended(env);
         }
         match wake {
             Wake::Message(None) => return Err(TaskError::MasterGone),
@@ -318,12 +319,50 @@ fn backpressure_began(env: &TaskEnv, since: Duration) {
     }
 }
 
-/// The wait for credits that began at `since` ended: it joins the task's back-pressured time.
-fn backpressure_ended(env: &TaskEnv, since: Duration) {
+/// The task's wait for credits ended: it joins the task's back-pressured time.
+fn backpressure_ended(env: &TaskEnv) {
     if let Some((ended, began)) = backpressure_counters(env) {
-        began.store(0, Ordering::Relaxed);
-        let waited = wall_clock().saturating_sub(since);
-        ended.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+        end_wait(ended, began);
+    }
+}
+
+/// Ends the wait `began` marks (if any), adding it to `ended`.
+fn end_wait(ended: &AtomicU64, began: &AtomicU64) {
+    let since = began.swap(0, Ordering::Relaxed);
+    if since != 0 {
+        let now = wall_clock().as_nanos() as u64;
+        ended.fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+    }
+}
+
+/// Ends the task's wait for credits when its loop ends however it ends (an error, a cancel, the
+/// task dropped mid-wait), so that no reader goes on counting a wait that is over.
+struct EndWaitOnDrop {
+    counters: Arc<crate::job::VertexRecords>,
+    vertex: u32,
+    subtask: usize,
+}
+
+impl EndWaitOnDrop {
+    fn of(env: &TaskEnv) -> EndWaitOnDrop {
+        EndWaitOnDrop {
+            counters: env.metrics.vertex_records.clone(),
+            vertex: env.task.vertex.0,
+            subtask: env.task.subtask as usize,
+        }
+    }
+}
+
+impl Drop for EndWaitOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = self.counters.get(&self.vertex)
+            && let (Some(ended), Some(began)) = (
+                c.backpressured_ns.get(self.subtask),
+                c.backpressured_since_ns.get(self.subtask),
+            )
+        {
+            end_wait(ended, began);
+        }
     }
 }
 
