@@ -287,3 +287,85 @@ fn standing_task_managers_run_job_after_job_and_the_cluster_lists_its_jobs() {
     }
     drop(tms);
 }
+
+/// A job manager killed mid-job, and another at the same address with other arguments (the same
+/// graph): the standing task managers do not go on with the lost job's arguments, they build
+/// the new job from its job manager's, and its totals are exact.
+#[test]
+fn after_a_job_manager_is_killed_the_next_job_is_built_from_its_own_arguments() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = |name: &str| tmp.path().join(name).to_string_lossy().to_string();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let log = |name: &str| tmp.path().join(format!("{name}.log"));
+    let mut tms = Processes(Vec::new());
+    for name in ["tm1", "tm2"] {
+        tms.0.push(word_count(
+            &[
+                "--jobmanager",
+                &listen,
+                "--slots",
+                "1",
+                "--heartbeat-interval",
+                "100ms",
+                "--heartbeat-timeout",
+                "2s",
+            ],
+            &log(name),
+        ));
+    }
+    let ck = path("ck");
+    // Job A: unbounded, seed 42; killed once it has checkpointed.
+    let (mut jm, mut lines) = job_manager(
+        &listen,
+        &[
+            "--records",
+            "0",
+            "--parallelism",
+            "2",
+            "--checkpoint-interval",
+            "50ms",
+            "--checkpoint-dir",
+            &ck,
+        ],
+    );
+    let (rest, job_a) = rest_of(&mut lines);
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while get(&rest, &format!("/jobs/{job_a}/checkpoints"))["counts"]["completed"].as_u64()
+        < Some(2)
+    {
+        assert!(Instant::now() < give_up, "job A did not checkpoint");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    jm.kill().unwrap();
+    jm.wait().unwrap();
+    // Job B at once, before the task managers' heartbeats give A up: bounded, seed 7.
+    let out = path("out-b.csv");
+    let (jm, lines) = job_manager(
+        &listen,
+        &[
+            "--records",
+            "100000",
+            "--seed",
+            "7",
+            "--parallelism",
+            "2",
+            "--checkpoint-interval",
+            "50ms",
+            "--checkpoint-dir",
+            &ck,
+            "--output",
+            &out,
+        ],
+    );
+    finished_exactly(jm, lines, Path::new(&out), 100_000, 7);
+    for name in ["tm1", "tm2"] {
+        let text = std::fs::read_to_string(log(name)).unwrap();
+        assert_eq!(
+            text.matches("building the job manager's job").count(),
+            2,
+            "{name} did not build job B from its arguments:\n{}",
+            log_tail(&log(name))
+        );
+    }
+    drop(tms);
+}

@@ -612,7 +612,7 @@ async fn back_pressure_is_measured_where_the_credits_run_out_and_the_page_is_ser
         });
         wait_for("the source's back pressure", || {
             let bp = json(&a, &format!("/jobs/{id}/vertices/{source}/backpressure"));
-            bp["backpressureLevel"] == "high"
+            bp["backpressure-level"] == "high"
                 && bp["subtasks"]
                     .as_array()
                     .unwrap()
@@ -620,7 +620,7 @@ async fn back_pressure_is_measured_where_the_credits_run_out_and_the_page_is_ser
                     .all(|s| s["ratio"].as_f64().unwrap() > 0.5)
         });
         let bp = json(&a, &format!("/jobs/{id}/vertices/{sum}/backpressure"));
-        assert_eq!(bp["backpressureLevel"], "ok", "{bp}");
+        assert_eq!(bp["backpressure-level"], "ok", "{bp}");
         assert_eq!(bp["subtasks"].as_array().unwrap().len(), 2);
         let job = json(&a, &format!("/jobs/{id}"));
         let vertex = |vid: &str| {

@@ -536,8 +536,14 @@ async fn on_membership(state: &Mutex<RouterState>, ctx: &RouterContext, event: M
         MembershipEvent::Registered { id, info } => {
             ctx.client.update_view(|v| {
                 for job in &info.past_jobs {
-                    if !v.past_jobs.iter().any(|p| p.id == job.id) {
-                        v.past_jobs.push(job.clone());
+                    match v.past_jobs.iter_mut().find(|p| p.id == job.id) {
+                        None => v.past_jobs.push(job.clone()),
+                        // A task manager that saw the end knows better than one that lost
+                        // its job manager first.
+                        Some(known) if known.state == "SUSPENDED" && job.state != "SUSPENDED" => {
+                            *known = job.clone();
+                        }
+                        Some(_) => {}
                     }
                 }
                 v.past_jobs.sort_by_key(|p| p.start_time_ms);

@@ -13,8 +13,9 @@ use weir_core::ids::{CheckpointId, JobId, SubtaskIndex, VertexId};
 /// The version of these messages and of the RPC service's answers; a peer with another one is
 /// refused with both numbers. 2: the service's errors are a typed `RpcError`, not text. 3: a
 /// deployment's settings name the job's state backend. 4: standing task managers: the job's
-/// arguments (`job`), the job's final state at shutdown, past jobs at registration.
-pub(crate) const PROTOCOL_VERSION: u8 = 4;
+/// arguments (`job`), the job's final state at shutdown, past jobs at registration. 5: vertex
+/// counts, and the data processed during alignment in an acknowledgement's metrics.
+pub(crate) const PROTOCOL_VERSION: u8 = 5;
 
 /// From the job manager to a task manager, delivered in order.
 #[derive(Debug, Serialize, Deserialize)]

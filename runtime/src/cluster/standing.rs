@@ -60,21 +60,26 @@ pub async fn run_standing_task_manager(
     // The job that ended last, and the last job that could not be built (said once each).
     let mut ended: Option<String> = None;
     let mut refused: Option<String> = None;
-    let mut waiting = false;
+    // The last reason no job was offered, said once each (a refusal as a warning).
+    let mut waiting: Option<String> = None;
     info!(jobmanager = %options.jobmanager, slots = options.slots, "standing task manager: waiting for jobs");
     loop {
         let offer = match TaskManagerSession::job_arguments(options.jobmanager, ASK_EVERY).await {
             Ok(offer) => offer,
             Err(e) => {
-                if !waiting {
-                    info!(reason = %e.reason, "waiting for a job manager");
-                    waiting = true;
+                if waiting.as_deref() != Some(e.reason.as_str()) {
+                    if e.reason.starts_with("not reachable") {
+                        info!(reason = %e.reason, "waiting for a job manager");
+                    } else {
+                        warn!(reason = %e.reason, "the job manager offers no job");
+                    }
+                    waiting = Some(e.reason);
                 }
                 tokio::time::sleep(ASK_EVERY / 4).await;
                 continue;
             }
         };
-        waiting = false;
+        waiting = None;
         match judge(&offer, ended.as_deref()) {
             Offer::Take => {}
             Offer::Ended => {
@@ -106,7 +111,9 @@ pub async fn run_standing_task_manager(
             }
         };
         info!(job = %offer.job_id, name = %spec.config.job_name, "building the job manager's job");
-        let (result, job) = serve_job(spec, &options, past.clone()).await;
+        // Without rejoining: whoever answers at the address next may run another job with
+        // the same graph, so this task manager asks for the job again first.
+        let (result, job) = serve_job(spec, &options, past.clone(), false).await;
         if let Some(job) = job {
             info!(job = %job.id, state = %job.state, "job over; waiting for the next");
             past.retain(|p| p.id != job.id);
@@ -115,10 +122,12 @@ pub async fn run_standing_task_manager(
                 past.remove(0);
             }
         }
-        if let Err(e) = result {
-            warn!(error = %e, "the task manager left the job");
+        match result {
+            // Over: its job manager is finishing; the next job is another one.
+            Ok(_) => ended = Some(offer.job_id),
+            // Lost: if the same job manager answers again, the job is joined again.
+            Err(e) => warn!(error = %e, "the task manager left the job"),
         }
-        ended = Some(offer.job_id);
     }
 }
 

@@ -100,16 +100,19 @@ pub(crate) async fn run_task_manager(
     spec: JobSpec,
     options: TaskManagerOptions,
 ) -> Result<JobResult, JobError> {
-    serve_job(spec, &options, Vec::new()).await.0
+    serve_job(spec, &options, Vec::new(), true).await.0
 }
 
 /// Runs a task manager for `spec`'s job until the job manager shuts it down (or stays lost),
 /// telling it at registration of the `past_jobs` it ran; also the job as this task manager
-/// saw it, if it was deployed its subtasks.
+/// saw it, if it was deployed its subtasks. With `rejoin`, a lost job manager is registered
+/// with again, for `options.connect_timeout`; without (a standing task manager, which asks
+/// whoever answers at the address for its job first), losing it ends the call.
 pub(crate) async fn serve_job(
     spec: JobSpec,
     options: &TaskManagerOptions,
     past_jobs: Vec<PastJob>,
+    rejoin: bool,
 ) -> (Result<JobResult, JobError>, Option<PastJob>) {
     if options.slots == 0 {
         let refused = JobError::Invalid("a task manager needs at least one slot".into());
@@ -155,6 +158,10 @@ pub(crate) async fn serve_job(
                     info!(%state, "the job is over");
                     executor.job_ended(&state);
                     return Ok(executor.result());
+                }
+                SessionEnd::Lost(reason) if !rejoin => {
+                    warn!(%reason, "lost the job manager; subtasks stopped");
+                    return Err(JobError::JobManagerLost(reason));
                 }
                 SessionEnd::Lost(reason) => {
                     warn!(%reason, "lost the job manager; subtasks stopped, registering again");

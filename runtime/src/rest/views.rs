@@ -340,12 +340,12 @@ pub(super) fn backpressure(rate: &VertexRate, now_ms: u64) -> Value {
     let worst = ratios.iter().copied().fold(0.0, f64::max);
     json!({
         "status": "ok",
-        "backpressureLevel": super::rates::level(worst),
+        "backpressure-level": super::rates::level(worst),
         "end-timestamp": now_ms,
         "subtasks": ratios.iter().enumerate().map(|(i, r)| json!({
             "subtask": i,
             "attempt-number": 0,
-            "backpressureLevel": super::rates::level(*r),
+            "backpressure-level": super::rates::level(*r),
             "ratio": r,
         })).collect::<Vec<_>>(),
     })

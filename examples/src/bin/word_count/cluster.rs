@@ -13,14 +13,19 @@ use weir_runtime::cluster::{
     ClusterRole, HeartbeatConfig, JobManagerOptions, TaskManagerOptions, run_standing_task_manager,
 };
 
-/// The flags of a task manager itself; any other flag is the job's.
-const TASK_MANAGER_FLAGS: [&str; 6] = [
+/// The flags of a task manager itself (and the REST flags, which a task manager, serving no
+/// REST API, ignores); any other flag is the job's.
+const TASK_MANAGER_FLAGS: [&str; 10] = [
     "jobmanager",
     "slots",
     "data_bind",
     "heartbeat_interval",
     "heartbeat_timeout",
     "slot_timeout",
+    "no_rest",
+    "rest_address",
+    "rest_allow_remote",
+    "rest_read_only",
 ];
 
 /// The flags (clap exits on bad ones, with its usage error), and whether any flag beyond a task
@@ -57,8 +62,20 @@ pub(super) fn role(args: &Args) -> Result<Option<ClusterRole>> {
             let mut options = JobManagerOptions::new(listen);
             options.heartbeat = heartbeat;
             options.slot_timeout = args.slot_timeout;
-            // Standing task managers build the job from the same arguments.
-            options.job_args = Some(std::env::args().skip(1).collect());
+            // Standing task managers build the job from the same arguments (an argument that is
+            // not UTF-8 cannot be sent: then only task managers given the job's own arguments
+            // can run it).
+            options.job_args = std::env::args_os()
+                .skip(1)
+                .map(std::ffi::OsString::into_string)
+                .collect::<Result<Vec<_>, _>>()
+                .ok();
+            if options.job_args.is_none() {
+                eprintln!(
+                    "warning: an argument is not UTF-8: standing task managers cannot be sent \
+                     this job (start them with the job's own arguments)"
+                );
+            }
             Ok(Some(ClusterRole::JobManager(options)))
         }
         (None, Some(jobmanager)) => {

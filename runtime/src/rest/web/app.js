@@ -377,10 +377,17 @@ function wireButtons() {
 // ---- the refresh loop ----------------------------------------------------------------------
 
 async function refresh() {
-  if (!state.jobId) {
-    const jobs = await api("GET", "/jobs");
-    if (!jobs.jobs.length) return;
+  // The server's own job comes first; another job's server may take this address later (a
+  // standing cluster's next job manager): the page then shows that job from scratch.
+  const jobs = await api("GET", "/jobs");
+  if (!jobs.jobs.length) return;
+  if (state.jobId !== jobs.jobs[0].id) {
     state.jobId = jobs.jobs[0].id;
+    state.seen = new Map();
+    state.selected = null;
+    $("checkpoint-details").replaceChildren();
+    $("details-id").textContent = "–";
+    status("");
     const config = await api("GET", "/config");
     state.readOnly = !config.features["web-cancel"];
   }
