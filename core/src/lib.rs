@@ -13,6 +13,7 @@
 //! - [`fingerprint`]: what a checkpoint records of its job (operators, source settings).
 //! - [`identity`]: the identity frame at the head of every state file, and file digests.
 //! - [`codec`]: postcard encoding and the versioned, checksummed file envelope.
+//! - [`redact`]: URLs without their credentials, for what is shown.
 //! - [`sim`]: the hooks through which a deterministic simulation steers a job.
 //! - [`error`]: the errors of this crate.
 //!
@@ -32,6 +33,7 @@ pub mod ids;
 pub mod keygroup;
 pub mod panic;
 pub mod partition;
+pub mod redact;
 pub mod sim;
 pub mod splitmix;
 

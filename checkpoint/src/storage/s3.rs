@@ -137,15 +137,7 @@ impl S3Config {
     /// `s3://bucket/prefix (endpoint …, region …)`, as the storage describes itself in
     /// messages and logs: an endpoint's user information (`user:password@`) never shows.
     pub fn describe(&self) -> String {
-        let endpoint = self.effective_endpoint();
-        let shown = match endpoint.split_once("://") {
-            Some((scheme, rest)) => {
-                let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-                let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-                format!("{scheme}://{host}{path}")
-            }
-            None => endpoint,
-        };
+        let shown = weir_core::redact::redact_url(&self.effective_endpoint());
         format!("{} (endpoint {shown}, region {})", self.url(), self.region)
     }
 

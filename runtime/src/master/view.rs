@@ -41,7 +41,7 @@ pub(super) fn describe(v: &mut JobView, spec: &JobSpec, job_id: JobId) {
         crate::config::StorageConfig::S3(s3) => format!("s3://{}/{}", s3.bucket, s3.prefix),
         crate::config::StorageConfig::Memory => "memory".into(),
         crate::config::StorageConfig::Custom(_) => "custom".into(),
-        crate::config::StorageConfig::Registered(url) => crate::rest::redact_url(url),
+        crate::config::StorageConfig::Registered(url) => weir_core::redact::redact_url(url),
     };
 }
 
