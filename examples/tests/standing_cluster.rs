@@ -210,6 +210,16 @@ fn standing_task_managers_run_job_after_job_and_the_cluster_lists_its_jobs() {
         ]
     );
     assert_eq!(get(&rest, "/overview")["jobs-finished"], 2);
+    // A past job answers as its task managers remember it.
+    let past = get(&rest, &format!("/jobs/{}", entries[1].0));
+    assert_eq!(
+        (past["jid"].as_str(), past["state"].as_str()),
+        (Some(entries[1].0.as_str()), Some("FINISHED"))
+    );
+    assert!(
+        past["end-time"].as_u64() >= past["start-time"].as_u64(),
+        "{past}"
+    );
     // The task managers' counts reach the job manager: every vertex's records move.
     let give_up = Instant::now() + Duration::from_secs(30);
     loop {

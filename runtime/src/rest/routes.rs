@@ -287,10 +287,18 @@ async fn jobs_overview(State(s): State<AppState>) -> Response {
     ok(json!({ "jobs": jobs }))
 }
 
+/// `GET /jobs/:jobid`: this job in full; a job that ran on the cluster before it as its task
+/// managers remember it (id, name, state, times: its details are in no process now).
 async fn job(State(s): State<AppState>, Path(jobid): Path<String>) -> Response {
     match the_job(&s, &jobid) {
         Ok(v) => ok(views::job(&v, &vertex_figures(&s), now_ms())),
-        Err(e) => e.into_response(),
+        Err(e) => {
+            let v = s.client.view();
+            match views::past_jobs(&v).find(|p| p.id == jobid) {
+                Some(p) => ok(views::past_job(p)),
+                None => e.into_response(),
+            }
+        }
     }
 }
 
