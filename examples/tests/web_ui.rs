@@ -227,5 +227,37 @@ fn the_web_ui_shows_the_checkpoints_and_its_buttons_take_a_savepoint_and_cancel(
     };
     // word_count's exit code for a cancelled job.
     assert_eq!(status.code(), Some(130), "{status:?}");
+
+    // Another job at the same address (a standing cluster's next job manager does this): the
+    // open page follows it, its own checkpoints from 1 on.
+    let address = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut next = Command::new(env!("CARGO_BIN_EXE_word_count"))
+        .args(["--records", "0", "--checkpoint-interval", "200ms"])
+        .args(["--checkpoint-dir", &path("ck2"), "--rest-address", address])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut next_log = StderrLines::read(next.stderr.take().unwrap());
+    let _next = Processes(vec![next]);
+    next_log.wait_for("REST API: http://", Duration::from_secs(60));
+    let next_id = next_log
+        .so_far()
+        .iter()
+        .find_map(|l| {
+            l.split("(job ")
+                .nth(1)
+                .map(|j| j.trim_end_matches(')').to_string())
+        })
+        .unwrap();
+    browser.wait_for(
+        "the page following the new job",
+        &format!(
+            "return document.getElementById('job-id').textContent === '{next_id}' && \
+             document.querySelector('#checkpoint-timeline rect.cp-bar[data-checkpoint-id=\"1\"]') \
+             !== null && document.getElementById('job-state').textContent === 'RUNNING'"
+        ),
+        Duration::from_secs(30),
+    );
     let _: Value = browser.script("return null");
 }
