@@ -8,7 +8,8 @@
 //! that thread: one seed, one schedule. The runtime asks it at the points named by
 //! [`FaultPoint`] and [`Message`], and the barrier handlers, the upload, the master and the
 //! restore ask [`mutated`] whether to act out one of the [`Mutation`]s, which exist only in
-//! debug builds with the `mutations` feature, never in a release build.
+//! debug builds with the `mutations` feature, never in a release build. A simulation may also
+//! place the subtasks on task managers ([`cluster`]) and lose them ([`task_manager_loss`]).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -96,6 +97,30 @@ impl Mutation {
     }
 }
 
+/// The task managers a simulated job's subtasks run on, as a session cluster would offer them:
+/// slot `i` runs subtask `i` of every vertex, as the cluster's placement does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimulatedCluster {
+    /// Each task manager's slots, in registration order.
+    pub slots: Vec<u32>,
+    /// How long a deployment waits for enough slots before it fails for want of resources.
+    pub slot_timeout: Duration,
+}
+
+/// How a simulated task manager is lost while it runs a deployment's subtasks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskManagerLoss {
+    /// After its deployment.
+    pub after: Duration,
+    /// Its process dies (its subtasks end at once, their connections close); otherwise it is
+    /// cut off or stuck: its subtasks stop making progress and say nothing.
+    pub crash: bool,
+    /// Until the job master notices (the heartbeat timeout).
+    pub detected_after: Duration,
+    /// Until a replacement registers with the same slots, from the loss.
+    pub replaced_after: Duration,
+}
+
 /// What a simulation decides. Every answer must follow from its seed and the order of the
 /// questions alone, so that a run replays bit for bit.
 pub trait Simulator {
@@ -114,6 +139,17 @@ pub trait Simulator {
     fn record(&self, event: std::fmt::Arguments<'_>);
     /// What the job master did, for the simulation's invariants.
     fn observe(&self, event: Observed);
+    /// The task managers the job's subtasks run on; `None`: all in the job's process, none
+    /// can be lost apart from it.
+    fn cluster(&self) -> Option<SimulatedCluster> {
+        None
+    }
+    /// Whether task manager `task_manager`, given subtasks to run, is lost while it runs them,
+    /// and how.
+    fn task_manager_loss(&self, task_manager: usize) -> Option<TaskManagerLoss> {
+        let _ = task_manager;
+        None
+    }
 }
 
 /// What a job master reports to a simulation as it happens.
@@ -125,6 +161,16 @@ pub enum Observed {
     Restored(u64),
     /// A deployment starts with no state.
     StartedEmpty,
+    /// Task manager `task_manager` is lost: it crashed (or else was cut off).
+    TaskManagerLost {
+        /// Its index in [`SimulatedCluster::slots`].
+        task_manager: usize,
+        /// Whether its process died.
+        crash: bool,
+    },
+    /// A deployment found too few slots within the slot timeout (a task manager lost, its
+    /// replacement not yet registered).
+    NoResources,
     /// A restore found the checkpoint in `checkpoint` (its directory) unusable and falls back.
     Unusable {
         /// The checkpoint's directory.
@@ -190,6 +236,17 @@ pub fn deliver(message: Message, task: &str) -> Delivery {
 /// How long `task` pauses before its next step (never outside a simulation).
 pub fn pause(task: &str) -> Option<Duration> {
     with(|s| s.pause(task)).flatten()
+}
+
+/// The simulated task managers the job's subtasks run on (none outside a simulation).
+pub fn cluster() -> Option<SimulatedCluster> {
+    with(|s| s.cluster()).flatten()
+}
+
+/// Whether simulated task manager `task_manager` is lost while it runs the subtasks it was
+/// given, and how (never outside a simulation).
+pub fn task_manager_loss(task_manager: usize) -> Option<TaskManagerLoss> {
+    with(|s| s.task_manager_loss(task_manager)).flatten()
 }
 
 /// Tells the simulation what the job master did (nothing outside a simulation).

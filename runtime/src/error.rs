@@ -67,6 +67,13 @@ pub enum TaskError {
         /// What is wrong with it.
         reason: String,
     },
+    /// After the job finished, the subtask did not confirm its end (its sinks' final commit):
+    /// it was abandoned after the wait or ended other than by returning.
+    #[error("task {task} did not confirm the job's end (its final commit)")]
+    EndNotConfirmed {
+        /// The subtask.
+        task: String,
+    },
     /// The task manager running the subtask was lost (killed, cut off or stuck).
     #[error("task manager {task_manager} was lost: {reason}")]
     TaskManagerLost {

@@ -14,7 +14,7 @@ use futures::FutureExt;
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -96,8 +96,8 @@ pub(crate) struct ProcessTasks<'a> {
 /// One generation's subtasks running in this process.
 pub(crate) struct Running {
     mailboxes: BTreeMap<TaskKey, mpsc::Sender<TaskMessage>>,
-    /// Each subtask's name and handle.
-    handles: Vec<(String, SubtaskHandle)>,
+    /// Each subtask's key, name and handle.
+    handles: Vec<(TaskKey, String, SubtaskHandle)>,
     uploads: Arc<AtomicUsize>,
     /// The generation's cancellation signal, raised when it is stopped other than finished.
     cancellation: Cancellation,
@@ -121,13 +121,13 @@ impl ProcessTasks<'_> {
             match self.start(generation, deployment, reports, &running) {
                 Ok((key, mailbox, name, handle)) => {
                     running.mailboxes.insert(key, mailbox);
-                    running.handles.push((name, handle));
+                    running.handles.push((key, name, handle));
                 }
                 Err(e) => {
                     // None of this generation may run on: the subtasks started so far would
                     // wait for peers that never come (or, worse, emit and commit alone).
                     running.cancellation.cancel();
-                    for (_, h) in &running.handles {
+                    for (_, _, h) in &running.handles {
                         h.abort();
                     }
                     return Err(e);
@@ -261,7 +261,10 @@ impl Running {
     /// nothing of this generation runs on, or after `wait`: a subtask still running then is
     /// abandoned, like Flink's task cancellation watchdog gives up on a task (the runtime
     /// drops it at its next await; its thread is busy until its operator returns).
-    pub async fn stop(&mut self, finished: bool, wait: Duration) {
+    ///
+    /// Returns the subtasks that did not end on their own: those abandoned and, after a
+    /// finished job, those that ended other than by returning (killed before they committed).
+    pub async fn stop(&mut self, finished: bool, wait: Duration) -> Vec<(TaskKey, String)> {
         if finished {
             for m in self.mailboxes.values() {
                 if m.try_send(TaskMessage::JobFinished).is_err() {
@@ -270,37 +273,73 @@ impl Running {
             }
         } else {
             self.cancellation.cancel();
-            for (_, h) in &self.handles {
+            for (_, _, h) in &self.handles {
                 h.abort();
             }
         }
         let give_up = tokio::time::Instant::now() + wait;
-        let mut abandoned = Vec::new();
-        for (name, mut handle) in std::mem::take(&mut self.handles) {
+        let (mut abandoned, mut killed) = (Vec::new(), Vec::new());
+        for (key, name, mut handle) in std::mem::take(&mut self.handles) {
             // A handle that is done counts even past the deadline: it is polled first.
-            if tokio::time::timeout_at(give_up, handle.ended())
-                .await
-                .is_err()
-            {
-                // A finished job's straggler is cancelled too: it must not commit or emit
-                // after the job was declared done.
-                handle.abort();
-                abandoned.push(name);
+            match tokio::time::timeout_at(give_up, handle.ended()).await {
+                Ok(true) => {}
+                Ok(false) => killed.push((key, name)),
+                Err(_) => {
+                    // A finished job's straggler is cancelled too: it must not commit or emit
+                    // after the job was declared done.
+                    handle.abort();
+                    abandoned.push((key, name));
+                }
             }
         }
         if !abandoned.is_empty() {
             self.cancellation.cancel();
             warn!(
-                tasks = ?abandoned,
+                tasks = ?abandoned.iter().map(|(_, n)| n).collect::<Vec<_>>(),
                 ?wait,
                 "tasks did not stop in time and were abandoned; their threads run on until their operators return"
             );
         }
+        if finished {
+            abandoned.extend(killed);
+        }
+        abandoned
     }
 
     /// Whether no asynchronous snapshot upload of these subtasks is running.
     pub fn uploads_idle(&self) -> bool {
         self.uploads.load(Ordering::Acquire) == 0
+    }
+
+    /// Under a simulation, what ends or freezes `task` from outside, as the loss of its task
+    /// manager would; `None` for a subtask on a thread of its own (a real run).
+    pub fn control(&self, task: TaskKey) -> Option<SubtaskControl> {
+        self.handles.iter().find_map(|(k, _, h)| match h {
+            SubtaskHandle::Task(handle, frozen) if *k == task => Some(SubtaskControl {
+                abort: handle.abort_handle(),
+                frozen: frozen.clone(),
+            }),
+            _ => None,
+        })
+    }
+}
+
+/// Ends or freezes one subtask of a simulation from outside ([`Running::control`]).
+pub(crate) struct SubtaskControl {
+    abort: tokio::task::AbortHandle,
+    frozen: Arc<AtomicBool>,
+}
+
+impl SubtaskControl {
+    /// The subtask ends at its next await, as if its process died: its channels close.
+    pub fn kill(&self) {
+        self.abort.abort();
+    }
+
+    /// The subtask is no longer polled, as if its process were stuck or cut off: it makes no
+    /// progress and says nothing until it is aborted.
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::Relaxed);
     }
 }
 
@@ -312,13 +351,14 @@ impl Running {
 /// steals). What a subtask spawns (snapshot uploads) runs on the runtime's workers. Under a
 /// simulation, subtasks are tasks of the simulation's runtime.
 pub(crate) enum SubtaskHandle {
-    /// A task of the runtime (simulation).
-    Task(tokio::task::JoinHandle<()>),
+    /// A task of the runtime (simulation), and whether it is frozen (no longer polled).
+    Task(tokio::task::JoinHandle<()>, Arc<AtomicBool>),
     /// A thread of its own.
     Thread {
         /// Ends the main loop at its next await.
         abort: futures::future::AbortHandle,
-        /// Closed when the thread's main loop has returned (or unwound).
+        /// Sent when the thread's main loop has returned; closed unsent when it was aborted
+        /// or unwound.
         ended: tokio::sync::oneshot::Receiver<()>,
     },
 }
@@ -331,7 +371,17 @@ impl SubtaskHandle {
         run: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<SubtaskHandle, JobError> {
         if weir_core::sim::active() {
-            return Ok(SubtaskHandle::Task(runtime.spawn(run)));
+            let frozen = Arc::new(AtomicBool::new(false));
+            let flag = frozen.clone();
+            let mut run = Box::pin(run);
+            let run = std::future::poll_fn(move |cx| {
+                if flag.load(Ordering::Relaxed) {
+                    std::task::Poll::Pending
+                } else {
+                    run.as_mut().poll(cx)
+                }
+            });
+            return Ok(SubtaskHandle::Task(runtime.spawn(run), frozen));
         }
         let (run, abort) = futures::future::abortable(run);
         let (done, ended) = tokio::sync::oneshot::channel::<()>();
@@ -339,9 +389,11 @@ impl SubtaskHandle {
         std::thread::Builder::new()
             .name(name.to_string())
             .spawn(move || {
-                // Dropped when the loop returns, is aborted, or unwinds: the receiver sees it.
-                let _done = done;
-                let _ = handle.block_on(run);
+                // Sent when the loop returns; dropped unsent when it is aborted or unwinds: the
+                // receiver sees which.
+                if handle.block_on(run).is_ok() {
+                    let _ = done.send(());
+                }
             })
             .map_err(|e| JobError::Invalid(format!("cannot start a thread for {name}: {e}")))?;
         Ok(SubtaskHandle::Thread { abort, ended })
@@ -350,20 +402,17 @@ impl SubtaskHandle {
     /// Ends the subtask at its next await.
     fn abort(&self) {
         match self {
-            SubtaskHandle::Task(h) => h.abort(),
+            SubtaskHandle::Task(h, _) => h.abort(),
             SubtaskHandle::Thread { abort, .. } => abort.abort(),
         }
     }
 
-    /// Resolves when the subtask has ended.
-    async fn ended(&mut self) {
+    /// Resolves when the subtask has ended: true if its main loop returned (it was neither
+    /// aborted nor unwound).
+    async fn ended(&mut self) -> bool {
         match self {
-            SubtaskHandle::Task(h) => {
-                let _ = h.await;
-            }
-            SubtaskHandle::Thread { ended, .. } => {
-                let _ = ended.await;
-            }
+            SubtaskHandle::Task(h, _) => h.await.is_ok(),
+            SubtaskHandle::Thread { ended, .. } => ended.await.is_ok(),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use crate::error::JobError;
 use crate::gateway::{ProcessTasks, Running, TaskRuntime};
+use crate::simulated_cluster::SimulatedTaskManagers;
 use crate::spec::JobSpec;
 use crate::spec::{TaskDeployment, TaskSettings};
 use crate::task::{JobMetrics, Targets, TaskMessage, TaskReport};
@@ -58,8 +59,11 @@ pub(crate) trait TaskHost: Send + Sync {
 
     /// Stops the current generation's subtasks (committing what they held back if `finished`),
     /// waiting at most `wait` for those in this process; a remote host also waits for its
-    /// uploads, whose late acknowledgements arrive as reports first.
-    async fn stop(&mut self, finished: bool, wait: Duration);
+    /// uploads, whose late acknowledgements arrive as reports first. Returns what did not
+    /// confirm its end: subtasks abandoned or, after a finished job, killed before they
+    /// returned, and task managers that did not report their subtasks stopped. (A subtask
+    /// that failed reports it, as ever.)
+    async fn stop(&mut self, finished: bool, wait: Duration) -> Vec<String>;
 
     /// Whether no upload of the current generation is still running.
     fn uploads_idle(&self) -> bool;
@@ -84,6 +88,8 @@ pub(crate) struct LocalHost<'s> {
     pub runtime: TaskRuntime,
     /// The current generation's subtasks.
     pub running: Option<Running>,
+    /// Under a simulation that places subtasks on task managers: those task managers.
+    pub simulated: Option<SimulatedTaskManagers>,
 }
 
 #[async_trait]
@@ -106,6 +112,13 @@ impl TaskHost for LocalHost<'_> {
             chain_epoch: self.chain_epoch.clone(),
             runtime: self.runtime.handle().clone(),
         };
+        if let Some(tms) = self.simulated.as_mut() {
+            let placed = tms.place(&self.spec.job).await?;
+            let running = process.spawn(generation, tasks, &reports)?;
+            tms.arm(generation, &running, &placed, &reports);
+            self.running = Some(running);
+            return Ok(());
+        }
         self.running = Some(process.spawn(generation, tasks, &reports)?);
         Ok(())
     }
@@ -129,9 +142,18 @@ impl TaskHost for LocalHost<'_> {
 
     fn chain_epoch_raised(&self, _epoch: u64) {}
 
-    async fn stop(&mut self, finished: bool, wait: Duration) {
-        if let Some(r) = self.running.as_mut() {
-            r.stop(finished, wait).await;
+    async fn stop(&mut self, finished: bool, wait: Duration) -> Vec<String> {
+        if let Some(tms) = self.simulated.as_mut() {
+            tms.disarm();
+        }
+        match self.running.as_mut() {
+            Some(r) => r
+                .stop(finished, wait)
+                .await
+                .into_iter()
+                .map(|(_, name)| name)
+                .collect(),
+            None => Vec::new(),
         }
     }
 

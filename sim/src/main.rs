@@ -103,8 +103,9 @@ fn main() -> Result<()> {
     }
     println!(
         "\nweir-sim: {} schedules (seeds {}..{}) in {:.1} s on {} threads ({:.0} per minute): \
-         {} passed, {} failed; {} task failures injected, {} restarts, {} checkpoints completed, \
-         {:.1} s of virtual time",
+         {} passed, {} failed; {} task failures injected, {} task managers lost ({} crashed, {} \
+         cut off; {} deployments short of slots), {} restarts, {} checkpoints completed, {:.1} s \
+         of virtual time",
         report.runs,
         args.first,
         args.first + args.seeds,
@@ -114,6 +115,10 @@ fn main() -> Result<()> {
         report.runs - report.failed.len() as u64,
         report.failed.len(),
         report.failures,
+        report.task_managers_lost.0 + report.task_managers_lost.1,
+        report.task_managers_lost.0,
+        report.task_managers_lost.1,
+        report.no_resources,
         report.restarts,
         report.checkpoints,
         report.virtual_time.as_secs_f64(),

@@ -51,6 +51,10 @@ pub struct Outcome {
     pub restarts: u32,
     /// Checkpoints completed.
     pub checkpoints: u64,
+    /// Task managers lost: how many crashed and how many were cut off.
+    pub task_managers_lost: (u32, u32),
+    /// Deployments that found too few slots within the slot timeout.
+    pub no_resources: u32,
 }
 
 impl Outcome {
@@ -90,6 +94,15 @@ pub fn run_seed(seed: u64, mutation: Option<Mutation>) -> Outcome {
     for v in &violations {
         sim.note(format_args!("VIOLATION: {v}"));
     }
+    let (mut task_managers_lost, mut no_resources) = ((0, 0), 0);
+    for (_, event) in sim.observed() {
+        match event {
+            Observed::TaskManagerLost { crash: true, .. } => task_managers_lost.0 += 1,
+            Observed::TaskManagerLost { crash: false, .. } => task_managers_lost.1 += 1,
+            Observed::NoResources => no_resources += 1,
+            _ => {}
+        }
+    }
     Outcome {
         scenario,
         mutation,
@@ -101,6 +114,8 @@ pub fn run_seed(seed: u64, mutation: Option<Mutation>) -> Outcome {
         failures: sim.failures(),
         restarts: totals.0,
         checkpoints: totals.1,
+        task_managers_lost,
+        no_resources,
     }
 }
 
@@ -438,6 +453,10 @@ pub struct Report {
     pub restarts: u64,
     /// Checkpoints completed over all runs.
     pub checkpoints: u64,
+    /// Task managers lost over all runs: how many crashed and how many were cut off.
+    pub task_managers_lost: (u64, u64),
+    /// Deployments over all runs that found too few slots within the slot timeout.
+    pub no_resources: u64,
     /// Virtual time over all runs.
     pub virtual_time: Duration,
 }
@@ -461,6 +480,9 @@ pub fn run_seeds(first: u64, count: u64, mutation: Option<Mutation>, threads: us
                     r.failures += u64::from(o.failures);
                     r.restarts += u64::from(o.restarts);
                     r.checkpoints += o.checkpoints;
+                    r.task_managers_lost.0 += u64::from(o.task_managers_lost.0);
+                    r.task_managers_lost.1 += u64::from(o.task_managers_lost.1);
+                    r.no_resources += u64::from(o.no_resources);
                     r.virtual_time += o.virtual_time;
                     if !o.passed() {
                         r.failed.push(o);

@@ -72,6 +72,19 @@ pub struct Scenario {
     pub pause: u64,
     /// The longest pause.
     pub max_pause: Duration,
+    /// The task managers the subtasks run on (their slots), if any: none runs them all in the
+    /// job's process.
+    pub task_managers: Vec<u32>,
+    /// Per mille: a task manager given a deployment's subtasks is lost while it runs them.
+    pub task_manager_loss: u64,
+    /// The most task managers lost.
+    pub max_task_manager_losses: u32,
+    /// How long a deployment waits for slots.
+    pub slot_timeout: Duration,
+    /// The heartbeat timeout: how long until the job master notices a lost task manager.
+    pub heartbeat_timeout: Duration,
+    /// The longest wait for a lost task manager's replacement.
+    pub max_replacement: Duration,
 }
 
 impl Scenario {
@@ -118,6 +131,18 @@ impl Scenario {
                 "heap"
             },
             retained: 1 + r.below(3) as u32,
+            // Drawn last, so that the fields above mean what they meant before.
+            task_managers: match r.below(10) {
+                0 | 1 => vec![2],
+                2 | 3 => vec![1, 1],
+                4 => vec![1, 1, 1],
+                _ => Vec::new(),
+            },
+            task_manager_loss: 100 + r.below(400),
+            max_task_manager_losses: 1 + r.below(3) as u32,
+            slot_timeout: ms(5 + r.below(40)),
+            heartbeat_timeout: ms(1 + r.below(60)),
+            max_replacement: ms(1 + r.below(80)),
         }
     }
 
@@ -139,7 +164,7 @@ impl Scenario {
              (timeout {:?}, {} concurrent, tolerating {}) · faults until {:?}: ≤{} task failures, steps {}‰, \
              records {}/100k, messages lost {}‰ late {}‰, storage writes {:.0}% reads {:.0}% \
              (≤{:?}) · pauses {}‰ ≤{:?} · kill at {:?}, savepoint at {:?}, stop at {:?} · \
-             {} backend{}, {} retained",
+             {} backend{}, {} retained{}",
             self.seed,
             self.barriers,
             self.records,
@@ -171,6 +196,20 @@ impl Scenario {
                 ""
             },
             self.retained,
+            if self.task_managers.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " · task managers with {:?} slots (slot timeout {:?}): ≤{} lost, {}‰ per \
+                     deployment, noticed within {:?}, replaced within {:?}",
+                    self.task_managers,
+                    self.slot_timeout,
+                    self.max_task_manager_losses,
+                    self.task_manager_loss,
+                    self.heartbeat_timeout,
+                    self.max_replacement
+                )
+            },
         )
     }
 }

@@ -6,7 +6,9 @@ use crate::scenario::Scenario;
 use std::cell::{Cell, RefCell};
 use std::time::Duration;
 use tokio::time::Instant;
-use weir_core::sim::{Delivery, FaultPoint, Message, Mutation, Observed, Simulator};
+use weir_core::sim::{
+    Delivery, FaultPoint, Message, Mutation, Observed, SimulatedCluster, Simulator, TaskManagerLoss,
+};
 use weir_core::splitmix::{SplitMix, mix64, splitmix64};
 
 /// The virtual wall clock starts here (2026-09-21, a fixed instant: a replay sees the same
@@ -23,6 +25,9 @@ pub struct SeededSimulator {
     offset: Cell<Duration>,
     mutation: Option<Mutation>,
     failures: Cell<u32>,
+    /// Task manager losses decided so far (a loss armed for a deployment that is stopped
+    /// first does not happen, but counts towards the scenario's most).
+    losses: Cell<u32>,
     trace: RefCell<Vec<String>>,
     digest: Cell<u64>,
     decisions: Cell<u64>,
@@ -42,6 +47,7 @@ impl SeededSimulator {
             offset: Cell::new(Duration::ZERO),
             mutation,
             failures: Cell::new(0),
+            losses: Cell::new(0),
             trace: RefCell::new(Vec::new()),
             digest: Cell::new(0),
             decisions: Cell::new(0),
@@ -198,6 +204,45 @@ impl Simulator for SeededSimulator {
 
     fn record(&self, event: std::fmt::Arguments<'_>) {
         self.note(event);
+    }
+
+    fn cluster(&self) -> Option<SimulatedCluster> {
+        let s = &self.scenario;
+        (!s.task_managers.is_empty()).then(|| SimulatedCluster {
+            slots: s.task_managers.clone(),
+            slot_timeout: s.slot_timeout,
+        })
+    }
+
+    fn task_manager_loss(&self, task_manager: usize) -> Option<TaskManagerLoss> {
+        let s = &self.scenario;
+        let remaining = s.faults_until.saturating_sub(self.now());
+        let loss = (self.faulty()
+            && self.losses.get() < s.max_task_manager_losses
+            && self.draw(1_000) < s.task_manager_loss)
+            .then(|| TaskManagerLoss {
+                // Before faults stop: after them, the job must finish.
+                after: Duration::from_micros(self.draw(remaining.as_micros() as u64)),
+                crash: self.draw(2) == 0,
+                detected_after: Duration::from_micros(
+                    1 + self.draw(s.heartbeat_timeout.as_micros() as u64),
+                ),
+                replaced_after: Duration::from_micros(
+                    self.draw(s.max_replacement.as_micros() as u64),
+                ),
+            });
+        let task = format!("task manager {task_manager}");
+        self.decided(
+            48,
+            &task,
+            loss.map_or(0, |l| {
+                1 + l.after.as_micros() as u64 * 2 + u64::from(l.crash)
+            }),
+        );
+        if loss.is_some() {
+            self.losses.set(self.losses.get() + 1);
+        }
+        loss
     }
 
     fn observe(&self, event: Observed) {

@@ -3,7 +3,7 @@
 //! the pure decisions each fix touched have unit tests beside them.
 
 /// Each seed, with the bug it found.
-const FOUND: [(u64, &str); 12] = [
+const FOUND: [(u64, &str); 14] = [
     (
         20,
         "a transient frame read reported as corruption; a resume failing for good",
@@ -14,7 +14,15 @@ const FOUND: [(u64, &str); 12] = [
     ),
     (230, "the end of a job's output not covered by a checkpoint"),
     (262, "intermediate savepoints committing side effects"),
+    (
+        427,
+        "a task manager crashing before its sinks' final commit: output lost",
+    ),
     (1121, "a lost completion hanging a stop-with-savepoint"),
+    (
+        1961,
+        "a task manager cut off as the final checkpoint completed: the job declared finished",
+    ),
     (2181, "a resume failing for good on one throttled listing"),
     (2446, "a lost abort hanging a stop-with-savepoint"),
     (

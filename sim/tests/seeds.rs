@@ -14,6 +14,16 @@ fn the_first_thousand_seeds_keep_every_invariant() {
         "{} checkpoints",
         report.checkpoints
     );
+    // Task managers are lost both ways, and deployments wait for their replacements past the
+    // slot timeout.
+    let (crashed, cut_off) = report.task_managers_lost;
+    assert!(crashed > 30, "{crashed} task managers crashed");
+    assert!(cut_off > 30, "{cut_off} task managers cut off");
+    assert!(
+        report.no_resources > 3,
+        "{} deployments short of slots",
+        report.no_resources
+    );
     if let Some(o) = report.failed.first() {
         panic!(
             "{} of 1,000 schedules broke an invariant; the first, seed {}:\n  {}\nreplay: {}\n{}",

@@ -10,6 +10,7 @@ use super::protocol::{Deploy, FromTaskManager, ToTaskManager, decode, encode};
 use super::{HeartbeatConfig, JobManagerOptions};
 use crate::error::{JobError, TaskError};
 use crate::host::TaskHost;
+use crate::placement::{place_on_slots, slots_needed};
 use crate::sink::SharedResult;
 use crate::spec::{TaskDeployment, TaskSettings};
 use crate::task::{JobMetrics, TaskEvent, TaskMessage, TaskReport};
@@ -107,8 +108,8 @@ impl TaskHost for RemoteHost<'_> {
         self.gateway.set_chain_epoch(epoch);
     }
 
-    async fn stop(&mut self, finished: bool, _wait: Duration) {
-        self.gateway.stop(finished).await;
+    async fn stop(&mut self, finished: bool, _wait: Duration) -> Vec<String> {
+        self.gateway.stop(finished).await
     }
 
     fn uploads_idle(&self) -> bool {
@@ -260,13 +261,9 @@ impl RemoteGateway {
         mut tasks: Vec<TaskDeployment>,
         reports: mpsc::UnboundedSender<TaskReport>,
     ) -> Result<(), JobError> {
-        let needed = job
-            .vertices
-            .iter()
-            .map(|v| v.parallelism)
-            .max()
-            .unwrap_or(0);
-        let enough = |s: &RouterState| s.members.values().map(|i| i.slots).sum::<u32>() >= needed;
+        let needed = slots_needed(job);
+        let enough =
+            |s: &RouterState| s.members.values().map(|i| i.slots as usize).sum::<usize>() >= needed;
         if !enough(&lock(&self.state)) {
             info!(needed, "waiting for task managers to offer slots");
         }
@@ -289,23 +286,14 @@ impl RemoteGateway {
                 .flat_map(|(id, info)| (0..info.slots).map(move |_| (*id, info.data_addr)))
                 .collect();
             // A task manager was lost since the wait: wait again.
-            if slots.len() < needed as usize {
+            if slots.len() < needed {
                 continue;
             }
             let mut placement = Vec::new();
             st.placement.clear();
-            for v in &job.vertices {
-                for (i, (tm, addr)) in slots.iter().take(v.parallelism as usize).enumerate() {
-                    let i = i as u32;
-                    placement.push((v.id, i, *addr));
-                    st.placement.insert(
-                        TaskKey {
-                            vertex: v.id,
-                            subtask: i,
-                        },
-                        *tm,
-                    );
-                }
+            for (task, (tm, addr)) in place_on_slots(job, &slots) {
+                placement.push((task.vertex, task.subtask, addr));
+                st.placement.insert(task, tm);
             }
             let mut by_tm: BTreeMap<TaskManagerId, Vec<TaskDeployment>> = BTreeMap::new();
             for t in std::mem::take(&mut tasks) {
@@ -437,9 +425,10 @@ impl RemoteGateway {
         }
     }
 
-    /// Stops the current generation on every task manager running it, and waits until each
-    /// reports its subtasks and uploads stopped (or is gone).
-    pub async fn stop(&mut self, finished: bool) {
+    /// Stops the current generation on every task manager running it, and waits (at most the
+    /// stop wait) until each reports its subtasks and uploads stopped or is gone; returns the
+    /// task managers that did neither.
+    pub async fn stop(&mut self, finished: bool) -> Vec<String> {
         let generation = lock(&self.state).generation;
         for tm in self.hosting() {
             self.post(
@@ -455,10 +444,19 @@ impl RemoteGateway {
                 .iter()
                 .all(|tm| s.stopped.contains(tm) || !s.members.contains_key(tm))
         };
+        let mut silent = Vec::new();
         if !self.wait_for(Instant::now() + self.stop_wait, all).await {
             warn!(generation, wait = ?self.stop_wait, "some task managers did not report their subtasks stopped");
+            let st = lock(&self.state);
+            silent = st
+                .hosting
+                .iter()
+                .filter(|tm| !st.stopped.contains(tm) && st.members.contains_key(tm))
+                .map(|tm| format!("task manager {tm}"))
+                .collect();
         }
         lock(&self.state).reports = None;
+        silent
     }
 
     /// Tells every task manager the job is over and how it ended, and waits briefly until each

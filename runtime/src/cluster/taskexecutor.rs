@@ -425,7 +425,15 @@ impl Executor {
                 finished,
             } => {
                 if let Some(mut r) = self.running.remove(&generation) {
-                    r.stop(finished, TEARDOWN_WAIT).await;
+                    // A subtask that did not confirm the job's end fails, so that the job
+                    // master fails over rather than declare the job finished.
+                    for (task, name) in r.stop(finished, TEARDOWN_WAIT).await {
+                        let _ = control.send(FromTaskManager::Report(TaskReport {
+                            generation,
+                            task,
+                            event: TaskEvent::Failed(TaskError::EndNotConfirmed { task: name }),
+                        }));
+                    }
                     let give_up = Instant::now() + UPLOAD_WAIT;
                     while !r.uploads_idle() && Instant::now() < give_up {
                         tokio::time::sleep(Duration::from_millis(2)).await;

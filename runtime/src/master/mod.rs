@@ -434,7 +434,7 @@ impl<'s> JobMaster<'s> {
             let restarts = self.restart.restarts();
             self.client.update_view(|v| v.restarts = restarts);
             let outcome = self.run_generation(&mut generation).await;
-            self.teardown(&mut generation, &outcome).await;
+            let outcome = self.teardown(&mut generation, outcome).await;
             if let Some(result) = self.end_generation(generation, outcome).await? {
                 return Ok(result);
             }
@@ -833,6 +833,7 @@ async fn task_host(parts: HostParts<'_>) -> Result<Box<dyn TaskHost + '_>, JobEr
             chain_epoch: chain_epoch.clone(),
             runtime: TaskRuntime::new()?,
             running: None,
+            simulated: crate::simulated_cluster::SimulatedTaskManagers::of_simulation(),
         }),
     })
 }

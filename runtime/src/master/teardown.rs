@@ -25,14 +25,30 @@ impl JobMaster<'_> {
     /// stopped, so nothing of this generation runs on (or counts) once the next one starts or
     /// the result is read. A cancelled job waits for its tasks only for the cancellation
     /// timeout; what is still running then is abandoned.
-    pub(super) async fn teardown(&mut self, g: &mut Generation, outcome: &Outcome) {
+    ///
+    /// Returns how the generation ended: a finished job whose end was covered by a final
+    /// checkpoint (or a stop's savepoint) but whose subtasks did not all confirm it (one
+    /// failed, was lost or killed before its final commit, or was abandoned) has failed, so
+    /// that the restart strategy restores that checkpoint and the commit happens after all,
+    /// as Flink finishes a job only once every task has (found by the deterministic
+    /// simulation, seed 1961: a task manager cut off as the final checkpoint completed).
+    pub(super) async fn teardown(&mut self, g: &mut Generation, outcome: Outcome) -> Outcome {
         let wait = match outcome {
             Outcome::Canceled => self.config.task_cancellation_timeout,
             Outcome::Finished | Outcome::Failed(_) | Outcome::Fatal(_) => TEARDOWN_WAIT,
         };
-        self.host
-            .stop(matches!(outcome, Outcome::Finished), wait)
-            .await;
+        let finished = matches!(outcome, Outcome::Finished);
+        // Only an end a restore point covers can be done again: without one, a failover
+        // would start over from an older checkpoint whose successors were committed.
+        let covered = finished
+            && (self.stopped_with.is_some()
+                || g.final_checkpoint
+                    .flatten()
+                    .is_some_and(|id| g.coordinator.latest_completed() >= Some(id)));
+        let unconfirmed = self.host.stop(finished, wait).await;
+        let mut failed_at_end = unconfirmed
+            .first()
+            .map(|what| format!("{what} did not confirm the job's end (its final commit)"));
         self.finish_finalizing(g).await;
         let mut ignored = Vec::new();
         let now = self.started.elapsed();
@@ -51,6 +67,14 @@ impl JobMaster<'_> {
         loop {
             let idle = self.host.uploads_idle();
             while let Ok(report) = g.reports.try_recv() {
+                if let TaskEvent::Failed(e) = &report.event
+                    && finished
+                    && report.generation == self.generation
+                    && failed_at_end.is_none()
+                {
+                    failed_at_end =
+                        Some(format!("task {} failed at the job's end: {e}", report.task));
+                }
                 if let TaskEvent::Acknowledge { state, .. } = &report.event {
                     let files = self.registry.unreferenced_in(state);
                     super::snapshots::discard_shared(
@@ -66,6 +90,7 @@ impl JobMaster<'_> {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+        judge_end(outcome, covered, failed_at_end)
     }
 
     /// Waits (at most [`FINALIZE_WAIT`]) for the `_metadata` writes in flight, answering the
@@ -278,5 +303,55 @@ impl JobMaster<'_> {
             source_records_since_restore: source_records.saturating_sub(self.since_restore_base),
             restore_files: self.metrics.restore_files.read(),
         })
+    }
+}
+
+/// How a generation ended, given whether its end is covered by a final checkpoint or a stop's
+/// savepoint and what, if anything, did not confirm the end: a finished job whose end is
+/// covered and not confirmed has failed (the restart strategy restores that checkpoint and the
+/// final commits happen after all); one whose end is not covered stays finished, with a
+/// warning (a failover would go back to an older checkpoint and commit its successors again).
+fn judge_end(outcome: Outcome, covered: bool, unconfirmed: Option<String>) -> Outcome {
+    match (outcome, unconfirmed) {
+        (Outcome::Finished, Some(cause)) if covered => {
+            warn!(%cause, "the job's end is not confirmed; failing over to its final checkpoint");
+            Outcome::Failed(cause)
+        }
+        (Outcome::Finished, Some(cause)) => {
+            warn!(%cause, "the job's end is not confirmed, and no final checkpoint covers it");
+            Outcome::Finished
+        }
+        (outcome, _) => outcome,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unconfirmed_end_fails_over_only_when_a_final_checkpoint_covers_it() {
+        let cause = || Some("task x did not confirm the job's end".to_string());
+        assert!(matches!(
+            judge_end(Outcome::Finished, true, cause()),
+            Outcome::Failed(c) if c.contains("task x")
+        ));
+        assert!(matches!(
+            judge_end(Outcome::Finished, false, cause()),
+            Outcome::Finished
+        ));
+        assert!(matches!(
+            judge_end(Outcome::Finished, true, None),
+            Outcome::Finished
+        ));
+        // Other ends are what they were.
+        assert!(matches!(
+            judge_end(Outcome::Canceled, true, cause()),
+            Outcome::Canceled
+        ));
+        assert!(matches!(
+            judge_end(Outcome::Failed("f".into()), true, cause()),
+            Outcome::Failed(c) if c == "f"
+        ));
     }
 }
