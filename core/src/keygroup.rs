@@ -151,6 +151,97 @@ pub fn compute_key_group_for_key_hash(key_hash: i32, max_parallelism: u32) -> Ke
     (murmur_hash(key_hash) as u32) % max_parallelism
 }
 
+/// Division and remainder by a divisor fixed at run time, without a division instruction per
+/// call (Lemire, Kaser and Kurz, "Faster remainder by direct computation", 2019): a key's key
+/// group and its subtask are computed for every record that crosses a hash exchange or reaches
+/// a keyed operator, and a 32-bit `div` there was most of a keyed operator's own time.
+/// Exact for every `u32` dividend and divisor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastDivisor {
+    divisor: u32,
+    /// `ceil(2^64 / divisor)`; 0 for a divisor of 1 (it wraps), which is handled apart.
+    magic: u64,
+}
+
+impl FastDivisor {
+    /// Dividing by `divisor`, which must not be 0.
+    pub fn new(divisor: u32) -> FastDivisor {
+        assert!(divisor > 0, "a divisor of 0");
+        FastDivisor {
+            divisor,
+            magic: (u64::MAX / u64::from(divisor)).wrapping_add(1),
+        }
+    }
+
+    /// The divisor.
+    #[inline]
+    pub fn divisor(&self) -> u32 {
+        self.divisor
+    }
+
+    /// `a % divisor`.
+    #[inline]
+    pub fn rem(&self, a: u32) -> u32 {
+        let low = self.magic.wrapping_mul(u64::from(a));
+        ((u128::from(low) * u128::from(self.divisor)) >> 64) as u32
+    }
+
+    /// `a / divisor`.
+    #[inline]
+    pub fn div(&self, a: u32) -> u32 {
+        if self.magic == 0 {
+            return a;
+        }
+        ((u128::from(self.magic) * u128::from(a)) >> 64) as u32
+    }
+}
+
+/// Key groups and their subtasks for one max parallelism and parallelism, as
+/// [`compute_key_group_for_key_hash`] and [`compute_operator_index_for_key_group`] compute
+/// them, with the divisions precomputed ([`FastDivisor`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyGroupAssigner {
+    max_parallelism: FastDivisor,
+    parallelism: u32,
+}
+
+impl KeyGroupAssigner {
+    /// For `max_parallelism` key groups over `parallelism` subtasks (both at least 1, the
+    /// parallelism at most the max parallelism).
+    pub fn new(max_parallelism: u32, parallelism: u32) -> KeyGroupAssigner {
+        KeyGroupAssigner {
+            max_parallelism: FastDivisor::new(max_parallelism),
+            parallelism,
+        }
+    }
+
+    /// The max parallelism.
+    #[inline]
+    pub fn max_parallelism(&self) -> u32 {
+        self.max_parallelism.divisor()
+    }
+
+    /// The key group of a key hash.
+    #[inline]
+    pub fn key_group_for_hash(&self, key_hash: i32) -> KeyGroup {
+        self.max_parallelism.rem(murmur_hash(key_hash) as u32)
+    }
+
+    /// The key group of a key.
+    #[inline]
+    pub fn key_group<K: KeyHash + ?Sized>(&self, key: &K) -> KeyGroup {
+        self.key_group_for_hash(key.key_hash())
+    }
+
+    /// The subtask that owns `key_group`: `key_group * parallelism / max_parallelism`, whose
+    /// product stays below 2^30 (both at most 2^15).
+    #[inline]
+    pub fn operator_index(&self, key_group: KeyGroup) -> u32 {
+        self.max_parallelism
+            .div(key_group.wrapping_mul(self.parallelism))
+    }
+}
+
 /// The subtask that owns a key group (Flink's `computeOperatorIndexForKeyGroup`).
 #[inline]
 pub fn compute_operator_index_for_key_group(
@@ -287,6 +378,69 @@ impl fmt::Display for KeyGroupRange {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_fast_divisor_divides_exactly() {
+        let edges = [
+            0u32,
+            1,
+            2,
+            3,
+            127,
+            128,
+            32767,
+            32768,
+            1 << 30,
+            i32::MAX as u32,
+            u32::MAX,
+        ];
+        let mut x = 0x9E37_79B9u32;
+        for d in (1..=UPPER_BOUND_MAX_PARALLELISM).chain([65_537, 1 << 31, u32::MAX]) {
+            let f = FastDivisor::new(d);
+            let near = [
+                d - 1,
+                d,
+                d.wrapping_add(1),
+                d.wrapping_mul(7).wrapping_add(3),
+            ];
+            for a in edges.iter().chain(&near).copied().chain((0..8).map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x
+            })) {
+                assert_eq!(f.rem(a), a % d, "{a} % {d}");
+                assert_eq!(f.div(a), a / d, "{a} / {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_assigner_agrees_with_flinks_functions() {
+        for (max_p, p) in [
+            (1, 1),
+            (128, 1),
+            (128, 2),
+            (128, 3),
+            (100, 7),
+            (32768, 32768),
+            (32768, 5),
+        ] {
+            let a = KeyGroupAssigner::new(max_p, p);
+            for h in [0, 1, -1, 42, i32::MIN, i32::MAX, 0x1234_5678, -987_654_321] {
+                let kg = compute_key_group_for_key_hash(h, max_p);
+                assert_eq!(a.key_group_for_hash(h), kg);
+            }
+            for kg in 0..max_p {
+                assert_eq!(
+                    a.operator_index(kg),
+                    compute_operator_index_for_key_group(max_p, p, kg),
+                    "key group {kg} of {max_p} over {p}"
+                );
+            }
+            assert_eq!(a.key_group("hello"), assign_to_key_group("hello", max_p));
+        }
+    }
+
     use super::*;
 
     #[test]

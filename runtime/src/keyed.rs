@@ -14,7 +14,7 @@ use std::ops::Add;
 use std::sync::Arc;
 use weir_core::element::{SnapshotKind, Watermark};
 use weir_core::ids::OperatorId;
-use weir_core::keygroup::{KeyGroup, assign_to_key_group};
+use weir_core::keygroup::{KeyGroup, KeyGroupAssigner, assign_to_key_group};
 use weir_state::{
     AggregatingState, AggregatingStateDescriptor, KeyedAccess, KeyedBackend,
     KeyedBackendParameters, KeyedStateBackend, ListState, ListStateDescriptor, MapKey, MapState,
@@ -31,6 +31,8 @@ pub struct KeyedBase<K: StateKey> {
     pub(crate) operator_id: OperatorId,
     pub(crate) info: SubtaskInfo,
     pub(crate) backend: KeyedBackend<K>,
+    /// Key groups by the subtask's max parallelism, without a division per key.
+    assigner: KeyGroupAssigner,
     /// Why the job's state backend could not create this operator's: reported at open, before
     /// any record (the heap stands in until then).
     creation_failed: Option<StateError>,
@@ -61,6 +63,7 @@ impl<K: StateKey> KeyedBase<K> {
             };
         KeyedBase {
             operator_id,
+            assigner: KeyGroupAssigner::new(info.max_parallelism.max(1), 1),
             info,
             backend,
             creation_failed,
@@ -87,7 +90,7 @@ impl<K: StateKey> KeyedBase<K> {
     /// The key group of `key`.
     #[inline]
     pub fn key_group(&self, key: &K) -> KeyGroup {
-        assign_to_key_group(key, self.info.max_parallelism)
+        self.assigner.key_group(key)
     }
 
     /// Restores native keyed snapshots from the files the subtask fetched before it opened

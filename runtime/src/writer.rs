@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use weir_core::channel_state::{ChannelDirection, ChannelInfo, ChannelSection};
 use weir_core::element::{CheckpointBarrier, Event, StreamElement, Watermark};
-use weir_core::keygroup::compute_key_group_for_key_hash;
-use weir_core::partition::{RoundRobin, channel_for_key_group};
+use weir_core::keygroup::KeyGroupAssigner;
+use weir_core::partition::RoundRobin;
 use weir_network::{Data, Sender};
 
 /// A record's key hash (its Java `hashCode`), for hash partitioning.
@@ -39,6 +39,8 @@ pub struct RecordWriter<T> {
     /// What each channel is called in channel state.
     infos: Vec<ChannelInfo>,
     selector: ChannelSelector<T>,
+    /// A hash exchange's key groups over the channels, without a division per record.
+    assigner: KeyGroupAssigner,
     buffers: Vec<Vec<T>>,
     queued: Vec<VecDeque<StreamElement<T>>>,
     batch_size: usize,
@@ -56,7 +58,14 @@ impl<T: Data> RecordWriter<T> {
     ) -> Self {
         let n = channels.len();
         debug_assert_eq!(infos.len(), n);
+        let max_parallelism = match &selector {
+            ChannelSelector::Hash {
+                max_parallelism, ..
+            } => *max_parallelism,
+            _ => 1,
+        };
         RecordWriter {
+            assigner: KeyGroupAssigner::new(max_parallelism.max(1), (n as u32).max(1)),
             channels,
             infos,
             selector,
@@ -152,18 +161,15 @@ impl<T: Data> RecordWriter<T> {
 impl<T: Data> Output<T> for RecordWriter<T> {
     #[inline]
     fn push(&mut self, record: T) -> OpResult {
+        let assigner = self.assigner;
         match &mut self.selector {
             ChannelSelector::Forward => self.add(0, record),
             ChannelSelector::Rebalance(rr) => {
                 let c = rr.next_channel() as usize;
                 self.add(c, record);
             }
-            ChannelSelector::Hash {
-                key_hash,
-                max_parallelism,
-            } => {
-                let kg = compute_key_group_for_key_hash(key_hash(&record), *max_parallelism);
-                let c = channel_for_key_group(kg, *max_parallelism, self.channels.len() as u32);
+            ChannelSelector::Hash { key_hash, .. } => {
+                let c = assigner.operator_index(assigner.key_group_for_hash(key_hash(&record)));
                 self.add(c as usize, record);
             }
             ChannelSelector::Broadcast => {
@@ -183,16 +189,10 @@ impl<T: Data> Output<T> for RecordWriter<T> {
             self.add_batch(batch);
             return Ok(());
         }
-        if let ChannelSelector::Hash {
-            key_hash,
-            max_parallelism,
-        } = &self.selector
-        {
-            let (key_hash, max_parallelism) = (Arc::clone(key_hash), *max_parallelism);
-            let channels = self.channels.len() as u32;
+        if let ChannelSelector::Hash { key_hash, .. } = &self.selector {
+            let (key_hash, assigner) = (Arc::clone(key_hash), self.assigner);
             for record in batch {
-                let kg = compute_key_group_for_key_hash(key_hash(&record), max_parallelism);
-                let c = channel_for_key_group(kg, max_parallelism, channels);
+                let c = assigner.operator_index(assigner.key_group_for_hash(key_hash(&record)));
                 self.add(c as usize, record);
             }
             return Ok(());
