@@ -35,7 +35,11 @@ impl JobMaster<'_> {
     pub(super) async fn teardown(&mut self, g: &mut Generation, outcome: Outcome) -> Outcome {
         let wait = match outcome {
             Outcome::Canceled => self.config.task_cancellation_timeout,
-            Outcome::Finished | Outcome::Failed(_) | Outcome::Fatal(_) => TEARDOWN_WAIT,
+            // The sinks' final commits are the end of the final checkpoint: they may take as
+            // long as a checkpoint may (and at least the usual wait) before the end counts as
+            // unconfirmed.
+            Outcome::Finished => TEARDOWN_WAIT.max(self.config.checkpoint.timeout),
+            Outcome::Failed(_) | Outcome::Fatal(_) => TEARDOWN_WAIT,
         };
         let finished = matches!(outcome, Outcome::Finished);
         // Only an end a restore point covers can be done again: without one, a failover
