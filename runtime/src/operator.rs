@@ -359,8 +359,10 @@ pub enum Lifecycle<'a> {
     StartNewChains,
     /// All input ended: operators emit what they hold; writers send end of input.
     EndInput,
-    /// Processing time reached this many ms since the Unix epoch: due processing-time timers
-    /// fire.
+    /// Processing time passed this many ms since the Unix epoch (the clock reads a later
+    /// millisecond): processing-time timers up to it fire. As in Flink (FLINK-9857), a timer
+    /// for `t` fires only once the clock is past `t`, so every record processed at `t` came
+    /// first: a processing-time window ending at `t + 1` never takes a record after it fired.
     ProcessingTime(i64),
     /// Writers hand partly filled batches to their channels' queues.
     FlushPartial,

@@ -107,12 +107,14 @@ pub(super) async fn run(
         let mut timer = input
             .next_deadline()
             .map(|d| Box::pin(tokio::time::sleep(d.saturating_sub(now))));
-        // Processing-time timers: one sleep, kept while the earliest timer stays the same.
+        // Processing-time timers: one sleep, kept while the earliest timer stays the same. A
+        // timer for `at` is due once the clock reads `at + 1` (see `Lifecycle::ProcessingTime`).
         let next_pt = env.processing_time.next();
         if processing_timer.as_ref().map(|(at, _)| *at) != next_pt {
             processing_timer = next_pt.map(|at| {
+                let due = at.saturating_add(1);
                 let wait =
-                    Duration::from_millis(at.saturating_sub(now.as_millis() as i64).max(0) as u64);
+                    Duration::from_millis(due.saturating_sub(now.as_millis() as i64).max(0) as u64);
                 (at, Box::pin(tokio::time::sleep(wait)))
             });
         }
@@ -168,8 +170,9 @@ pub(super) async fn run(
             Wake::ProcessingTime => {
                 processing_timer = None;
                 env.processing_time.reset();
-                let now_ms = crate::operator::ProcessingTimeService::now_ms();
-                input.lifecycle(&mut Lifecycle::ProcessingTime(now_ms))?;
+                // The last millisecond the clock has passed: timers up to it are due.
+                let passed = crate::operator::ProcessingTimeService::now_ms() - 1;
+                input.lifecycle(&mut Lifecycle::ProcessingTime(passed))?;
                 output_pending = true;
             }
             Wake::Flushed(r) => {
