@@ -67,10 +67,10 @@ pub enum TaskError {
         /// What is wrong with it.
         reason: String,
     },
-    /// After the job finished, the subtask did not confirm its end (its sinks' final commit):
-    /// it was abandoned after the wait or ended other than by returning.
-    #[error("task {task} did not confirm the job's end (its final commit)")]
-    EndNotConfirmed {
+    /// After the job finished, the subtask ended other than by returning (killed or unwound)
+    /// before its sinks' final commit was done.
+    #[error("task {task} ended before its final commit")]
+    EndedBeforeFinalCommit {
         /// The subtask.
         task: String,
     },

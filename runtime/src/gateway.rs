@@ -262,8 +262,8 @@ impl Running {
     /// abandoned, like Flink's task cancellation watchdog gives up on a task (the runtime
     /// drops it at its next await; its thread is busy until its operator returns).
     ///
-    /// Returns the subtasks that did not end on their own: those abandoned and, after a
-    /// finished job, those that ended other than by returning (killed before they committed).
+    /// After a finished job, returns the subtasks that ended other than by returning (killed
+    /// before their final commit); those abandoned are only warned of.
     pub async fn stop(&mut self, finished: bool, wait: Duration) -> Vec<(TaskKey, String)> {
         if finished {
             for m in self.mailboxes.values() {
@@ -300,10 +300,7 @@ impl Running {
                 "tasks did not stop in time and were abandoned; their threads run on until their operators return"
             );
         }
-        if finished {
-            abandoned.extend(killed);
-        }
-        abandoned
+        if finished { killed } else { Vec::new() }
     }
 
     /// Whether no asynchronous snapshot upload of these subtasks is running.

@@ -59,10 +59,10 @@ pub(crate) trait TaskHost: Send + Sync {
 
     /// Stops the current generation's subtasks (committing what they held back if `finished`),
     /// waiting at most `wait` for those in this process; a remote host also waits for its
-    /// uploads, whose late acknowledgements arrive as reports first. Returns what did not
-    /// confirm its end: subtasks abandoned or, after a finished job, killed before they
-    /// returned, and task managers that did not report their subtasks stopped. (A subtask
-    /// that failed reports it, as ever.)
+    /// uploads, whose late acknowledgements arrive as reports first. After a finished job,
+    /// returns the subtasks in this process that ended other than by returning (killed before
+    /// their final commit); a subtask that failed, or a lost task manager, reports it, as
+    /// ever, and one still busy after the wait is abandoned.
     async fn stop(&mut self, finished: bool, wait: Duration) -> Vec<String>;
 
     /// Whether no upload of the current generation is still running.

@@ -119,8 +119,9 @@ impl SimulatedTaskManagers {
         }
     }
 
-    /// The deployment is stopped: a loss still to come no longer happens (one that happened
-    /// keeps its task manager gone until its replacement).
+    /// The deployment is stopped: a loss still to come no longer happens. One that happened
+    /// keeps its task manager gone until its replacement, and the job master still hears of it
+    /// after the heartbeat timeout (while it waits for the stop, as the cluster's does).
     pub fn disarm(&mut self) {
         for l in self.losses.drain(..) {
             l.abort();
@@ -173,17 +174,22 @@ impl Lost {
                 c.freeze();
             }
         }
-        tokio::time::sleep(loss.detected_after).await;
-        weir_core::sim::record(format_args!(
-            "the job master notices task manager {tm} is lost"
-        ));
-        let _ = self.reports.send(TaskReport {
-            generation: self.generation,
-            task: first,
-            event: TaskEvent::Failed(TaskError::TaskManagerLost {
-                task_manager: format!("simulated task manager {tm}"),
-                reason: format!("no heartbeat for {:?}", loss.detected_after),
-            }),
+        // Noticed after the heartbeat timeout even if the deployment is stopped meanwhile: not
+        // one of the losses `disarm` aborts.
+        let (generation, reports) = (self.generation, self.reports);
+        tokio::spawn(async move {
+            tokio::time::sleep(loss.detected_after).await;
+            weir_core::sim::record(format_args!(
+                "the job master notices task manager {tm} is lost"
+            ));
+            let _ = reports.send(TaskReport {
+                generation,
+                task: first,
+                event: TaskEvent::Failed(TaskError::TaskManagerLost {
+                    task_manager: format!("{tm} (simulated)"),
+                    reason: format!("no heartbeat for {:?}", loss.detected_after),
+                }),
+            });
         });
     }
 }

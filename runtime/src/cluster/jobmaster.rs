@@ -109,7 +109,9 @@ impl TaskHost for RemoteHost<'_> {
     }
 
     async fn stop(&mut self, finished: bool, _wait: Duration) -> Vec<String> {
-        self.gateway.stop(finished).await
+        // Task managers report their killed subtasks and their own loss as task failures.
+        self.gateway.stop(finished).await;
+        Vec::new()
     }
 
     fn uploads_idle(&self) -> bool {
@@ -425,10 +427,9 @@ impl RemoteGateway {
         }
     }
 
-    /// Stops the current generation on every task manager running it, and waits (at most the
-    /// stop wait) until each reports its subtasks and uploads stopped or is gone; returns the
-    /// task managers that did neither.
-    pub async fn stop(&mut self, finished: bool) -> Vec<String> {
+    /// Stops the current generation on every task manager running it, and waits until each
+    /// reports its subtasks and uploads stopped (or is gone).
+    pub async fn stop(&mut self, finished: bool) {
         let generation = lock(&self.state).generation;
         for tm in self.hosting() {
             self.post(
@@ -444,19 +445,10 @@ impl RemoteGateway {
                 .iter()
                 .all(|tm| s.stopped.contains(tm) || !s.members.contains_key(tm))
         };
-        let mut silent = Vec::new();
         if !self.wait_for(Instant::now() + self.stop_wait, all).await {
             warn!(generation, wait = ?self.stop_wait, "some task managers did not report their subtasks stopped");
-            let st = lock(&self.state);
-            silent = st
-                .hosting
-                .iter()
-                .filter(|tm| !st.stopped.contains(tm) && st.members.contains_key(tm))
-                .map(|tm| format!("task manager {tm}"))
-                .collect();
         }
         lock(&self.state).reports = None;
-        silent
     }
 
     /// Tells every task manager the job is over and how it ended, and waits briefly until each

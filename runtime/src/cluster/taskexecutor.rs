@@ -425,13 +425,15 @@ impl Executor {
                 finished,
             } => {
                 if let Some(mut r) = self.running.remove(&generation) {
-                    // A subtask that did not confirm the job's end fails, so that the job
-                    // master fails over rather than declare the job finished.
+                    // After a finished job, a subtask killed before its final commit fails, so
+                    // that the job master fails over rather than declare the job finished.
                     for (task, name) in r.stop(finished, TEARDOWN_WAIT).await {
                         let _ = control.send(FromTaskManager::Report(TaskReport {
                             generation,
                             task,
-                            event: TaskEvent::Failed(TaskError::EndNotConfirmed { task: name }),
+                            event: TaskEvent::Failed(TaskError::EndedBeforeFinalCommit {
+                                task: name,
+                            }),
                         }));
                     }
                     let give_up = Instant::now() + UPLOAD_WAIT;

@@ -27,19 +27,19 @@ impl JobMaster<'_> {
     /// timeout; what is still running then is abandoned.
     ///
     /// Returns how the generation ended: a finished job whose end was covered by a final
-    /// checkpoint (or a stop's savepoint) but whose subtasks did not all confirm it (one
-    /// failed, was lost or killed before its final commit, or was abandoned) has failed, so
-    /// that the restart strategy restores that checkpoint and the commit happens after all,
-    /// as Flink finishes a job only once every task has (found by the deterministic
-    /// simulation, seed 1961: a task manager cut off as the final checkpoint completed).
+    /// checkpoint (or a stop's savepoint) but one of whose subtasks did not get through its
+    /// final commit (it failed, was killed, or its task manager was lost) has failed, as Flink
+    /// finishes a job only once every task has: the restart strategy restores that checkpoint
+    /// and the commit happens after all (found by the deterministic simulation, seeds 427 and
+    /// 1961: a task manager lost as the final checkpoint completed). After a stop with a
+    /// savepoint, the failure ends the job naming the savepoint to resume from (see
+    /// `end_generation`). A subtask merely still busy after the wait (a slow commit) is
+    /// abandoned with a warning, as before: it commits on its own thread, and failing over
+    /// would only start the same slow commit again.
     pub(super) async fn teardown(&mut self, g: &mut Generation, outcome: Outcome) -> Outcome {
         let wait = match outcome {
             Outcome::Canceled => self.config.task_cancellation_timeout,
-            // The sinks' final commits are the end of the final checkpoint: they may take as
-            // long as a checkpoint may (and at least the usual wait) before the end counts as
-            // unconfirmed.
-            Outcome::Finished => TEARDOWN_WAIT.max(self.config.checkpoint.timeout),
-            Outcome::Failed(_) | Outcome::Fatal(_) => TEARDOWN_WAIT,
+            Outcome::Finished | Outcome::Failed(_) | Outcome::Fatal(_) => TEARDOWN_WAIT,
         };
         let finished = matches!(outcome, Outcome::Finished);
         // Only an end a restore point covers can be done again: without one, a failover
@@ -49,10 +49,10 @@ impl JobMaster<'_> {
                 || g.final_checkpoint
                     .flatten()
                     .is_some_and(|id| g.coordinator.latest_completed() >= Some(id)));
-        let unconfirmed = self.host.stop(finished, wait).await;
-        let mut failed_at_end = unconfirmed
+        let killed = self.host.stop(finished, wait).await;
+        let mut failed_at_end = killed
             .first()
-            .map(|what| format!("{what} did not confirm the job's end (its final commit)"));
+            .map(|task| format!("task {task} ended before its final commit"));
         self.finish_finalizing(g).await;
         let mut ignored = Vec::new();
         let now = self.started.elapsed();
