@@ -1606,3 +1606,76 @@ async fn a_bounded_job_ends_with_a_final_checkpoint_before_its_sinks_commit() {
         }
     }
 }
+
+/// Counts the job's ends it sees, and takes `delay` over its own (a sink whose final commit is
+/// slow).
+struct SlowFinalCommit {
+    delay: Option<Duration>,
+    ends: Arc<AtomicU64>,
+}
+
+impl OneInputOperator<u64> for SlowFinalCommit {
+    type Out = u64;
+
+    fn process(&mut self, record: u64, out: &mut dyn Output<u64>) -> OpResult {
+        out.push(record)
+    }
+
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<u64>) -> OpResult {
+        if let Lifecycle::JobFinished = event {
+            self.ends.fetch_add(1, Ordering::SeqCst);
+            if let Some(d) = self.delay {
+                std::thread::sleep(d);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A final commit slower than the job master's wait for the end is abandoned with a warning:
+/// the job finishes, once. (Failing over to the final checkpoint would start the same slow
+/// commit again, in a loop; only a subtask killed, failed or lost before its final commit
+/// makes a finished job fail over.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_commit_slower_than_the_wait_finishes_the_job_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ends = Arc::new(AtomicU64::new(0));
+    let env = StreamEnvironment::new();
+    env.set_job_name("slow-final-commit")
+        .set_parallelism(2)
+        .set_checkpoint_dir(tmp.path())
+        .enable_checkpointing(Duration::from_millis(50))
+        .set_restart_strategy(RestartStrategy::FixedDelay {
+            attempts: 3,
+            delay: Duration::ZERO,
+        });
+    let counted = ends.clone();
+    env.from_collection((0..1_000u64).collect())
+        .rebalance()
+        .transform::<u64>("SlowFinalCommit", move |ctx, next| {
+            // Longer than the teardown's 10 s wait, on one subtask.
+            let delay = (ctx.info.index == 0).then_some(Duration::from_secs(11));
+            Box::new(Chained::new(
+                SlowFinalCommit {
+                    delay,
+                    ends: counted.clone(),
+                },
+                next,
+            ))
+        })
+        .uid("slow-final-commit");
+    let started = Instant::now();
+    let r = env.execute().bounded().await.unwrap();
+    assert_eq!(r.status, JobStatus::Finished);
+    assert_eq!(r.restarts, 0, "the job failed over at its end");
+    assert!(r.checkpoints_completed >= 1, "{r:?}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(10),
+        "the end was not waited for"
+    );
+    assert_eq!(
+        ends.load(Ordering::SeqCst),
+        2,
+        "each subtask sees the job's end once"
+    );
+}
