@@ -112,9 +112,8 @@ pub(super) async fn run(
         let next_pt = env.processing_time.next();
         if processing_timer.as_ref().map(|(at, _)| *at) != next_pt {
             processing_timer = next_pt.map(|at| {
-                let due = at.saturating_add(1);
-                let wait =
-                    Duration::from_millis(due.saturating_sub(now.as_millis() as i64).max(0) as u64);
+                let wait = at.saturating_add(1).saturating_sub(now.as_millis() as i64);
+                let wait = Duration::from_millis(wait.max(0) as u64);
                 (at, Box::pin(tokio::time::sleep(wait)))
             });
         }
