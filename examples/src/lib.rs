@@ -78,6 +78,9 @@ pub struct WordCountOptions {
     /// The generator draws values from `1..=key_space`, so the keyed state has up to this many
     /// keys (default 9: the digits).
     pub key_space: u64,
+    /// Keep the final total per key, in memory at the job's end ([`Totals`]). Off for a key
+    /// space larger than memory: `running_sums` is then the job's output.
+    pub totals: bool,
 }
 
 impl Default for WordCountOptions {
@@ -110,6 +113,7 @@ impl Default for WordCountOptions {
             incremental: false,
             state_backend: Arc::new(weir_runtime::HeapStateBackend),
             key_space: DIGITS,
+            totals: true,
         }
     }
 }
@@ -192,18 +196,23 @@ pub fn tokenize(line: Word) -> Option<(Word, i64)> {
     Some((line, 1))
 }
 
-/// The final totals of a word-count job, by word.
+/// The final totals of a word-count job, by word (none when the job does not keep them).
 #[derive(Clone)]
-pub struct Totals(LatestHandle<Word, i64>);
+pub struct Totals(Option<LatestHandle<Word, i64>>);
 
 impl Totals {
-    /// The latest total per word, as plain strings.
+    /// The latest total per word, as plain strings (empty when the job keeps no totals).
     pub fn get(&self) -> BTreeMap<String, i64> {
         self.0
-            .get()
-            .into_iter()
+            .iter()
+            .flat_map(LatestHandle::get)
             .map(|(word, total)| (word.into_string(), total))
             .collect()
+    }
+
+    /// Whether the job keeps its final totals.
+    pub fn kept(&self) -> bool {
+        self.0.is_some()
     }
 }
 
@@ -301,9 +310,11 @@ pub fn build(opts: &WordCountOptions) -> (StreamEnvironment, Totals, Arc<Failure
     }
     // `sum` emits on the subtask that owns each word: the stream is already partitioned by the
     // word, so the sink chains to it without a shuffle.
-    let totals = counts
-        .reinterpret_as_keyed(|t: &(Word, i64)| &t.0)
-        .latest_per_key();
+    let totals = opts.totals.then(|| {
+        counts
+            .reinterpret_as_keyed(|t: &(Word, i64)| &t.0)
+            .latest_per_key()
+    });
     (env, Totals(totals), injector)
 }
 

@@ -15,6 +15,8 @@ mod cluster;
 mod cluster_netns;
 #[path = "exactly_once.rs"]
 mod exactly_once;
+#[path = "larger_than_memory.rs"]
+mod larger_than_memory;
 #[path = "lifecycle.rs"]
 mod lifecycle;
 #[path = "local_recovery.rs"]

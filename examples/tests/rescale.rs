@@ -1,4 +1,6 @@
 //! Rescale round trips 2 → 4 → 1 through savepoints, in-process and through the `word_count` binary, give exact results.
+//! It also covers backends: savepoints (canonical format) move between the heap and disk keyed-state
+//! backends at changed parallelisms through the binary.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/processes.rs"]
@@ -11,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use weir_core::keygroup::{assign_to_key_group, compute_key_group_range_for_operator_index};
-use weir_examples::{WordCountOptions, build, expected_totals};
+use weir_examples::{WordCountOptions, build, expected_totals, expected_totals_in};
 use weir_runtime::StreamEnvironment;
 
 const RECORDS: u64 = 1_500_000;
@@ -210,6 +212,121 @@ fn word_count_binary_round_trip_2_4_1_gives_exact_totals() {
                 "{ctx}: {totals:?}"
             );
             from = Some(savepoint_of(&run));
+        }
+    }
+}
+
+/// The backend and parallelism of each run of the backend round trip: the last one runs to the
+/// end, and each hop changes both.
+const BACKEND_ROUND_TRIP: [(&str, u32); 4] = [("heap", 2), ("disk", 3), ("heap", 1), ("disk", 2)];
+
+/// Flink's canonical savepoint portability: a savepoint one keyed-state backend took restores
+/// into the other, at another parallelism. heap at 2 → disk at 3 → heap at 1 → disk at 2, over
+/// 5000 keys (many per key group), each disk run in its own state directory.
+///
+/// Each resumed run must name the savepoint it was given in `restored from:` and resume the
+/// sources (not start over); its totals must count every record emitted over the runs so far,
+/// no key's count may go down from one run to the next, and the last run's totals must be the
+/// ones computed without the engine. A backend that restored the sources' offsets but dropped
+/// (or misplaced) the keyed state fails the sum, the per-key or the final check.
+#[test]
+fn savepoints_move_between_heap_and_disk_backends_at_any_parallelism() {
+    let records_n: u64 = 600_000;
+    let key_space: u64 = 5_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let records = records_n.to_string();
+    let seed = SEED.to_string();
+    let keys = key_space.to_string();
+    let stop = 150_000u64.to_string();
+    let out = tmp.path().join("totals.csv");
+    let out_arg = out.to_str().unwrap().to_string();
+    let expected = expected_totals_in(records_n, SEED, key_space);
+    assert_eq!(expected.len() as u64, key_space, "every key occurs");
+    let mut from: Option<PathBuf> = None;
+    let mut emitted = 0u64;
+    let mut previous: BTreeMap<String, i64> = BTreeMap::new();
+    for (n, (backend, parallelism)) in BACKEND_ROUND_TRIP.into_iter().enumerate() {
+        let last = n + 1 == BACKEND_ROUND_TRIP.len();
+        let p = parallelism.to_string();
+        let cp = format!("checkpoints-{n}");
+        let state_dir = format!("state-{n}");
+        let mut args = vec![
+            "--records",
+            &records,
+            "--seed",
+            &seed,
+            "--key-space",
+            &keys,
+            "--parallelism",
+            &p,
+            "--state-backend",
+            backend,
+            "--checkpoint-interval",
+            "20ms",
+            "--checkpoint-dir",
+            &cp,
+            "--savepoint-dir",
+            "savepoints",
+            "--no-rest",
+        ];
+        if backend == "disk" {
+            args.extend(["--state-dir", &state_dir]);
+        }
+        let from_arg = from.as_ref().map(|f| f.to_str().unwrap().to_string());
+        if let Some(f) = &from_arg {
+            args.extend(["--from", f]);
+        }
+        if last {
+            args.extend(["--output", &out_arg]);
+        } else {
+            args.extend(["--stop-with-savepoint-after", &stop]);
+        }
+        let run = word_count(tmp.path(), &args);
+        let ctx = format!("run {n}: word_count {}", args.join(" "));
+        assert!(run.success, "{ctx}:\n{}", run.stderr);
+        if let Some(saved) = &from {
+            // Resumed from the savepoint it was given, not started over.
+            processes::assert_restored(&run.stdout, records_n, &[saved]);
+        }
+        emitted += processes::summary_field(&run.stdout, "emitted");
+        let totals = printed_totals(&run);
+        // Every record emitted so far is counted once: the totals include the restored counts.
+        assert_eq!(
+            totals.values().sum::<i64>() as u64,
+            emitted,
+            "{ctx}: the totals do not count the {emitted} records emitted so far"
+        );
+        for (k, v) in &totals {
+            let before = previous.get(k).copied().unwrap_or(0);
+            let at_end = expected.get(k).copied().unwrap_or(0);
+            assert!(
+                before <= *v && *v <= at_end,
+                "{ctx}: {k}={v}, after {before} in the previous run, of {at_end} at the end"
+            );
+        }
+        if last {
+            assert_eq!(emitted, records_n, "{ctx}: the runs' records do not add up");
+            let written = processes::parse_totals(&out);
+            let wrong: Vec<_> = expected
+                .iter()
+                .filter(|(k, v)| written.get(*k) != Some(v))
+                .map(|(k, v)| format!("{k}: {:?} instead of {v}", written.get(k)))
+                .collect();
+            assert!(
+                wrong.is_empty() && written.len() == expected.len(),
+                "{ctx}: {} of {} written totals are wrong, e.g. {:?}",
+                wrong.len(),
+                written.len(),
+                &wrong[..wrong.len().min(5)]
+            );
+            assert!(
+                totals == written,
+                "{ctx}: the printed totals are not the written ones"
+            );
+        } else {
+            assert!(emitted < records_n, "{ctx}: stopped late");
+            from = Some(savepoint_of(&run));
+            previous = totals;
         }
     }
 }

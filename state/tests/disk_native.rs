@@ -351,3 +351,140 @@ fn damaged_foreign_and_mismatched_native_snapshots_are_refused_by_name() {
         .to_string();
     assert!(e.contains("cannot restore native snapshots"), "{e}");
 }
+
+/// A canonical snapshot of `backend` (a savepoint's keyed file) and its handle.
+fn savepoint(
+    backend: &mut impl KeyedStateBackend<String>,
+) -> (weir_core::handle::KeyedStateHandle, Vec<u8>) {
+    let mut bytes = Vec::new();
+    let layout = backend.snapshot().unwrap().write_to(&mut bytes).unwrap();
+    let handle = layout.into_handle(weir_core::handle::StreamStateHandle::Inline(Vec::new()));
+    (handle, bytes)
+}
+
+#[test]
+fn a_canonical_savepoint_is_bulk_loaded_one_run_per_state_at_any_key_groups() {
+    // The savepoint comes from the heap backend: a canonical file, as any backend writes it.
+    let mut heap = weir_state::HeapKeyedStateBackend::<String>::new(MAX_P, all());
+    let count = heap
+        .value_state(&ValueStateDescriptor::<u64>::new("count"))
+        .unwrap();
+    let other = heap
+        .value_state(&ValueStateDescriptor::<u64>::new("other"))
+        .unwrap();
+    let mut model = BTreeMap::new();
+    for k in 0..30_000u64 {
+        let key = format!("key-{k}");
+        heap.update(count, &key, kg(&key), k * 3);
+        model.insert(key.clone(), k * 3);
+        if k.is_multiple_of(3) {
+            heap.update(other, &key, kg(&key), k);
+        }
+    }
+    let (handle, bytes) = savepoint(&mut heap);
+    let mut fx = Fixture::new();
+    // Into the whole range, then into a half (a rescale): each keeps only its key groups.
+    for range in [all(), KeyGroupRange::new(0, MAX_P / 2 - 1)] {
+        let mut disk = fx.backend(range);
+        let part = weir_state::format::whole_stream_part(&handle, &bytes).unwrap();
+        disk.restore(&[part]).unwrap();
+        let c = disk
+            .value_state(&ValueStateDescriptor::<u64>::new("count"))
+            .unwrap();
+        let o = disk
+            .value_state(&ValueStateDescriptor::<u64>::new("other"))
+            .unwrap();
+        let want: BTreeMap<String, u64> = model
+            .iter()
+            .filter(|(k, _)| range.contains(kg(k)))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let loads = fx
+            .stats
+            .bulk_loads
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let loaded = fx
+            .stats
+            .bulk_loaded_entries
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let others = want.keys().filter(|k| kg_key_index(k).is_multiple_of(3)).count();
+        assert_eq!(loads, 2, "one bulk load per state into {range}");
+        assert_eq!(loaded as usize, want.len() + others, "{range}");
+        // Straight into runs: no memtable was flushed on the way.
+        assert_eq!(
+            fx.stats.flushes.load(std::sync::atomic::Ordering::SeqCst),
+            0
+        );
+        assert_eq!(contents(&mut disk, c), want, "{range}");
+        for (k, v) in want.iter().step_by(97) {
+            assert_eq!(disk.value(c, k, kg(k)).copied(), Some(*v), "{k}");
+            let expect_other = (kg_key_index(k).is_multiple_of(3)).then(|| kg_key_index(k));
+            assert_eq!(disk.value(o, k, kg(k)).copied(), expect_other, "{k}");
+        }
+        // Writes after the load win over it, and the state snapshots as the heap's would.
+        let first = want.keys().next().unwrap().clone();
+        disk.update(c, &first, kg(&first), 7);
+        assert_eq!(disk.value(c, &first, kg(&first)).copied(), Some(7));
+        disk.update(c, &first, kg(&first), want[&first]);
+        if range == all() {
+            assert_eq!(canonical(&mut disk), bytes, "equal state, equal bytes");
+        }
+    }
+}
+
+/// The number in a test key `key-<n>`.
+fn kg_key_index(key: &str) -> u64 {
+    key.trim_start_matches("key-").parse().unwrap()
+}
+
+#[test]
+fn a_bulk_load_refuses_keys_out_of_order_and_leaves_nothing_when_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let stats = Arc::new(DiskStats::default());
+    let mut store = DiskKeyedStore::open(
+        dir.path().join("store"),
+        "bulk".into(),
+        KeyGroupRange::new(0, 9),
+        DiskOptions::default(),
+        Arc::clone(&stats),
+    )
+    .unwrap();
+    use weir_state::store::KeyedStore;
+    let run_files = |dir: &Path| -> usize {
+        std::fs::read_dir(dir.join("store"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".run"))
+            .count()
+    };
+    {
+        let mut bulk = store
+            .bulk_load(0, 3)
+            .unwrap()
+            .expect("the disk store bulk-loads");
+        bulk.add(2, b"b", b"1").unwrap();
+        let e = bulk.add(2, b"a", b"2").unwrap_err().to_string();
+        assert!(e.contains("out of order"), "{e}");
+        let e = bulk.add(1, b"z", b"2").unwrap_err().to_string();
+        assert!(e.contains("out of order"), "{e}");
+        let e = bulk.add(10, b"z", b"2").unwrap_err().to_string();
+        assert!(e.contains("key group 10"), "{e}");
+    }
+    assert_eq!(
+        run_files(dir.path()),
+        0,
+        "an unfinished load leaves no file"
+    );
+    let mut bulk = store.bulk_load(0, 2).unwrap().unwrap();
+    bulk.add(1, b"a", b"x").unwrap();
+    bulk.add(2, b"a", b"y").unwrap();
+    bulk.finish().unwrap();
+    assert_eq!(run_files(dir.path()), 1);
+    let mut v = Vec::new();
+    assert!(store.get(0, 2, b"a", &mut v).unwrap());
+    assert_eq!(v, b"y");
+    assert!(
+        !store.get(1, 2, b"a", &mut v).unwrap(),
+        "another state's key"
+    );
+}

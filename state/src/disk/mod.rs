@@ -5,7 +5,9 @@
 //!   key-group prefix layout, the flush and compaction threads, snapshots by freezing.
 //! - `run`: the run file format (versioned, identified, a digest per block) and its reader.
 //! - `merge`: the memtable, and the newest-wins merge of memtables and runs.
-//! - `bloom`: each run's bloom filter.
+//! - `index`: a run's index and filter, in partitions loaded when first read.
+//! - `bloom`: the bloom filter of a run's partition.
+//! - `bulk`: the bulk load of a restored state straight into a run.
 //!
 //! [`DiskStateBackend`](crate::DiskStateBackend) gives each keyed operator's subtask a store of its own under one local
 //! directory; every typed state kind, TTL and timers come from
@@ -14,6 +16,8 @@
 //! backend and the other way round, at any parallelism).
 
 mod bloom;
+mod bulk;
+mod index;
 mod merge;
 mod run;
 pub mod store;

@@ -2,27 +2,32 @@
 //! a flush or a compaction and read by point lookups and range cursors, every block checked by
 //! its digest.
 //!
-//! A run file (format version 1, integers little-endian):
+//! A run file (format version 2, integers little-endian):
 //!
 //! ```text
 //! header  "WRUN" | version u16 | identity length u32 | postcard RunIdentity
-//! blocks  entries: key length (LEB128) | tag (LEB128: 0 = deleted, n + 1 = value of n bytes)
+//! data    blocks, and after every PARTITION_BLOCKS blocks (and the last) their partition:
+//! block   entries: key length (LEB128) | tag (LEB128: 0 = deleted, n + 1 = value of n bytes)
 //!         | key | value; a block ends after the entry that passes BLOCK_SIZE, then the offset
 //!         (u32) of every RESTART_INTERVAL-th entry from the first, then their number (u32): a
 //!         lookup searches the restarts by binary search and walks at most that many entries
-//! index   per block: key length u32 | first key | offset u64 | length u32 | xxh3-64 of the block;
-//!         then the last key: length u32 | key
-//! bloom   probes u32 | bits (none when the footer's bloom offset equals the footer's)
-//! footer  index offset u64 | bloom offset u64 | entries u64 | deleted u64 | blocks u64
-//!         | xxh3-64 of header, index, bloom and the footer's five numbers u64 | version u16
+//! partition  per block: key length u32 | first key | offset u64 | length u32 | xxh3-64 of the
+//!         block; then filter length u32 | filter (probes u32 | bits of the partition's keys),
+//!         length 0 without a filter
+//! top     per partition: key length u32 | first key | offset u64 | length u32 | blocks u32 |
+//!         xxh3-64 of the partition; then the last key: length u32 | key
+//! footer  top offset u64 | top end u64 | entries u64 | deleted u64 | blocks u64
+//!         | xxh3-64 of header, top and the footer's five numbers u64 | version u16
 //!         | "WRNE" | 2 zero bytes
 //! ```
 //!
-//! Opening a run reads the header, index, filter and footer and checks their digest and the
-//! identity; each block is checked when it is read. A damaged or foreign file is an error that
-//! names it.
+//! Opening a run reads the header, top-level index and footer and checks their digest and the
+//! identity; a partition is checked when first loaded, each block when it is read. A damaged or
+//! foreign file is an error that names it. Version 1 (one index of every block, then one
+//! filter, where version 2 has the top-level index) is still read: its index and filter are
+//! one partition, loaded at the open.
 
-use super::bloom::{self, Bloom};
+use super::index::{self, Index, IndexWriter, Partition};
 use super::varint;
 use crate::StateError;
 use serde::{Deserialize, Serialize};
@@ -39,8 +44,10 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 pub(crate) const RUN_MAGIC: [u8; 4] = *b"WRUN";
 /// Magic bytes at the end of a run file.
 pub(crate) const RUN_END_MAGIC: [u8; 4] = *b"WRNE";
-/// The run format version this build writes and reads.
-pub(crate) const RUN_VERSION: u16 = 1;
+/// The run format version this build writes (it reads this and 1).
+pub(crate) const RUN_VERSION: u16 = 2;
+/// The first run format: one index and one filter for the whole run.
+const RUN_VERSION_WHOLE_INDEX: u16 = 1;
 /// A block ends after the entry that takes it past this many bytes.
 pub(crate) const BLOCK_SIZE: usize = 4096;
 /// Every this many entries of a block, its offset is recorded for binary search.
@@ -78,15 +85,6 @@ impl Drop for DirGuard {
 /// An entry read from a run: `None` is a deletion (a tombstone).
 pub(crate) type Entry<'a> = (&'a [u8], Option<&'a [u8]>);
 
-#[derive(Clone, Copy, Debug)]
-struct BlockEntry {
-    key_start: u32,
-    key_len: u32,
-    offset: u64,
-    len: u32,
-    digest: u64,
-}
-
 /// The key group of a stored key (its first two bytes, big-endian).
 pub(crate) fn key_group_of(key: &[u8]) -> KeyGroup {
     match key {
@@ -108,10 +106,8 @@ pub(crate) struct Run {
     pub clip: KeyGroupRange,
     path: PathBuf,
     file: File,
-    index_keys: Vec<u8>,
-    index: Vec<BlockEntry>,
+    index: Index,
     last_key: Vec<u8>,
-    bloom: Option<Bloom>,
     /// Entries, deletions included.
     pub entries: u64,
     /// Deletions.
@@ -150,10 +146,10 @@ fn quarantine(path: &Path) {
     }
 }
 
-/// Checks a run file as an open does (its end, footer, index and bloom digests and its
+/// Checks a run file as an open does (its end, footer and top-level index digest and its
 /// identity against `name`) and that it has `size` bytes, without keeping it: how a restore
-/// decides whether a local copy can stand in for a download. Data blocks are checked when
-/// read, as always.
+/// decides whether a local copy can stand in for a download, at a cost that does not grow with
+/// the run. Index partitions and data blocks are checked when read, as always.
 pub(crate) fn check_file(path: &Path, name: &str, size: u64) -> Result<(), StateError> {
     let identity = parse_run_name(name)
         .ok_or_else(|| StateError::Restore(format!("{name:?} is not the name of a run")))?;
@@ -192,21 +188,18 @@ pub(crate) struct RunWriter {
     /// The block's entries so far, and the offsets of its restart entries.
     in_block: u32,
     restarts: Vec<u32>,
-    index: Vec<u8>,
+    index: IndexWriter,
     last_key: Vec<u8>,
-    bloom: Option<Bloom>,
     entries: u64,
     deleted: u64,
     blocks: u64,
 }
 
 impl RunWriter {
-    /// Starts run `identity` at `path`, with a filter sized for at most `max_entries` entries
-    /// when `bits_per_key` is above 0.
+    /// Starts run `identity` at `path`, with filters of `bits_per_key` bits per key (0: none).
     pub(crate) fn create(
         path: &Path,
         identity: &RunIdentity,
-        max_entries: u64,
         bits_per_key: u32,
     ) -> Result<RunWriter, StateError> {
         let file = File::create(path).map_err(|e| io(path, e))?;
@@ -227,9 +220,8 @@ impl RunWriter {
             block_first: Vec::new(),
             in_block: 0,
             restarts: Vec::new(),
-            index: Vec::new(),
+            index: IndexWriter::new(bits_per_key),
             last_key: Vec::new(),
-            bloom: (bits_per_key > 0).then(|| Bloom::new(max_entries, bits_per_key)),
             entries: 0,
             deleted: 0,
             blocks: 0,
@@ -265,9 +257,7 @@ impl RunWriter {
         if let Some(v) = value {
             self.block.extend_from_slice(v);
         }
-        if let Some(b) = &mut self.bloom {
-            b.insert(bloom::key_hash(key));
-        }
+        self.index.add_key(key);
         self.last_key.clear();
         self.last_key.extend_from_slice(key);
         self.entries += 1;
@@ -289,20 +279,35 @@ impl RunWriter {
         self.restarts.clear();
         self.in_block = 0;
         let digest = xxh3_64(&self.block);
-        self.index
-            .extend_from_slice(&(self.block_first.len() as u32).to_le_bytes());
-        self.index.extend_from_slice(&self.block_first);
-        self.index.extend_from_slice(&self.written.to_le_bytes());
-        self.index
-            .extend_from_slice(&(self.block.len() as u32).to_le_bytes());
-        self.index.extend_from_slice(&digest.to_le_bytes());
+        let len = u32::try_from(self.block.len())
+            .map_err(|_| damaged(&self.path, "a block over 4 GiB"))?;
+        let full = self
+            .index
+            .add_block(&self.block_first, self.written, len, digest);
         self.out
             .write_all(&self.block)
             .map_err(|e| io(&self.path, e))?;
         self.written += self.block.len() as u64;
         self.blocks += 1;
         self.block.clear();
+        if full {
+            self.write_partition()?;
+        }
         Ok(())
+    }
+
+    /// Writes the open index partition, if it has blocks.
+    fn write_partition(&mut self) -> Result<(), StateError> {
+        if let Some(bytes) = self.index.finish_partition(self.written) {
+            self.out.write_all(&bytes).map_err(|e| io(&self.path, e))?;
+            self.written += bytes.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// The last key added (empty before the first).
+    pub(crate) fn last_key(&self) -> &[u8] {
+        &self.last_key
     }
 
     /// Entries added so far.
@@ -310,34 +315,23 @@ impl RunWriter {
         self.entries
     }
 
-    /// Writes the index, filter and footer, syncs nothing (the file is a working file of this
-    /// process), and returns the path.
+    /// Writes the last partition, the top-level index and the footer, syncs nothing (the file
+    /// is a working file of this process), and returns the path.
     pub(crate) fn finish(mut self) -> Result<PathBuf, StateError> {
         self.finish_block()?;
-        self.index
-            .extend_from_slice(&(self.last_key.len() as u32).to_le_bytes());
-        self.index.extend_from_slice(&self.last_key);
-        let index_offset = self.written;
-        let bloom_offset = index_offset + self.index.len() as u64;
-        let mut bloom_bytes = Vec::new();
-        if let Some(b) = &self.bloom {
-            bloom_bytes.extend_from_slice(&b.probes().to_le_bytes());
-            bloom_bytes.extend_from_slice(b.bytes());
-        }
+        self.write_partition()?;
+        let mut top = std::mem::take(&mut self.index.top);
+        top.extend_from_slice(&(self.last_key.len() as u32).to_le_bytes());
+        top.extend_from_slice(&self.last_key);
+        let top_offset = self.written;
+        let top_end = top_offset + top.len() as u64;
         let mut footer = Vec::with_capacity(FOOTER_LEN as usize);
-        for n in [
-            index_offset,
-            bloom_offset,
-            self.entries,
-            self.deleted,
-            self.blocks,
-        ] {
+        for n in [top_offset, top_end, self.entries, self.deleted, self.blocks] {
             footer.extend_from_slice(&n.to_le_bytes());
         }
         let mut digest = Xxh3::new();
         digest.update(&self.header);
-        digest.update(&self.index);
-        digest.update(&bloom_bytes);
+        digest.update(&top);
         digest.update(&footer);
         footer.extend_from_slice(&digest.digest().to_le_bytes());
         footer.extend_from_slice(&RUN_VERSION.to_le_bytes());
@@ -346,7 +340,7 @@ impl RunWriter {
         debug_assert_eq!(footer.len() as u64, FOOTER_LEN);
         let path = self.path.clone();
         let mut out = self.out;
-        for part in [&self.index, &bloom_bytes, &footer] {
+        for part in [&top, &footer] {
             out.write_all(part).map_err(|e| io(&path, e))?;
         }
         out.flush().map_err(|e| io(&path, e))?;
@@ -386,10 +380,13 @@ impl Run {
             return Err(damaged(path, "no end magic (truncated, or not a run)"));
         }
         let version = u16::from_le_bytes([footer[48], footer[49]]);
-        if version != RUN_VERSION {
+        if version != RUN_VERSION && version != RUN_VERSION_WHOLE_INDEX {
             return Err(damaged(
                 path,
-                format!("format version {version}, this build reads {RUN_VERSION}"),
+                format!(
+                    "format version {version}, this build reads {RUN_VERSION_WHOLE_INDEX} and \
+                     {RUN_VERSION}"
+                ),
             ));
         }
         let index_offset = le_u64(&footer, 0);
@@ -445,37 +442,36 @@ impl Run {
                 ),
             ));
         }
-        let split = (bloom_offset - index_offset) as usize;
-        let (index_bytes, bloom_bytes) = meta.split_at(split);
-        let (index_keys, index, last_key) =
-            parse_index(index_bytes, blocks, index_offset).map_err(|e| damaged(path, e))?;
-        let bloom = if bloom_bytes.is_empty() {
-            None
-        } else if bloom_bytes.len() < 12 {
-            return Err(damaged(path, "a filter of fewer than 8 bytes"));
+        let data = (header.len() as u64, index_offset);
+        let (index, last_key) = if version == RUN_VERSION_WHOLE_INDEX {
+            let (index_bytes, bloom_bytes) = meta.split_at((bloom_offset - index_offset) as usize);
+            index::parse_whole(index_bytes, bloom_bytes, blocks, data)
+        } else if bloom_offset != meta_end {
+            Err("bytes between the top-level index and the footer".to_string())
         } else {
-            let k = le_u32(bloom_bytes, 0);
-            if k == 0 || k > bloom::MAX_PROBES {
-                return Err(damaged(path, format!("a filter with {k} probes")));
-            }
-            Some(Bloom::from_parts(bloom_bytes[4..].to_vec(), k))
-        };
+            Index::parse_top(&meta, blocks, data)
+        }
+        .map_err(|e| damaged(path, e))?;
         Ok(Run {
             id: expected.run_id,
             identity,
             clip,
             path: path.to_path_buf(),
             file,
-            index_keys,
             index,
             last_key,
-            bloom,
             entries,
             deleted,
             bytes: len,
             obsolete: AtomicBool::new(false),
             _dir: dir,
         })
+    }
+
+    /// Its index partitions (1 for a format-1 run).
+    #[cfg(test)]
+    pub(crate) fn partitions(&self) -> usize {
+        self.index.partitions()
     }
 
     /// The file.
@@ -498,19 +494,40 @@ impl Run {
         self.obsolete.store(true, Ordering::Release);
     }
 
-    /// The block that may hold `key`: the last whose first key is at most `key`.
-    fn block_for(&self, key: &[u8]) -> Option<usize> {
-        let keys = &self.index_keys;
-        self.index
-            .partition_point(|e| {
-                &keys[e.key_start as usize..e.key_start as usize + e.key_len as usize] <= key
-            })
-            .checked_sub(1)
+    /// Index partition `p`, loaded and checked the first time. A partition that fails its
+    /// check empties the file, as a damaged block does.
+    fn partition(&self, p: usize) -> Result<Arc<Partition>, StateError> {
+        let mut failed_read = None;
+        let part = self.index.partition(p, |offset, len| {
+            let mut buf = vec![0u8; len];
+            self.file.read_exact_at(&mut buf, offset).map_err(|e| {
+                let text = e.to_string();
+                failed_read = Some(e);
+                text
+            })?;
+            Ok(buf)
+        });
+        match part {
+            Ok(part) => Ok(Arc::clone(part)),
+            Err(_) if failed_read.is_some() => {
+                Err(io(&self.path, failed_read.expect("checked above")))
+            }
+            Err(e) => {
+                quarantine(&self.path);
+                Err(damaged(&self.path, e))
+            }
+        }
     }
 
-    /// Reads block `b` into `buf`, checking its digest; returns where its entries end.
-    fn read_block(&self, b: usize, buf: &mut Vec<u8>) -> Result<usize, StateError> {
-        let e = self.index[b];
+    /// Reads block `b` of partition `part` into `buf`, checking its digest; returns where its
+    /// entries end.
+    fn read_block(
+        &self,
+        part: &Partition,
+        b: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<usize, StateError> {
+        let e = part.block(b);
         buf.clear();
         buf.resize(e.len as usize, 0);
         self.file
@@ -540,18 +557,17 @@ impl Run {
         block: &mut Vec<u8>,
         value: &mut Vec<u8>,
     ) -> Result<Option<bool>, StateError> {
-        if key > self.last_key.as_slice() {
+        if key > self.last_key.as_slice() || self.index.blocks() == 0 {
             return Ok(None);
         }
-        if let Some(bloom) = &self.bloom
-            && !bloom.may_contain(hash)
-        {
+        let part = self.partition(self.index.partition_for(key))?;
+        if !part.may_contain(hash) {
             return Ok(None);
         }
-        let Some(b) = self.block_for(key) else {
+        let Some(b) = part.block_for(key) else {
             return Ok(None);
         };
-        let end = self.read_block(b, block)?;
+        let end = self.read_block(&part, b, block)?;
         let entries = &block[..end];
         let mut at = restart_for(block, end, key).map_err(|e| damaged(&self.path, e))?;
         while at < end {
@@ -638,54 +654,13 @@ pub(crate) fn next_entry<'a>(block: &'a [u8], at: &mut usize) -> Result<Entry<'a
     Ok((key, value))
 }
 
-/// An index read back: the blocks' first keys, the blocks, and the run's last key.
-type ParsedIndex = (Vec<u8>, Vec<BlockEntry>, Vec<u8>);
-
-fn parse_index(bytes: &[u8], blocks: u64, data_end: u64) -> Result<ParsedIndex, String> {
-    let mut keys = Vec::new();
-    let mut index = Vec::with_capacity(usize::try_from(blocks.min(1 << 24)).unwrap_or(0));
-    let mut at = 0usize;
-    let take = |at: &mut usize, n: usize| -> Result<std::ops::Range<usize>, String> {
-        let r = *at..at.checked_add(n).ok_or("index length overflows")?;
-        if r.end > bytes.len() {
-            return Err("the index is truncated".to_string());
-        }
-        *at = r.end;
-        Ok(r)
-    };
-    let mut prev_end = 0u64;
-    for b in 0..blocks {
-        let len = le_u32(&bytes[take(&mut at, 4)?], 0);
-        let key = &bytes[take(&mut at, len as usize)?];
-        let offset = le_u64(&bytes[take(&mut at, 8)?], 0);
-        let block_len = le_u32(&bytes[take(&mut at, 4)?], 0);
-        let digest = le_u64(&bytes[take(&mut at, 8)?], 0);
-        let block_end = offset.checked_add(u64::from(block_len));
-        if offset < prev_end || block_end.is_none_or(|e| e > data_end) || block_len == 0 {
-            return Err(format!("block {b} lies outside the data"));
-        }
-        prev_end = offset + u64::from(block_len);
-        let key_start = u32::try_from(keys.len()).map_err(|_| "an index over 4 GiB of keys")?;
-        index.push(BlockEntry {
-            key_start,
-            key_len: len,
-            offset,
-            len: block_len,
-            digest,
-        });
-        keys.extend_from_slice(key);
-    }
-    let len = le_u32(&bytes[take(&mut at, 4)?], 0);
-    let last = bytes[take(&mut at, len as usize)?].to_vec();
-    if at != bytes.len() {
-        return Err("bytes after the index".to_string());
-    }
-    Ok((keys, index, last))
-}
-
 /// Reads a run's entries in order from a starting key, block by block, up to an end bound.
 pub(crate) struct RunCursor<'r> {
     run: &'r Run,
+    /// The partition it reads, and its number.
+    part: Arc<Partition>,
+    part_no: usize,
+    /// The block within the partition.
     block: usize,
     buf: Vec<u8>,
     at: usize,
@@ -704,9 +679,18 @@ impl<'r> RunCursor<'r> {
         from: &[u8],
         end: Option<&'r [u8]>,
     ) -> Result<RunCursor<'r>, StateError> {
+        let empty = run.index.blocks() == 0 || from > run.last_key.as_slice();
+        let part_no = run.index.partition_for(from);
+        let part = if empty {
+            Arc::default()
+        } else {
+            run.partition(part_no)?
+        };
         let mut c = RunCursor {
             run,
-            block: run.block_for(from).unwrap_or(0),
+            block: part.block_for(from).unwrap_or(0),
+            part,
+            part_no,
             buf: Vec::with_capacity(BLOCK_SIZE * 2),
             at: 0,
             data_end: 0,
@@ -715,10 +699,10 @@ impl<'r> RunCursor<'r> {
             value: None,
             valid: false,
         };
-        if run.index.is_empty() || from > run.last_key.as_slice() {
+        if empty {
             return Ok(c);
         }
-        c.data_end = run.read_block(c.block, &mut c.buf)?;
+        c.data_end = run.read_block(&c.part, c.block, &mut c.buf)?;
         c.at = restart_for(&c.buf, c.data_end, from).map_err(|e| damaged(&run.path, e))?;
         loop {
             c.advance()?;
@@ -758,11 +742,16 @@ impl<'r> RunCursor<'r> {
     fn step(&mut self) -> Result<(), StateError> {
         if self.at >= self.data_end {
             self.block += 1;
-            if self.block >= self.run.index.len() {
-                self.valid = false;
-                return Ok(());
+            if self.block >= self.part.len() {
+                self.part_no += 1;
+                if self.part_no >= self.run.index.partitions() {
+                    self.valid = false;
+                    return Ok(());
+                }
+                self.part = self.run.partition(self.part_no)?;
+                self.block = 0;
             }
-            self.data_end = self.run.read_block(self.block, &mut self.buf)?;
+            self.data_end = self.run.read_block(&self.part, self.block, &mut self.buf)?;
             self.at = 0;
         }
         let (k, v) = next_entry(&self.buf[..self.data_end], &mut self.at)

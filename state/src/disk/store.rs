@@ -14,12 +14,13 @@
 
 use super::DiskOptions;
 use super::bloom::key_hash;
+use super::bulk::DiskBulkLoad;
 use super::merge::{Layers, Memtable, merge};
 use super::run::parse_run_name;
 use super::run::{DirGuard, Run, RunIdentity, RunWriter};
 use crate::StateError;
 use crate::keyed::{NativeFile, NativeFiles};
-use crate::store::{EntryVisitor, FrozenFiles, FrozenStore, KeyedStore, StoreStateId};
+use crate::store::{BulkLoad, EntryVisitor, FrozenFiles, FrozenStore, KeyedStore, StoreStateId};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -33,9 +34,9 @@ pub const NATIVE_FORMAT: &str = "weir-disk-runs/1";
 #[derive(Debug, Default)]
 pub(crate) struct Version {
     /// Full memtables waiting for the flush thread, newest first.
-    immutables: Vec<Arc<Memtable>>,
+    pub(super) immutables: Vec<Arc<Memtable>>,
     /// Runs, newest first.
-    runs: Vec<Arc<Run>>,
+    pub(super) runs: Vec<Arc<Run>>,
 }
 
 /// Counters of one store's or one backend's work, for tests, benchmarks and logs.
@@ -57,35 +58,39 @@ pub struct DiskStats {
     pub block_reads: AtomicU64,
     /// Snapshots frozen.
     pub snapshots: AtomicU64,
+    /// States restored by a bulk load: written as one run each, without the memtable.
+    pub bulk_loads: AtomicU64,
+    /// Entries those bulk loads wrote.
+    pub bulk_loaded_entries: AtomicU64,
 }
 
-struct Inner {
-    version: Arc<Version>,
-    generation: u64,
+pub(super) struct Inner {
+    pub(super) version: Arc<Version>,
+    pub(super) generation: u64,
     next_run: u64,
     error: Option<StateError>,
 }
 
-struct Shared {
+pub(super) struct Shared {
     inner: Mutex<Inner>,
     changed: Condvar,
     generation: AtomicU64,
     stop: AtomicBool,
-    dir: Arc<DirGuard>,
+    pub(super) dir: Arc<DirGuard>,
     name: String,
     /// The key groups the store owns: the clip of the runs it writes.
-    range: KeyGroupRange,
+    pub(super) range: KeyGroupRange,
     options: DiskOptions,
-    stats: Arc<DiskStats>,
+    pub(super) stats: Arc<DiskStats>,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Installs `version` and wakes every waiter.
-    fn publish(&self, inner: &mut Inner, version: Version) {
+    pub(super) fn publish(&self, inner: &mut Inner, version: Version) {
         inner.version = Arc::new(version);
         inner.generation += 1;
         self.generation.store(inner.generation, Ordering::Release);
@@ -102,7 +107,7 @@ impl Shared {
         self.changed.notify_all();
     }
 
-    fn new_run_path(&self) -> (PathBuf, RunIdentity) {
+    pub(super) fn new_run_path(&self) -> (PathBuf, RunIdentity) {
         let mut inner = self.lock();
         let run_id = inner.next_run;
         inner.next_run += 1;
@@ -120,7 +125,6 @@ impl Shared {
         &self,
         layers: &Layers<'_>,
         deletions: bool,
-        max_entries: u64,
         bloom: bool,
     ) -> Result<Option<Arc<Run>>, StateError> {
         let (path, identity) = self.new_run_path();
@@ -129,7 +133,7 @@ impl Shared {
         } else {
             0
         };
-        let mut writer = RunWriter::create(&path, &identity, max_entries, bits)?;
+        let mut writer = RunWriter::create(&path, &identity, bits)?;
         let mut n = 0u64;
         merge(layers, &[], None, deletions, &mut |k, v| {
             n += 1;
@@ -182,8 +186,7 @@ fn flush_loop(shared: &Shared) {
             memtables: vec![&memtable],
             runs: &[],
         };
-        let max = memtable.len() as u64;
-        match shared.write_run(&layers, true, max, true) {
+        match shared.write_run(&layers, true, true) {
             Ok(run) => {
                 if let Some(r) = &run {
                     shared.stats.flushes.fetch_add(1, Ordering::Relaxed);
@@ -254,9 +257,8 @@ fn compaction_loop(shared: &Shared) {
             memtables: Vec::new(),
             runs: &inputs,
         };
-        let max = inputs.iter().fold(0u64, |n, r| n.saturating_add(r.entries));
         // The oldest runs merged: a deletion has nothing left to hide, so it goes.
-        match shared.write_run(&layers, !bottom, max, !bottom) {
+        match shared.write_run(&layers, !bottom, !bottom) {
             Ok(run) => {
                 shared.stats.compactions.fetch_add(1, Ordering::Relaxed);
                 if let Some(r) = &run {
@@ -304,10 +306,10 @@ fn compaction_loop(shared: &Shared) {
 
 /// Keyed state in sorted runs on local disk. See the [module docs](self).
 pub struct DiskKeyedStore {
-    shared: Arc<Shared>,
-    active: Memtable,
-    version: Arc<Version>,
-    seen: u64,
+    pub(super) shared: Arc<Shared>,
+    pub(super) active: Memtable,
+    pub(super) version: Arc<Version>,
+    pub(super) seen: u64,
     key: Vec<u8>,
     block: Vec<u8>,
     workers: Vec<JoinHandle<()>>,
@@ -324,7 +326,7 @@ impl std::fmt::Debug for DiskKeyedStore {
 }
 
 /// The 4-byte prefix of `state`'s keys in `key_group`.
-fn prefix(state: StoreStateId, key_group: KeyGroup) -> u32 {
+pub(super) fn prefix(state: StoreStateId, key_group: KeyGroup) -> u32 {
     ((key_group & 0xffff) << 16) | u32::from(state)
 }
 
@@ -442,7 +444,7 @@ impl DiskKeyedStore {
     }
 
     /// Takes the newest version the threads published, or their error.
-    fn refresh(&mut self) -> Result<(), StateError> {
+    pub(super) fn refresh(&mut self) -> Result<(), StateError> {
         if self.shared.generation.load(Ordering::Acquire) == self.seen {
             return Ok(());
         }
@@ -658,6 +660,16 @@ impl KeyedStore for DiskKeyedStore {
             version: Arc::clone(&self.version),
             runs: Vec::new(),
         })))
+    }
+
+    fn bulk_load(
+        &mut self,
+        state: StoreStateId,
+        entries: u64,
+    ) -> Result<Option<Box<dyn BulkLoad + '_>>, StateError> {
+        // Its filters are sized per index partition, as it is written.
+        let _ = entries;
+        Ok(Some(Box::new(DiskBulkLoad::start(self, state)?)))
     }
 
     fn restore_files(

@@ -28,7 +28,7 @@ fn key(i: u32) -> Vec<u8> {
 /// A run of keys 0, 2, 4, ... below `n`, every third one deleted.
 fn write_run(dir: &std::path::Path, n: u32, bloom: u32) -> std::path::PathBuf {
     let path = dir.join("a.run");
-    let mut w = RunWriter::create(&path, &identity(7), u64::from(n), bloom).unwrap();
+    let mut w = RunWriter::create(&path, &identity(7), bloom).unwrap();
     for i in (0..n).step_by(2) {
         let value = (i % 3 != 0).then(|| i.to_le_bytes().to_vec());
         w.add(&key(i), value.as_deref()).unwrap();
@@ -46,36 +46,106 @@ fn guard(dir: &std::path::Path) -> Arc<DirGuard> {
     g
 }
 
+/// Checks a run written by [`write_run`] with `n`: every lookup, and cursors across its
+/// partitions.
+fn assert_reads(run: &Run, n: u32) {
+    assert_eq!(run.entries, u64::from(n / 2));
+    let (mut block, mut value) = (Vec::new(), Vec::new());
+    // Every key of a small run; in a large one, a stride that meets odd and even keys, and
+    // the last ones.
+    let step = if n > 50_000 { 37 } else { 1 };
+    for i in (0..=n).step_by(step).chain(n - 3..=n) {
+        let k = key(i);
+        let got = run
+            .get(&k, bloom::key_hash(&k), &mut block, &mut value)
+            .unwrap();
+        let want = (i % 2 == 0 && i < n).then_some(i % 3 != 0);
+        assert_eq!(got, want, "key {i}");
+        if got == Some(true) {
+            assert_eq!(value, i.to_le_bytes());
+        }
+    }
+    // A cursor from an absent key to an end bound sees exactly the keys between, and one from
+    // the start sees them all.
+    let (from, to) = (n / 2 - 1, n * 3 / 4 + 1);
+    let end = key(to);
+    let mut c = RunCursor::seek(run, &key(from), Some(&end)).unwrap();
+    let mut seen = Vec::new();
+    while c.valid() {
+        seen.push(c.key().to_vec());
+        c.advance().unwrap();
+    }
+    let want: Vec<Vec<u8>> = (from + 1..to).step_by(2).map(key).collect();
+    assert_eq!(seen, want);
+    let mut c = RunCursor::seek(run, b"", None).unwrap();
+    let mut count = 0;
+    while c.valid() {
+        count += 1;
+        c.advance().unwrap();
+    }
+    assert_eq!(count, n / 2);
+}
+
 #[test]
 fn a_run_answers_lookups_and_cursors() {
     let dir = tempfile::tempdir().unwrap();
-    for bloom in [0, 10] {
-        let path = write_run(dir.path(), 20_000, bloom);
+    for (n, bloom) in [(20_000, 0), (20_000, 10), (300_000, 0), (300_000, 10)] {
+        let path = write_run(dir.path(), n, bloom);
         let run = Run::open(&path, &identity(7), clip(), Some(guard(dir.path()))).unwrap();
-        assert_eq!(run.entries, 10_000);
-        let (mut block, mut value) = (Vec::new(), Vec::new());
-        for i in 0..20_001u32 {
-            let k = key(i);
-            let got = run
-                .get(&k, bloom::key_hash(&k), &mut block, &mut value)
-                .unwrap();
-            let want = (i % 2 == 0 && i < 20_000).then_some(i % 3 != 0);
-            assert_eq!(got, want, "key {i}");
-            if got == Some(true) {
-                assert_eq!(value, i.to_le_bytes());
-            }
+        // 150,000 entries of ~18 bytes: ~700 blocks, so partitions of 64 blocks.
+        if n == 300_000 {
+            assert!(run.partitions() > 5, "{} partitions", run.partitions());
         }
-        // A cursor from an absent key to an end bound sees exactly the keys between.
-        let end = key(15_001);
-        let mut c = RunCursor::seek(&run, &key(9_999), Some(&end)).unwrap();
-        let mut seen = Vec::new();
-        while c.valid() {
-            seen.push(c.key().to_vec());
-            c.advance().unwrap();
-        }
-        let want: Vec<Vec<u8>> = (10_000..=15_000).step_by(2).map(key).collect();
-        assert_eq!(seen, want);
+        assert_reads(&run, n);
     }
+}
+
+/// A run of format version 1 (one index and filter for the whole run), as the build before
+/// partitioned indexes wrote it: keys 0, 2, ... below 6,000, every third deleted, filter on.
+#[test]
+fn a_version_1_run_is_still_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.run");
+    std::fs::write(&path, include_bytes!("testdata/run-v1.run")).unwrap();
+    let run = Run::open(&path, &identity(7), clip(), Some(guard(dir.path()))).unwrap();
+    assert_eq!(run.partitions(), 1);
+    assert_reads(&run, 6_000);
+}
+
+#[test]
+fn a_damaged_index_partition_fails_the_read_that_needs_it_and_empties_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_run(dir.path(), 300_000, 10);
+    let mut bytes = std::fs::read(&path).unwrap();
+    // The last partition ends where the top-level index starts (the footer's first number).
+    let footer = bytes.len() - 56;
+    let top = u64::from_le_bytes(bytes[footer..footer + 8].try_into().unwrap()) as usize;
+    bytes[top - 20] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+    // The open reads only the top-level index: it succeeds, and so do reads of other
+    // partitions.
+    let run = Run::open(&path, &identity(7), clip(), Some(guard(dir.path()))).unwrap();
+    let (mut block, mut value) = (Vec::new(), Vec::new());
+    let k = key(2);
+    assert_eq!(
+        run.get(&k, bloom::key_hash(&k), &mut block, &mut value)
+            .unwrap(),
+        Some(true)
+    );
+    let k = key(299_998);
+    let e = run
+        .get(&k, bloom::key_hash(&k), &mut block, &mut value)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("a.run") && e.contains("damaged") && e.contains("index partition"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        0,
+        "a damaged file is emptied, so no link of it is trusted again"
+    );
 }
 
 #[test]

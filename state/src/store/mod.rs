@@ -21,8 +21,10 @@
 //! `Serialize` skips fields): the panic names the type. The heap meets such a type only in its
 //! snapshots.
 //!
-//! A restored state is decoded (key groups in parallel), then put into the store when it is
-//! registered: a restore holds one state's restored entries in memory at a time.
+//! A restored state is decoded (key groups in parallel), then handed to the store when it is
+//! registered: a restore holds one state's restored entries in memory at a time. A store with a
+//! [`KeyedStore::bulk_load`] (the disk store) takes them in key order and writes them as one
+//! sorted file; another gets one `put` per entry.
 
 use crate::StateError;
 use crate::format::{
@@ -127,6 +129,30 @@ pub trait KeyedStore: Send + 'static {
             snapshots.len()
         )))
     }
+
+    /// Bulk load (optional; Flink's RocksDB ingests a canonical savepoint's entries the same
+    /// way): a writer for the `entries` restored entries of `state`, handed over in order, at
+    /// the state's registration, before anything else is written to it. A store writes them as
+    /// one immutable sorted file instead of through its write path. `None` (the default): the
+    /// backend puts each entry.
+    fn bulk_load(
+        &mut self,
+        state: StoreStateId,
+        entries: u64,
+    ) -> Result<Option<Box<dyn BulkLoad + '_>>, StateError> {
+        let _ = (state, entries);
+        Ok(None)
+    }
+}
+
+/// A bulk load into a store (see [`KeyedStore::bulk_load`]): entries of one state in ascending
+/// order of key group, then key bytes, visible once [`finish`](Self::finish) returns.
+pub trait BulkLoad {
+    /// Adds an entry after every entry added so far (a key out of order is an error).
+    fn add(&mut self, key_group: KeyGroup, key: &[u8], value: &[u8]) -> Result<(), StateError>;
+
+    /// Makes the entries visible at once. Dropped before this, the load leaves nothing behind.
+    fn finish(self: Box<Self>) -> Result<(), StateError>;
 }
 
 /// A store's native snapshot after its synchronous part.
@@ -577,17 +603,20 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
     ) -> Result<(), StateError> {
         let groups =
             restored::decode_pending::<K, V>(name, pending, self.range, self.max_parallelism)?;
+        let total: usize = groups.iter().map(|g| g.len()).sum();
+        let range = self.range;
         let mut entries: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        for (kg, group) in self.range.iter().zip(&groups) {
-            entries.clear();
-            for (k, v) in group.iter() {
-                let (mut key, mut value) = (Vec::new(), Vec::new());
-                codec::encode_into("state key", k, &mut key)?;
-                codec::encode_into("state value", v, &mut value)?;
-                entries.push((key, value));
+        if let Some(mut bulk) = self.store.bulk_load(id, total as u64)? {
+            for (kg, group) in range.iter().zip(&groups) {
+                encode_sorted(group, &mut entries)?;
+                for (key, value) in &entries {
+                    bulk.add(kg, key, value)?;
+                }
             }
-            // Sorted by key, so a store that appends (an LSM's memtable) sees an ordered run.
-            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            return bulk.finish();
+        }
+        for (kg, group) in range.iter().zip(&groups) {
+            encode_sorted(group, &mut entries)?;
             for (key, value) in &entries {
                 self.store.put(id, kg, key, value)?;
             }
@@ -850,6 +879,23 @@ impl<K: StateKey> KeyedStateBackend<K> for StoreKeyedStateBackend<K> {
         self.restored
             .restore(parts, self.range, self.max_parallelism, type_name::<K>())
     }
+}
+
+/// Encodes one key group's restored entries into `entries`, sorted by key: the order a bulk
+/// load takes, and an ordered run for a store that appends (an LSM's memtable).
+fn encode_sorted<K: StateKey, V: StateValue>(
+    group: &restored::Group<K, V>,
+    entries: &mut Vec<(Vec<u8>, Vec<u8>)>,
+) -> Result<(), StateError> {
+    entries.clear();
+    for (k, v) in group.iter() {
+        let (mut key, mut value) = (Vec::new(), Vec::new());
+        codec::encode_into("state key", k, &mut key)?;
+        codec::encode_into("state value", v, &mut value)?;
+        entries.push((key, value));
+    }
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(())
 }
 
 impl<K: StateKey> StoreKeyedStateBackend<K> {
