@@ -407,7 +407,10 @@ fn a_canonical_savepoint_is_bulk_loaded_one_run_per_state_at_any_key_groups() {
             .stats
             .bulk_loaded_entries
             .load(std::sync::atomic::Ordering::SeqCst);
-        let others = want.keys().filter(|k| kg_key_index(k).is_multiple_of(3)).count();
+        let others = want
+            .keys()
+            .filter(|k| kg_key_index(k).is_multiple_of(3))
+            .count();
         assert_eq!(loads, 2, "one bulk load per state into {range}");
         assert_eq!(loaded as usize, want.len() + others, "{range}");
         // Straight into runs: no memtable was flushed on the way.

@@ -29,9 +29,11 @@ impl<'a> DiskBulkLoad<'a> {
     ) -> Result<Self, StateError> {
         store.refresh()?;
         let (path, identity) = store.shared.new_run_path();
-        // Like the oldest run, which it joins: no bloom filter (a lookup that reaches it reads
-        // a block anyway, and the filter would cost memory per key).
-        let writer = RunWriter::create(&path, &identity, 0)?;
+        // With filters, unlike the oldest run it joins: each restored state is a run of its
+        // own, and keys are laid out by key group first, so a run spans the key range of every
+        // other state; without filters a lookup would read a block from each.
+        let bits = store.shared.options.bloom_bits_per_key;
+        let writer = RunWriter::create(&path, &identity, bits)?;
         Ok(DiskBulkLoad {
             store,
             state,
@@ -107,6 +109,14 @@ impl BulkLoad for DiskBulkLoad<'_> {
         };
         let shared = Arc::clone(&self.store.shared);
         let mut inner = shared.lock();
+        if let Some(e) = &inner.error {
+            // A flush or compaction failed meanwhile: the store is broken, and says so now.
+            let _ = std::fs::remove_file(&self.path);
+            return Err(StateError::Disk {
+                path: shared.dir.path.clone(),
+                reason: format!("a background flush or compaction failed: {e}"),
+            });
+        }
         let old = Arc::clone(&inner.version);
         // The oldest run: nothing else holds this state's keys (it is loaded at registration,
         // before any write to it), and universal compaction expects the largest runs last.

@@ -129,4 +129,6 @@ pub(crate) mod varint {
 }
 
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 mod tests;

@@ -379,6 +379,9 @@ impl Run {
         if footer[50..54] != RUN_END_MAGIC {
             return Err(damaged(path, "no end magic (truncated, or not a run)"));
         }
+        if footer[54..56] != [0, 0] {
+            return Err(damaged(path, "the footer's last two bytes are not zero"));
+        }
         let version = u16::from_le_bytes([footer[48], footer[49]]);
         if version != RUN_VERSION && version != RUN_VERSION_WHOLE_INDEX {
             return Err(damaged(

@@ -68,7 +68,7 @@ pub(super) struct Inner {
     pub(super) version: Arc<Version>,
     pub(super) generation: u64,
     next_run: u64,
-    error: Option<StateError>,
+    pub(super) error: Option<StateError>,
 }
 
 pub(super) struct Shared {
@@ -80,7 +80,7 @@ pub(super) struct Shared {
     name: String,
     /// The key groups the store owns: the clip of the runs it writes.
     pub(super) range: KeyGroupRange,
-    options: DiskOptions,
+    pub(super) options: DiskOptions,
     pub(super) stats: Arc<DiskStats>,
 }
 
