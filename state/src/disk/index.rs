@@ -146,6 +146,7 @@ pub(crate) fn parse_whole(
     };
     let index = Index {
         top_keys: Vec::new(),
+        top_prefixes: vec![0],
         top: vec![PartitionRef {
             key_start: 0,
             key_len: 0,
@@ -171,10 +172,22 @@ struct PartitionRef {
     digest: u64,
 }
 
+/// The first 8 bytes of `key`, zero-padded, big-endian: ordered as the keys are where they
+/// differ (equal prefixes need the whole keys compared).
+fn prefix(key: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = key.len().min(8);
+    b[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(b)
+}
+
 /// A run's index: partitions, each loaded once, when first needed.
 #[derive(Debug)]
 pub(crate) struct Index {
     top_keys: Vec<u8>,
+    /// Each partition's first key's [`prefix`]: what a lookup searches first, in one
+    /// contiguous array (every lookup searches the top index of each run it passes).
+    top_prefixes: Vec<u64>,
     top: Vec<PartitionRef>,
     parts: Vec<OnceLock<Arc<Partition>>>,
     blocks: u64,
@@ -224,9 +237,14 @@ impl Index {
             return Err("bytes after the top-level index".to_string());
         }
         let parts = top.iter().map(|_| OnceLock::new()).collect();
+        let top_prefixes = top
+            .iter()
+            .map(|r| prefix(&top_keys[r.key_start as usize..][..r.key_len as usize]))
+            .collect();
         Ok((
             Index {
                 top_keys,
+                top_prefixes,
                 top,
                 parts,
                 blocks,
@@ -248,12 +266,16 @@ impl Index {
     /// The partition that may hold `key`: the last whose first key is at most `key` (the first
     /// when none is).
     pub(crate) fn partition_for(&self, key: &[u8]) -> usize {
+        let kp = prefix(key);
+        // Below `lo` the first keys are smaller (a smaller prefix), from `hi` larger; between,
+        // the prefixes are equal and the whole keys decide.
+        let lo = self.top_prefixes.partition_point(|&p| p < kp);
+        let hi = lo + self.top_prefixes[lo..].partition_point(|&p| p == kp);
         let keys = &self.top_keys;
-        self.top
-            .partition_point(|r| {
-                &keys[r.key_start as usize..r.key_start as usize + r.key_len as usize] <= key
-            })
-            .saturating_sub(1)
+        let equal = self.top[lo..hi].partition_point(|r| {
+            &keys[r.key_start as usize..r.key_start as usize + r.key_len as usize] <= key
+        });
+        (lo + equal).saturating_sub(1)
     }
 
     /// Partition `p`, read by `read(offset, length)` and checked the first time.

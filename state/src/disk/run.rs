@@ -499,7 +499,7 @@ impl Run {
 
     /// Index partition `p`, loaded and checked the first time. A partition that fails its
     /// check empties the file, as a damaged block does.
-    fn partition(&self, p: usize) -> Result<Arc<Partition>, StateError> {
+    fn partition(&self, p: usize) -> Result<&Arc<Partition>, StateError> {
         let mut failed_read = None;
         let part = self.index.partition(p, |offset, len| {
             let mut buf = vec![0u8; len];
@@ -511,7 +511,7 @@ impl Run {
             Ok(buf)
         });
         match part {
-            Ok(part) => Ok(Arc::clone(part)),
+            Ok(part) => Ok(part),
             Err(_) if failed_read.is_some() => {
                 Err(io(&self.path, failed_read.expect("checked above")))
             }
@@ -570,7 +570,7 @@ impl Run {
         let Some(b) = part.block_for(key) else {
             return Ok(None);
         };
-        let end = self.read_block(&part, b, block)?;
+        let end = self.read_block(part, b, block)?;
         let entries = &block[..end];
         let mut at = restart_for(block, end, key).map_err(|e| damaged(&self.path, e))?;
         while at < end {
@@ -687,7 +687,7 @@ impl<'r> RunCursor<'r> {
         let part = if empty {
             Arc::default()
         } else {
-            run.partition(part_no)?
+            Arc::clone(run.partition(part_no)?)
         };
         let mut c = RunCursor {
             run,
@@ -751,7 +751,7 @@ impl<'r> RunCursor<'r> {
                     self.valid = false;
                     return Ok(());
                 }
-                self.part = self.run.partition(self.part_no)?;
+                self.part = Arc::clone(self.run.partition(self.part_no)?);
                 self.block = 0;
             }
             self.data_end = self.run.read_block(&self.part, self.block, &mut self.buf)?;

@@ -69,6 +69,10 @@ pub(super) struct Inner {
     pub(super) generation: u64,
     next_run: u64,
     pub(super) error: Option<StateError>,
+    /// Versions the task thread let go of last, for the flush thread to drop: dropping one may
+    /// free a memtable or delete an obsolete run's file, which the task thread must not wait
+    /// for (a snapshot's synchronous part, a record's state access).
+    retired: Vec<Arc<Version>>,
 }
 
 pub(super) struct Shared {
@@ -89,9 +93,13 @@ impl Shared {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Installs `version` and wakes every waiter.
+    /// Installs `version` and wakes every waiter. The version it replaces, if no one else
+    /// holds it, goes to the flush thread to be dropped outside the lock.
     pub(super) fn publish(&self, inner: &mut Inner, version: Version) {
-        inner.version = Arc::new(version);
+        let old = std::mem::replace(&mut inner.version, Arc::new(version));
+        if Arc::strong_count(&old) == 1 {
+            inner.retired.push(old);
+        }
         inner.generation += 1;
         self.generation.store(inner.generation, Ordering::Release);
         self.changed.notify_all();
@@ -163,23 +171,30 @@ impl Shared {
     }
 }
 
-/// Turns the oldest full memtable into a run, one after another, until the store stops.
+/// Turns the oldest full memtable into a run, one after another, until the store stops; drops
+/// the versions the task thread retired.
 fn flush_loop(shared: &Shared) {
     loop {
-        let memtable = {
+        let memtable = loop {
             let mut inner = shared.lock();
-            loop {
-                if shared.stop.load(Ordering::Acquire) {
-                    return;
-                }
-                if let Some(m) = inner.version.immutables.last() {
-                    break Arc::clone(m);
-                }
-                inner = shared
+            let retired = std::mem::take(&mut inner.retired);
+            if !retired.is_empty() {
+                drop(inner);
+                drop(retired);
+                continue;
+            }
+            if shared.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if let Some(m) = inner.version.immutables.last() {
+                break Arc::clone(m);
+            }
+            drop(
+                shared
                     .changed
                     .wait(inner)
-                    .unwrap_or_else(|p| p.into_inner());
-            }
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
         };
         let layers = Layers {
             active: None,
@@ -206,6 +221,9 @@ fn flush_loop(shared: &Shared) {
                     .collect();
                 let runs = run.into_iter().chain(old.runs.iter().cloned()).collect();
                 shared.publish(&mut inner, Version { immutables, runs });
+                // Unlocked first: the last hold of a version may free a memtable.
+                drop(inner);
+                drop(old);
             }
             Err(e) => {
                 shared.fail(e);
@@ -295,6 +313,8 @@ fn compaction_loop(shared: &Shared) {
                         runs,
                     },
                 );
+                drop(inner);
+                drop(old);
             }
             Err(e) => {
                 shared.fail(e);
@@ -351,6 +371,7 @@ impl DiskKeyedStore {
                 generation: 0,
                 next_run: 0,
                 error: None,
+                retired: Vec::new(),
             }),
             changed: Condvar::new(),
             generation: AtomicU64::new(0),
@@ -443,19 +464,30 @@ impl DiskKeyedStore {
         self.refresh()
     }
 
+    /// Moves to the version `inner` holds; the one it leaves, if no one else holds it, goes to
+    /// the flush thread to be dropped there.
+    pub(super) fn take_version(&mut self, inner: &mut Inner) {
+        let old = std::mem::replace(&mut self.version, Arc::clone(&inner.version));
+        if Arc::strong_count(&old) == 1 {
+            inner.retired.push(old);
+            self.shared.changed.notify_all();
+        }
+    }
+
     /// Takes the newest version the threads published, or their error.
     pub(super) fn refresh(&mut self) -> Result<(), StateError> {
         if self.shared.generation.load(Ordering::Acquire) == self.seen {
             return Ok(());
         }
-        let inner = self.shared.lock();
+        let shared = Arc::clone(&self.shared);
+        let mut inner = shared.lock();
         if let Some(e) = &inner.error {
             return Err(StateError::Disk {
-                path: self.shared.dir.path.clone(),
+                path: shared.dir.path.clone(),
                 reason: format!("a background flush or compaction failed: {e}"),
             });
         }
-        self.version = Arc::clone(&inner.version);
+        self.take_version(&mut inner);
         self.seen = inner.generation;
         Ok(())
     }
@@ -502,7 +534,7 @@ impl DiskKeyedStore {
                 runs: old.runs.clone(),
             },
         );
-        self.version = Arc::clone(&inner.version);
+        self.take_version(&mut inner);
         self.seen = inner.generation;
         Ok(())
     }
@@ -708,7 +740,7 @@ impl KeyedStore for DiskKeyedStore {
                 runs,
             },
         );
-        self.version = Arc::clone(&inner.version);
+        self.take_version(&mut inner);
         self.seen = inner.generation;
         Ok(())
     }
