@@ -9,6 +9,7 @@ use crate::deploy::{
     EnumeratorFactory, NodeFactory, OperatorContext, OperatorFactory, SourceFactory, TypedNode,
 };
 use crate::error::JobError;
+use crate::file_sink::FileSink;
 use crate::job::JobClient;
 use crate::keyed::{
     KeyFn, KeyedBase, KeyedProcessFunction, ProcessOperator, ReduceOperator, SumOperator,
@@ -19,8 +20,7 @@ use crate::ops::{FilterOperator, FlatMapOperator, MapOperator};
 use crate::restart::RestartStrategy;
 use crate::sink::SharedResult;
 use crate::sink::{
-    CollectHandle, FileCommitter, LatestHandle, LatestPerKeySink, PrintSink, Printable,
-    TwoPhaseCommitSink,
+    CollectHandle, LatestHandle, LatestPerKeySink, PrintSink, Printable, TwoPhaseCommitSink,
 };
 use crate::source::{IndexSplitEnumerator, IndexedSource, SourceFunction, SplitEnumerator};
 use crate::spec::{JobResult, JobSpec};
@@ -704,16 +704,17 @@ impl<T: Data> DataStream<T> {
         handle
     }
 
-    /// Writes records as lines into part files under `dir`, exactly once: each checkpoint's
-    /// records become one file when the checkpoint completes.
+    /// Writes records as lines into part files under `dir`, exactly once (Flink's `FileSink`,
+    /// rolling on every checkpoint): records stream into a hidden in-progress file, and each
+    /// checkpoint's part becomes `part-<subtask>-<checkpoint>` when the checkpoint completes.
     pub fn write_to_files(self, dir: impl Into<PathBuf>) -> DataStream<()>
     where
         T: Printable + Sync,
     {
-        let committer = Arc::new(FileCommitter::new(dir.into()));
+        let dir = dir.into();
         self.transform("File Sink", move |ctx, next| {
             Box::new(Chained::new(
-                TwoPhaseCommitSink::new(ctx.operator_id, &ctx.info, committer.clone()),
+                FileSink::new(ctx.operator_id, ctx.info.index, dir.clone()),
                 next,
             ))
         })

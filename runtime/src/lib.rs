@@ -33,6 +33,7 @@ pub mod config;
 pub(crate) mod deploy;
 pub mod env;
 pub mod error;
+mod file_sink;
 pub(crate) mod gateway;
 pub mod gc;
 pub(crate) mod host;

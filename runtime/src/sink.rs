@@ -1,5 +1,6 @@
-//! Sinks: print (Flink's `subtask> record`), exactly-once two-phase-commit sinks (collect, for
-//! tests, and files), and the latest-value-per-key sink that keeps final totals.
+//! Sinks: print (Flink's `subtask> record`), the exactly-once two-phase-commit sink (collect,
+//! for tests; part files are `file_sink`'s), and the latest-value-per-key sink that keeps final
+//! totals.
 //!
 //! The two-phase-commit sink is Flink's `TwoPhaseCommitSinkFunction`: records since the last
 //! checkpoint form the open transaction; a snapshot pre-commits it into operator state; the
