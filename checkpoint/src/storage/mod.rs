@@ -281,20 +281,26 @@ pub(crate) async fn concat_local(
     len: u64,
 ) -> Result<Bytes, CheckpointError> {
     let local = path.to_path_buf();
-    let read = tokio::task::spawn_blocking(move || std::fs::read(&local))
-        .await
-        .map_err(|e| local_file_error(path, e.to_string()))?
-        .map_err(|e| local_file_error(path, e.to_string()))?;
-    if read.len() as u64 != len {
+    // Read behind the head, in one buffer: no second copy of the file.
+    let bytes = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let hint = usize::try_from(len.min(64 << 20)).unwrap_or(0);
+        let mut bytes = Vec::with_capacity(head.len() + hint + 1);
+        bytes.extend_from_slice(&head);
+        std::fs::File::open(&local)?.read_to_end(&mut bytes)?;
+        Ok::<_, std::io::Error>((bytes, head.len()))
+    })
+    .await
+    .map_err(|e| local_file_error(path, e.to_string()))?
+    .map_err(|e| local_file_error(path, e.to_string()))?;
+    let read = (bytes.0.len() - bytes.1) as u64;
+    if read != len {
         return Err(local_file_error(
             path,
-            format!("{} bytes, and {len} were expected", read.len()),
+            format!("{read} bytes, and {len} were expected"),
         ));
     }
-    let mut bytes = Vec::with_capacity(head.len() + read.len());
-    bytes.extend_from_slice(&head);
-    bytes.extend_from_slice(&read);
-    Ok(Bytes::from(bytes))
+    Ok(Bytes::from(bytes.0))
 }
 
 /// The error for a local file that cannot be uploaded.

@@ -503,8 +503,8 @@ impl CheckpointStorage for OpendalCheckpointStorage {
     ) -> Result<StreamStateHandle, CheckpointError> {
         validate_state_name(name)?;
         let total = head.len() as u64 + len;
-        if total <= self.inline_threshold as u64 || total <= MULTIPART_CHUNK as u64 {
-            // Small: one write, as `write_shared_state` does (inline below the threshold).
+        if total <= self.inline_threshold as u64 {
+            // Inline in `_metadata`, as `write_shared_state` keeps it.
             let bytes = super::concat_local(head, path, len).await?;
             return self.write_shared_state(location, name, bytes).await;
         }
@@ -514,7 +514,10 @@ impl CheckpointStorage for OpendalCheckpointStorage {
         // On a local file system (which opendal also gives concurrent positioned writes) the
         // pieces go to the file one after another, so an upload holds one piece: 8 MiB parts,
         // 4 at once, held ~78 MB over a 20M-key disk-backend run's two uploading subtasks
-        // (heaptrack, 2026-12-03). Object stores keep their multipart parts.
+        // (heaptrack, 2026-12-03). Object stores keep their multipart parts (a file smaller
+        // than one is one request when it closes). Every file above the inline threshold comes
+        // this way: reading a run below 8 MiB whole, and copying it behind its frame, held
+        // ~33 MB of a 50M-key run's heap.
         let multipart =
             self.op.info().capability().write_can_multi && self.op.info().scheme() != "fs";
         let mut writer = if multipart {
