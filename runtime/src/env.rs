@@ -279,6 +279,26 @@ impl StreamEnvironment {
         DataStream::new(self.clone(), node)
     }
 
+    /// A source whose splits a [`SplitEnumerator`] hands out (Flink's `fromSource` with a
+    /// `Source` that has its own enumerator): `readers` builds the reader of each subtask, and
+    /// `enumerator` builds, in the job master, the enumerator for the source's parallelism. The
+    /// enumerator's state is checkpointed with the job; readers ask it for splits by returning
+    /// [`SourceStatus::NeedSplits`](crate::source::SourceStatus::NeedSplits).
+    pub fn add_source_with_enumerator<T: Data>(
+        &self,
+        name: &str,
+        readers: impl Fn(&SubtaskInfo) -> Box<dyn SourceFunction<T>> + Send + Sync + 'static,
+        enumerator: impl Fn(u32) -> Box<dyn SplitEnumerator> + Send + Sync + 'static,
+    ) -> DataStream<T> {
+        let stream = self.add_source(name, readers);
+        let enumerator: EnumeratorFactory = Arc::new(enumerator);
+        self.inner
+            .borrow_mut()
+            .enumerators
+            .insert(stream.node, enumerator);
+        stream
+    }
+
     /// A replayable source of `count` records (`None`: unbounded) where record `i` is `make(i)`;
     /// the counterpart of Flink's `DataGeneratorSource`.
     pub fn from_generator<T: Data>(
@@ -471,6 +491,12 @@ impl<T: Data> DataStream<T> {
     /// The StreamGraph node that produces this stream.
     pub fn node_id(&self) -> NodeId {
         self.node
+    }
+
+    /// The environment the stream belongs to (a connector reads the job's configuration, such
+    /// as the checkpoint interval, from it).
+    pub fn environment(&self) -> &StreamEnvironment {
+        &self.env
     }
 
     /// Adds a one-input operator built per subtask by `factory`.

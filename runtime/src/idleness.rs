@@ -51,6 +51,21 @@ impl<T: Send + 'static> SourceFunction<T> for WithIdleness<T> {
         self.inner.snapshot_state(state)
     }
 
+    fn snapshot_checkpoint(
+        &mut self,
+        checkpoint: weir_core::ids::CheckpointId,
+        state: &mut OperatorStateBackend,
+    ) -> Result<(), TaskError> {
+        self.inner.snapshot_checkpoint(checkpoint, state)
+    }
+
+    fn notify_checkpoint_complete(
+        &mut self,
+        checkpoint: weir_core::ids::CheckpointId,
+    ) -> Result<(), TaskError> {
+        self.inner.notify_checkpoint_complete(checkpoint)
+    }
+
     fn add_splits(&mut self, splits: Vec<Vec<u8>>) -> Result<(), TaskError> {
         self.inner.add_splits(splits)
     }

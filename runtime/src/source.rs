@@ -45,6 +45,27 @@ pub trait SourceFunction<T>: Send + 'static {
     /// Records the position in operator state (the synchronous part of a snapshot).
     fn snapshot_state(&mut self, state: &mut OperatorStateBackend) -> Result<(), TaskError>;
 
+    /// [`snapshot_state`](Self::snapshot_state) for checkpoint `checkpoint`, for a source that
+    /// remembers which position each checkpoint recorded (to report it when the checkpoint
+    /// completes). The driver calls this one.
+    fn snapshot_checkpoint(
+        &mut self,
+        _checkpoint: weir_core::ids::CheckpointId,
+        state: &mut OperatorStateBackend,
+    ) -> Result<(), TaskError> {
+        self.snapshot_state(state)
+    }
+
+    /// A checkpoint this source took part in completed (Flink's `notifyCheckpointComplete`):
+    /// a source may now tell its system the position that checkpoint recorded (a Kafka source
+    /// commits its offsets, for monitoring). Never needed for exactly-once.
+    fn notify_checkpoint_complete(
+        &mut self,
+        _checkpoint: weir_core::ids::CheckpointId,
+    ) -> Result<(), TaskError> {
+        Ok(())
+    }
+
     /// Splits the source's enumerator assigned to this subtask, as the enumerator encoded them.
     fn add_splits(&mut self, _splits: Vec<Vec<u8>>) -> Result<(), TaskError> {
         Ok(())
@@ -480,13 +501,14 @@ impl<T: Send + 'static> SourceDriver<T> {
                     ctx.restore_operator_state(self.operator_id, &mut self.state)?;
                 self.source.open(&self.info, &mut self.state)?;
             }
-            Lifecycle::Snapshot(_, _, parts) => {
-                self.source.snapshot_state(&mut self.state)?;
+            Lifecycle::Snapshot(id, _, parts) => {
+                self.source.snapshot_checkpoint(*id, &mut self.state)?;
                 parts.push(OperatorSnapshotParts::operator_state(
                     self.operator_id,
                     &self.state,
                 ));
             }
+            Lifecycle::NotifyComplete(id) => self.source.notify_checkpoint_complete(*id)?,
             _ => {}
         }
         self.next.lifecycle(event)

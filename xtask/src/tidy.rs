@@ -18,6 +18,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["weir-core", "weir-state", "weir-checkpoint", "weir-network"],
     ),
     ("weir-examples", &["weir-runtime", "weir-core"]),
+    // The Kafka connectors: a user of the public API (a source with a split enumerator, a sink
+    // with operator state); its example reuses the word count's generator.
+    (
+        "weir-kafka",
+        &["weir-runtime", "weir-core", "weir-state", "weir-examples"],
+    ),
     // The Nexmark benchmark: a user of the public API, like the examples.
     ("weir-nexmark", &["weir-runtime", "weir-core"]),
     // Plugs its own keyed store, checkpoint storage and transport into jobs, and runs each

@@ -1,0 +1,526 @@
+//! The Kafka sink (Flink's `KafkaSink`), at-least-once or exactly-once.
+//!
+//! **At-least-once** produces each record as it arrives (an idempotent producer) and, at each
+//! checkpoint's barrier, waits until every record is acknowledged: a checkpoint never completes
+//! with a record not in Kafka, and a restore may write some records again.
+//!
+//! **Exactly-once** commits one Kafka transaction per subtask per checkpoint, when the
+//! checkpoint completes. librdkafka cannot resume a transaction that another producer began
+//! (Flink's `KafkaSink` does it with reflection into the Java client), so a pre-committed
+//! transaction cannot outlive a failure. The sink therefore keeps a checkpoint interval's records
+//! in its checkpoint instead of in an open transaction (Flink's write-ahead sink): at the barrier
+//! the records since the last checkpoint become a *pending batch* in operator state; when the
+//! checkpoint completes, a committer thread produces the batch in a transaction under the
+//! transactional id `<prefix>-<subtask>-of-<parallelism>` and commits it together with a marker
+//! (see `committer`). After a restore, the committer fences the id (aborting whatever an earlier
+//! producer left open, the lingering transactions), then commits the restored pending batches
+//! the marker does not show as committed. A `read_committed` consumer sees every record once.
+//!
+//! Records become visible when their checkpoint completes, as with Flink's exactly-once sink.
+//! Each transaction lasts as long as producing one batch; `transaction.timeout.ms` must exceed
+//! the checkpoint interval (checked when the sink is added), since a batch holds an interval's
+//! records.
+
+mod batch;
+mod committer;
+
+use crate::client::Connection;
+use batch::{FINAL, OpenBatch, PendingBatch};
+pub use committer::await_commits;
+use committer::{Committer, CommitterConfig};
+use rdkafka::ClientContext;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use weir_core::handle::OperatorStateMode;
+use weir_core::ids::{CheckpointId, OperatorId};
+use weir_runtime::operator::{
+    Chained, Lifecycle, OneInputOperator, OpResult, OperatorSnapshotParts, Output, RestoreContext,
+};
+use weir_runtime::{DataStream, TaskError};
+use weir_state::{OperatorListState, OperatorStateBackend};
+
+/// What the sink promises (Flink's `DeliveryGuarantee`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeliveryGuarantee {
+    /// Every record at least once: flushed at each checkpoint.
+    AtLeastOnce,
+    /// Every record exactly once for `read_committed` consumers: one transaction per subtask
+    /// per checkpoint. The prefix must be unique to the job: two jobs with the same prefix fence
+    /// each other's transactions.
+    ExactlyOnce {
+        /// The prefix of the sink's transactional ids.
+        transactional_id_prefix: String,
+    },
+}
+
+/// Writes a record's key (left empty for none) and value into the buffers.
+pub type Serializer<T> = Arc<dyn Fn(&T, &mut Vec<u8>, &mut Vec<u8>) + Send + Sync>;
+
+/// Counters a sink shares with the job's client.
+#[derive(Debug, Default)]
+pub struct SinkMetrics {
+    /// Records the sink took in (Flink's `numRecordsOut` of a sink).
+    pub records_in: AtomicU64,
+    /// Transactions committed.
+    pub transactions_committed: AtomicU64,
+    /// Restored batches found already committed (by their marker), so not written again.
+    pub batches_found_committed: AtomicU64,
+}
+
+/// The Kafka sink; [`sink`](Self::sink) adds it to a stream.
+pub struct KafkaSink<T> {
+    connection: Connection,
+    topic: String,
+    guarantee: DeliveryGuarantee,
+    serializer: Serializer<T>,
+    transaction_timeout: Duration,
+    marker_in_transaction: bool,
+    metrics: Arc<SinkMetrics>,
+}
+
+/// The operator state of the pending batches: one element per subtask.
+const PENDING: &str = "kafka-sink-pending-transactions";
+
+/// One subtask's pending batches, as a checkpoint holds them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct PendingTransactions {
+    transactional_id: String,
+    /// Tells this sink's markers from those an earlier job with the same id left.
+    lineage: u64,
+    batches: Vec<PendingBatch>,
+}
+
+impl<T: weir_runtime::Data> KafkaSink<T> {
+    /// A sink into `topic` that turns each record into a key and value with `serializer`;
+    /// at-least-once, with a 15-minute transaction timeout for exactly-once.
+    pub fn new(
+        connection: Connection,
+        topic: impl Into<String>,
+        serializer: impl Fn(&T, &mut Vec<u8>, &mut Vec<u8>) + Send + Sync + 'static,
+    ) -> Self {
+        KafkaSink {
+            connection,
+            topic: topic.into(),
+            guarantee: DeliveryGuarantee::AtLeastOnce,
+            serializer: Arc::new(serializer),
+            transaction_timeout: Duration::from_secs(15 * 60),
+            marker_in_transaction: true,
+            metrics: Arc::default(),
+        }
+    }
+
+    /// The delivery guarantee.
+    pub fn delivery_guarantee(mut self, guarantee: DeliveryGuarantee) -> Self {
+        self.guarantee = guarantee;
+        self
+    }
+
+    /// `transaction.timeout.ms` of the exactly-once producers: at most the broker's
+    /// `transaction.max.timeout.ms` (15 min by default), and more than the checkpoint interval.
+    pub fn transaction_timeout(mut self, timeout: Duration) -> Self {
+        self.transaction_timeout = timeout;
+        self
+    }
+
+    /// Whether each transaction commits its marker itself (`send_offsets_to_transaction`,
+    /// the default): only then is "the batch is committed" atomic with the marker on a broker.
+    /// The marker is also committed outside the transaction, after it; without this, a process
+    /// that dies between the two commits its batch again after the restore. librdkafka's mock
+    /// cluster keeps no offsets sent to a transaction, and with a broker of it down,
+    /// `send_offsets_to_transaction` can wait forever (librdkafka 2.12): tests of broker
+    /// failures on the mock turn it off.
+    pub fn marker_in_transaction(mut self, on: bool) -> Self {
+        self.marker_in_transaction = on;
+        self
+    }
+
+    /// The sink's counters.
+    pub fn metrics(&self) -> Arc<SinkMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Adds the sink after `stream`. Fails, naming the problem, when the cluster does not answer
+    /// within the request timeout, the topic does not exist, or the transaction timeout is not
+    /// longer than the job's checkpoint interval.
+    pub fn sink(self, stream: DataStream<T>) -> Result<DataStream<()>, String> {
+        let interval = stream.environment().checkpoint_config().interval;
+        if let (
+            DeliveryGuarantee::ExactlyOnce {
+                transactional_id_prefix,
+            },
+            Some(interval),
+        ) = (&self.guarantee, interval)
+        {
+            if self.transaction_timeout <= interval {
+                return Err(format!(
+                    "the Kafka transaction timeout ({:?}) must be longer than the checkpoint \
+                     interval ({interval:?}): each transaction writes one interval's records",
+                    self.transaction_timeout
+                ));
+            }
+            if transactional_id_prefix.is_empty() {
+                return Err(
+                    "the transactional id prefix of an exactly-once Kafka sink is empty".into(),
+                );
+            }
+        }
+        self.connection
+            .partitions(std::slice::from_ref(&self.topic))?;
+        let shared = Arc::new(self);
+        Ok(stream.transform("Kafka Sink", move |ctx, next| {
+            let writer = KafkaWriter::new(
+                shared.clone(),
+                ctx.operator_id,
+                ctx.info.index,
+                ctx.info.parallelism,
+            );
+            Box::new(Chained::new(writer, next))
+        }))
+    }
+}
+
+/// Delivery failures of the at-least-once producer.
+#[derive(Clone, Default)]
+struct DeliveryErrors {
+    first: Arc<Mutex<Option<String>>>,
+}
+
+impl ClientContext for DeliveryErrors {}
+
+impl ProducerContext for DeliveryErrors {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.first
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| e.to_string());
+        }
+    }
+}
+
+/// How a subtask writes.
+enum Mode {
+    /// Not open yet.
+    Closed,
+    AtLeastOnce {
+        producer: BaseProducer<DeliveryErrors>,
+        errors: DeliveryErrors,
+    },
+    ExactlyOnce(Box<Transactional>),
+}
+
+/// The exactly-once state of a subtask.
+struct Transactional {
+    transactional_id: String,
+    lineage: u64,
+    open: OpenBatch,
+    /// Sealed batches not known to be committed, in checkpoint order; the flag says whether the
+    /// committer has them.
+    sealed: Vec<(Arc<PendingBatch>, bool)>,
+    committer: Option<Committer>,
+    list: OperatorListState<PendingTransactions>,
+}
+
+/// One subtask of the sink.
+struct KafkaWriter<T> {
+    sink: Arc<KafkaSink<T>>,
+    operator_id: OperatorId,
+    subtask: u32,
+    parallelism: u32,
+    state: OperatorStateBackend,
+    mode: Mode,
+    key: Vec<u8>,
+    value: Vec<u8>,
+}
+
+fn sink_error(message: String) -> TaskError {
+    TaskError::Operator {
+        operator: "Kafka sink".into(),
+        message,
+    }
+}
+
+impl<T: weir_runtime::Data> KafkaWriter<T> {
+    fn new(
+        sink: Arc<KafkaSink<T>>,
+        operator_id: OperatorId,
+        subtask: u32,
+        parallelism: u32,
+    ) -> Self {
+        KafkaWriter {
+            sink,
+            operator_id,
+            subtask,
+            parallelism,
+            state: OperatorStateBackend::new(),
+            mode: Mode::Closed,
+            key: Vec::new(),
+            value: Vec::new(),
+        }
+    }
+
+    fn committer_config(&self, transactional_id: String, lineage: u64) -> CommitterConfig {
+        CommitterConfig {
+            connection: self.sink.connection.clone(),
+            topic: self.sink.topic.clone(),
+            transactional_id,
+            lineage,
+            transaction_timeout: self.sink.transaction_timeout,
+            marker_in_transaction: self.sink.marker_in_transaction,
+            metrics: self.sink.metrics.clone(),
+        }
+    }
+
+    fn open(&mut self, ctx: &mut RestoreContext) -> OpResult {
+        ctx.restore_operator_state(self.operator_id, &mut self.state)?;
+        let list = self
+            .state
+            .list_state::<PendingTransactions>(PENDING, OperatorStateMode::SplitDistribute)?;
+        let restored = self.state.get(&list)?;
+        let prefix = match &self.sink.guarantee {
+            DeliveryGuarantee::AtLeastOnce => {
+                let errors = DeliveryErrors::default();
+                let producer = self
+                    .sink
+                    .connection
+                    .config(&[("enable.idempotence", "true"), ("linger.ms", "5")])
+                    .create_with_context(errors.clone())
+                    .map_err(|e| sink_error(format!("cannot create the Kafka producer: {e}")))?;
+                self.mode = Mode::AtLeastOnce { producer, errors };
+                return Ok(());
+            }
+            DeliveryGuarantee::ExactlyOnce {
+                transactional_id_prefix,
+            } => transactional_id_prefix.clone(),
+        };
+        let own_id = format!("{prefix}-{}-of-{}", self.subtask, self.parallelism);
+        let mut own = None;
+        for pending in restored {
+            for b in &pending.batches {
+                b.check().map_err(sink_error)?;
+            }
+            if pending.transactional_id == own_id {
+                own = Some(pending);
+            } else {
+                // Another subtask's id (a restore at another parallelism): commit what it left,
+                // under its id, before anything else is written.
+                let committer = Committer::start(
+                    self.committer_config(pending.transactional_id.clone(), pending.lineage),
+                )
+                .map_err(sink_error)?;
+                for b in pending.batches {
+                    committer.commit(Arc::new(b)).map_err(sink_error)?;
+                }
+                committer.finish().map_err(sink_error)?;
+            }
+        }
+        let lineage = own.as_ref().map_or_else(new_lineage, |p| p.lineage);
+        let committer =
+            Committer::start(self.committer_config(own_id.clone(), lineage)).map_err(sink_error)?;
+        // Every restored batch belongs to a completed checkpoint: commit them all now.
+        let mut sealed = Vec::new();
+        for b in own.map(|p| p.batches).unwrap_or_default() {
+            let b = Arc::new(b);
+            committer.commit(b.clone()).map_err(sink_error)?;
+            sealed.push((b, true));
+        }
+        self.mode = Mode::ExactlyOnce(Box::new(Transactional {
+            transactional_id: own_id,
+            lineage,
+            open: OpenBatch::default(),
+            sealed,
+            committer: Some(committer),
+            list,
+        }));
+        Ok(())
+    }
+
+    fn write(&mut self, record: &T) -> OpResult {
+        self.key.clear();
+        self.value.clear();
+        (self.sink.serializer)(record, &mut self.key, &mut self.value);
+        let key = (!self.key.is_empty()).then_some(&self.key[..]);
+        match &mut self.mode {
+            Mode::Closed => Err(sink_error("the Kafka sink is not open".into())),
+            Mode::ExactlyOnce(t) => {
+                t.open.push(key, &self.value);
+                Ok(())
+            }
+            Mode::AtLeastOnce { producer, .. } => {
+                let mut r = BaseRecord::to(&self.sink.topic).payload(&self.value[..]);
+                if let Some(k) = key {
+                    r = r.key(k);
+                }
+                loop {
+                    match producer.send(r) {
+                        Ok(()) => return Ok(()),
+                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                            r = back;
+                            producer.poll(Duration::from_millis(1));
+                        }
+                        Err((e, _)) => {
+                            return Err(sink_error(format!(
+                                "cannot produce to Kafka topic '{}': {e}",
+                                self.sink.topic
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The committer's failure, or the at-least-once producer's first failed delivery.
+    fn check(&self) -> OpResult {
+        let failed = match &self.mode {
+            Mode::ExactlyOnce(t) => t.committer.as_ref().and_then(|c| c.shared.error()),
+            Mode::AtLeastOnce { errors, .. } => errors
+                .first
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .map(|e| {
+                    format!(
+                        "a record was not delivered to Kafka topic '{}': {e}",
+                        self.sink.topic
+                    )
+                }),
+            Mode::Closed => None,
+        };
+        failed.map_or(Ok(()), |e| Err(sink_error(e)))
+    }
+
+    /// At-least-once: waits until every record produced is acknowledged.
+    fn flush(&self) -> OpResult {
+        if let Mode::AtLeastOnce { producer, .. } = &self.mode {
+            producer
+                .flush(self.sink.connection.request_timeout)
+                .map_err(|e| {
+                    sink_error(format!(
+                        "cannot flush the records for Kafka topic '{}' within {:?}: {e}",
+                        self.sink.topic, self.sink.connection.request_timeout
+                    ))
+                })?;
+        }
+        self.check()
+    }
+
+    /// Seals the open batch as `checkpoint`'s and records the pending batches in operator state.
+    fn seal(&mut self, checkpoint: u64) -> OpResult {
+        let Mode::ExactlyOnce(t) = &mut self.mode else {
+            return Ok(());
+        };
+        if let Some(b) = t.open.seal(checkpoint) {
+            t.sealed.push((Arc::new(b), false));
+        }
+        if let Some(c) = &t.committer {
+            t.sealed
+                .retain(|(b, _)| !c.shared.is_committed(b.checkpoint));
+        }
+        let pending = PendingTransactions {
+            transactional_id: t.transactional_id.clone(),
+            lineage: t.lineage,
+            batches: t.sealed.iter().map(|(b, _)| b.as_ref().clone()).collect(),
+        };
+        self.state.update(&t.list, &[pending])?;
+        Ok(())
+    }
+
+    /// Hands the committer every sealed batch up to `checkpoint`.
+    fn commit_up_to(&mut self, checkpoint: u64) -> OpResult {
+        let Mode::ExactlyOnce(t) = &mut self.mode else {
+            return Ok(());
+        };
+        let Some(c) = &t.committer else {
+            return Ok(());
+        };
+        for (b, handed) in t.sealed.iter_mut() {
+            if !*handed && b.checkpoint <= checkpoint {
+                c.commit(b.clone()).map_err(sink_error)?;
+                *handed = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// At the job's end: commits everything and waits for it.
+    fn finish(&mut self) -> OpResult {
+        self.commit_up_to(FINAL)?;
+        if let Mode::ExactlyOnce(t) = &mut self.mode
+            && let Some(c) = t.committer.take()
+        {
+            c.finish().map_err(sink_error)?;
+        }
+        self.flush()
+    }
+}
+
+/// A lineage no earlier run of a sink chose: the time, the process and a counter, mixed.
+fn new_lineage() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    weir_core::splitmix::splitmix64(
+        nanos ^ (u64::from(std::process::id()) << 32) ^ n.rotate_left(17),
+    )
+}
+
+impl<T: weir_runtime::Data> OneInputOperator<T> for KafkaWriter<T> {
+    type Out = ();
+
+    fn process(&mut self, record: T, _out: &mut dyn Output<()>) -> OpResult {
+        self.sink.metrics.records_in.fetch_add(1, Ordering::Relaxed);
+        self.write(&record)
+    }
+
+    fn process_batch(&mut self, batch: Vec<T>, _out: &mut dyn Output<()>) -> OpResult {
+        self.check()?;
+        self.sink
+            .metrics
+            .records_in
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        for record in &batch {
+            self.write(record)?;
+        }
+        if let Mode::AtLeastOnce { producer, .. } = &self.mode {
+            producer.poll(Duration::ZERO);
+        }
+        Ok(())
+    }
+
+    fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<()>) -> OpResult {
+        match event {
+            Lifecycle::Open(ctx) => self.open(ctx)?,
+            Lifecycle::Snapshot(CheckpointId(id), _, parts) => {
+                self.flush()?;
+                self.seal(*id)?;
+                parts.push(OperatorSnapshotParts::operator_state(
+                    self.operator_id,
+                    &self.state,
+                ));
+            }
+            Lifecycle::NotifyComplete(CheckpointId(id)) => {
+                self.check()?;
+                self.commit_up_to(*id)?;
+            }
+            // The last records wait for the whole job: if another subtask fails first, this
+            // one is restored and writes them again, and they must not be committed twice.
+            Lifecycle::EndInput => {
+                self.flush()?;
+                self.seal(FINAL)?;
+            }
+            Lifecycle::JobFinished => self.finish()?,
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,292 @@
+//! The word count from a topic to a topic (`kafka_word_count`), as a library so that the binary,
+//! the tests and the benchmark build the same job: filling the input topic, the job itself, and
+//! what a `read_committed` consumer of the output sees, checked against independently computed
+//! counts.
+
+use crate::{
+    Connection, DeliveryGuarantee, KafkaRecord, KafkaSink, KafkaSource, ParseErrorPolicy,
+    SinkMetrics, SourceMetrics,
+};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weir_examples::{FailureInjector, Word};
+use weir_runtime::{RestartStrategy, StreamEnvironment, ToCompactString};
+
+/// The job's options.
+#[derive(Clone, Debug)]
+pub struct KafkaWordCount {
+    /// The cluster.
+    pub connection: Connection,
+    /// The topic the numbers are read from.
+    pub input: String,
+    /// The topic the running totals go to.
+    pub output: String,
+    /// Parallelism of every operator.
+    pub parallelism: u32,
+    /// Checkpoint interval; `None`: off.
+    pub checkpoint_interval: Option<Duration>,
+    /// Where checkpoints go.
+    pub checkpoint_dir: PathBuf,
+    /// Start from this checkpoint or checkpoint root.
+    pub from: Option<PathBuf>,
+    /// Injected failures: the tokenizer fails once when its subtasks saw this many records.
+    pub fail_after: Vec<u64>,
+    /// The sink's guarantee.
+    pub guarantee: DeliveryGuarantee,
+    /// Read to the input's end as it is at the start, then end; otherwise run until stopped.
+    pub bounded: bool,
+    /// What happens to an input record that is not a number.
+    pub on_parse_error: ParseErrorPolicy,
+    /// The sink's transaction timeout.
+    pub transaction_timeout: Duration,
+    /// Whether the sink commits its marker inside each transaction
+    /// ([`KafkaSink::marker_in_transaction`]).
+    pub marker_in_transaction: bool,
+}
+
+/// The job and its counters.
+pub struct Built {
+    /// The job, ready to execute.
+    pub env: StreamEnvironment,
+    /// The source's counters.
+    pub source: Arc<SourceMetrics>,
+    /// The sink's counters.
+    pub sink: Arc<SinkMetrics>,
+}
+
+/// Builds the job: numbers → words → running count per word → the output topic, keyed by word.
+pub fn build(opts: &KafkaWordCount) -> Result<Built, String> {
+    let env = StreamEnvironment::new();
+    env.set_job_name("kafka_word_count")
+        .set_parallelism(opts.parallelism);
+    if let Some(i) = opts.checkpoint_interval {
+        env.enable_checkpointing(i);
+    }
+    env.set_checkpoint_dir(&opts.checkpoint_dir);
+    if let Some(from) = &opts.from {
+        env.restore_from(from);
+    }
+    if !opts.fail_after.is_empty() {
+        env.set_restart_strategy(RestartStrategy::FixedDelay {
+            attempts: opts.fail_after.len() as u32 + 3,
+            delay: Duration::from_millis(100),
+        });
+    }
+    let mut source = KafkaSource::new(opts.connection.clone(), [opts.input.clone()], parse)
+        .on_parse_error(opts.on_parse_error)
+        .group_id(format!("{}-word-count", opts.input))
+        .partition_discovery_interval(Duration::from_secs(5));
+    if opts.bounded {
+        source = source.bounded();
+    }
+    let source_metrics = source.metrics();
+    let injector = Arc::new(FailureInjector::new(opts.fail_after.clone()));
+    let words = source.build(&env, "Kafka Source")?.uid("kafka-source");
+    let counts = words
+        .map(move |w: Word| {
+            injector.record();
+            (w, 1i64)
+        })
+        .uid("tokenizer")
+        .key_by(|t: &(Word, i64)| &t.0)
+        .sum()
+        .uid("sum");
+    let sink = KafkaSink::new(
+        opts.connection.clone(),
+        opts.output.clone(),
+        |(word, total): &(Word, i64), key: &mut Vec<u8>, value: &mut Vec<u8>| {
+            key.extend_from_slice(word.as_bytes());
+            value.extend_from_slice(total.to_compact_string().as_bytes());
+        },
+    )
+    .delivery_guarantee(opts.guarantee.clone())
+    .transaction_timeout(opts.transaction_timeout)
+    .marker_in_transaction(opts.marker_in_transaction);
+    let sink_metrics = sink.metrics();
+    sink.sink(counts)?.uid("kafka-sink");
+    Ok(Built {
+        env,
+        source: source_metrics,
+        sink: sink_metrics,
+    })
+}
+
+/// An input record: the number as text, which becomes the word.
+fn parse(r: &KafkaRecord<'_>) -> Result<Word, String> {
+    let text = r
+        .payload
+        .ok_or("the record has no value")
+        .and_then(|p| std::str::from_utf8(p).map_err(|_| "the value is not UTF-8"))?
+        .trim();
+    text.parse::<i64>()
+        .map_err(|_| format!("the value {text:?} is not a number"))?;
+    Ok(text.to_compact_string())
+}
+
+/// Record `i`'s value: the number `word_count` generates for the same seed.
+pub fn value(seed: u64, key_space: u64, i: u64) -> i64 {
+    weir_examples::generator(seed, key_space).value(i)
+}
+
+/// Produces records `0..records` of the generator into `topic` (idempotently); returns how long
+/// it took.
+pub fn produce(
+    connection: &Connection,
+    topic: &str,
+    records: u64,
+    seed: u64,
+    key_space: u64,
+) -> Result<Duration, String> {
+    let started = Instant::now();
+    let producer: BaseProducer = connection
+        .config(&[("enable.idempotence", "true"), ("linger.ms", "5")])
+        .create()
+        .map_err(|e| format!("cannot create a Kafka producer: {e}"))?;
+    let generator = weir_examples::generator(seed, key_space);
+    let mut text = String::new();
+    for i in 0..records {
+        text.clear();
+        use std::fmt::Write;
+        let _ = write!(text, "{}", generator.value(i));
+        let mut record = BaseRecord::<(), str>::to(topic).payload(text.as_str());
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
+                    r,
+                )) => {
+                    record = r;
+                    producer.poll(Duration::from_millis(5));
+                }
+                Err((e, _)) => return Err(format!("cannot produce to '{topic}': {e}")),
+            }
+        }
+        if i % 4096 == 0 {
+            producer.poll(Duration::ZERO);
+        }
+    }
+    producer
+        .flush(Duration::from_secs(60))
+        .map_err(|e| format!("cannot flush the records produced to '{topic}': {e}"))?;
+    Ok(started.elapsed())
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// One record of the output as a `read_committed` consumer saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Update {
+    /// The word.
+    pub word: String,
+    /// Its running total.
+    pub total: i64,
+    /// When the record became visible to the consumer, ms since the epoch (its commit).
+    pub seen_at: i64,
+}
+
+/// Everything committed to `topic`, per partition in log order, as a `read_committed`
+/// consumer reads it up to the partitions' ends.
+pub fn read_committed(connection: &Connection, topic: &str) -> Result<Vec<Update>, String> {
+    let consumer: BaseConsumer = connection
+        .config(&[
+            ("isolation.level", "read_committed"),
+            ("enable.auto.commit", "false"),
+            ("enable.partition.eof", "true"),
+            ("group.id", "weir-read-committed"),
+        ])
+        .create()
+        .map_err(|e| format!("cannot create a Kafka consumer: {e}"))?;
+    let partitions = connection.partitions(&[topic.to_string()])?;
+    let mut tpl = TopicPartitionList::new();
+    for tp in &partitions {
+        tpl.add_partition_offset(topic, tp.partition, Offset::Beginning)
+            .map_err(|e| e.to_string())?;
+    }
+    consumer.assign(&tpl).map_err(|e| e.to_string())?;
+    let mut at_end = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while at_end.len() < partitions.len() {
+        if Instant::now() > deadline {
+            return Err(format!("reading '{topic}' to its end took over 120 s"));
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            None => {}
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => return Err(format!("cannot read '{topic}': {e}")),
+            Some(Ok(m)) => {
+                at_end.remove(&m.partition());
+                let word = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+                let text = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+                let total = text.parse().map_err(|_| {
+                    format!("the output record {word:?} -> {text:?} is not a total")
+                })?;
+                out.push(Update {
+                    word,
+                    total,
+                    seen_at: now_ms(),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The count of each word among records `0..records`, computed without the engine.
+pub fn expected_counts(records: u64, seed: u64, key_space: u64) -> BTreeMap<String, i64> {
+    let generator = weir_examples::generator(seed, key_space);
+    let mut counts = BTreeMap::new();
+    for i in 0..records {
+        *counts.entry(generator.value(i).to_string()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Checks that the output counts every input record exactly once: each word's updates are
+/// exactly `1, 2, …, n` in order, `n` its count. Returns the final totals.
+pub fn check_exactly_once(
+    updates: &[Update],
+    expected: &BTreeMap<String, i64>,
+) -> Result<BTreeMap<String, i64>, String> {
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for u in updates {
+        let prev = last.get(&u.word).copied().unwrap_or(0);
+        if u.total != prev + 1 && problems.len() < 10 {
+            problems.push(format!(
+                "word {:?}: update {} after {prev} (a duplicate or a lost update)",
+                u.word, u.total
+            ));
+        }
+        last.insert(u.word.clone(), u.total);
+    }
+    if &last != expected {
+        let diff: Vec<String> = expected
+            .iter()
+            .filter(|(w, n)| last.get(*w) != Some(n))
+            .take(10)
+            .map(|(w, n)| format!("{w}: expected {n}, got {:?}", last.get(w)))
+            .collect();
+        problems.push(format!("final totals differ: {}", diff.join("; ")));
+    }
+    if problems.is_empty() {
+        Ok(last)
+    } else {
+        Err(problems.join("\n"))
+    }
+}

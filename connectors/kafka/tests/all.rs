@@ -1,0 +1,8 @@
+//! The Kafka connectors' integration tests, one binary: each file is a module.
+
+mod support;
+
+mod bad_input;
+mod broker_errors;
+mod exactly_once;
+mod process_kill;
