@@ -1,8 +1,9 @@
 //! Debian packages some tests need, installed with `apt-get` when missing and this runs as root
 //! (as CI does): iproute2's `ip` and `ss` for the network-partition test's hosts (network
 //! namespaces, `examples/tests/cluster_netns.rs`), and Chromium with its WebDriver for the web
-//! UI test (`examples/tests/web_ui.rs`). Where they cannot be installed, the tests that need
-//! them fail, saying what they need.
+//! UI test (`examples/tests/web_ui.rs`), and what building librdkafka from source needs for the
+//! Kafka connectors (`connectors/kafka`): cmake, and the TLS and zlib headers. Where they cannot
+//! be installed, the tests or builds that need them fail, saying what they need.
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -32,7 +33,18 @@ fn is_root() -> bool {
 /// install -y --no-install-recommends` when one does not and this is root with `apt-get`; says
 /// why not otherwise, without failing (the tests of `purpose` then fail with that reason).
 fn ensure(purpose: &str, binaries: &[&str], packages: &[&str]) -> Result<()> {
-    if binaries.iter().all(|b| find(b).is_some()) {
+    ensure_files(purpose, binaries, &[], packages)
+}
+
+/// [`ensure`], also for `headers` (absolute paths) that the packages install.
+fn ensure_files(
+    purpose: &str,
+    binaries: &[&str],
+    headers: &[&str],
+    packages: &[&str],
+) -> Result<()> {
+    if binaries.iter().all(|b| find(b).is_some()) && headers.iter().all(|h| Path::new(h).is_file())
+    {
         return Ok(());
     }
     let list = packages.join(" ");
@@ -56,6 +68,17 @@ fn ensure(purpose: &str, binaries: &[&str], packages: &[&str]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// cmake, a C++ compiler and the OpenSSL and zlib headers: `rdkafka` builds librdkafka from
+/// source with them (Debian's librdkafka is too old for the crate).
+pub fn ensure_kafka_build() -> Result<()> {
+    ensure_files(
+        "building librdkafka (the Kafka connectors)",
+        &["cmake", "g++"],
+        &["/usr/include/openssl/ssl.h", "/usr/include/zlib.h"],
+        &["cmake", "g++", "libssl-dev", "zlib1g-dev"],
+    )
 }
 
 /// `ip` and `ss` (iproute2), for the network partition test.

@@ -8,7 +8,8 @@
 //! `ci`, `test` and `chaos` first make sure the S3 server the storage tests use is installed
 //! ([`s3::ensure_s3s_fs`]) and pass its path to the tests as `WEIR_S3FS_BIN`; `ci` and `test`
 //! also make sure of iproute2, for the network partition test ([`apt::ensure_iproute2`]), and of
-//! Chromium and its WebDriver, for the web UI test ([`apt::ensure_chromium`]).
+//! Chromium and its WebDriver, for the web UI test ([`apt::ensure_chromium`]), and of cmake and
+//! the headers librdkafka's build needs, for the Kafka connectors ([`apt::ensure_kafka_build`]).
 //! - `bench [name]`: release-build the examples and run a named benchmark (default `wordcount`).
 //! - `chaos`: the heavy `#[ignore]`d scenarios, in release mode.
 //! - `mutants`: the exactly-once and restore tests under each deliberate bug (`weir_mutant`),
@@ -225,6 +226,7 @@ fn test_commands(
 }
 
 fn tests(root: &Path, extra: &[String]) -> Result<()> {
+    apt::ensure_kafka_build()?;
     let s3s_fs = s3::ensure_s3s_fs()?;
     apt::ensure_iproute2()?;
     let browser = apt::ensure_chromium()?;
@@ -325,6 +327,7 @@ fn ci(root: &Path) -> Result<()> {
         Box::new(move || run_cmd(lean).and_then(|()| run_cmd(lean_example))),
     ));
     // Before the steps, so that a missing tool fails CI at once, not after clippy.
+    apt::ensure_kafka_build()?;
     let s3s_fs = s3::ensure_s3s_fs()?;
     apt::ensure_iproute2()?;
     let browser = apt::ensure_chromium()?;
