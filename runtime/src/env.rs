@@ -378,6 +378,17 @@ impl StreamEnvironment {
         stream
     }
 
+    /// The lines of the files in `dir`, read once, each file a split with its byte offset in
+    /// split state (Flink's `FileSource.forRecordStreamFormat(new TextLineInputFormat(), dir)`);
+    /// [`FileSource`](crate::FileSource) also monitors a directory and parses lines. Fails when
+    /// `dir` cannot be listed.
+    pub fn read_text_files(
+        &self,
+        dir: impl Into<PathBuf>,
+    ) -> Result<DataStream<String>, crate::JobError> {
+        crate::FileSource::text_lines(dir).build(self)
+    }
+
     /// A replayable source of the elements of `items`.
     pub fn from_collection<T: Data + Sync>(&self, items: Vec<T>) -> DataStream<T> {
         let items = Arc::new(items);

@@ -15,6 +15,8 @@ mod cli;
 mod cli_s3;
 #[path = "cluster.rs"]
 mod cluster;
+#[path = "file_source.rs"]
+mod file_source;
 #[path = "finished_tasks.rs"]
 mod finished_tasks;
 #[path = "gc.rs"]

@@ -23,6 +23,8 @@ pub struct Bench {
     pub bare_loop: PathBuf,
     /// The release `nexmark` binary.
     pub nexmark: PathBuf,
+    /// The release `kafka_word_count` binary.
+    pub kafka_word_count: PathBuf,
     /// The release `state_bench` example of weir-state.
     pub state_bench: PathBuf,
     /// The release `state_disk_bench` example of weir-state.

@@ -1,7 +1,7 @@
 //! `cargo xtask bench [name]`: the named benchmarks, the binaries each builds, and running one.
 
 use crate::bench::{Bench, backpressure, network, state, state_disk};
-use crate::{bench_nexmark, bench_wordcount};
+use crate::{bench_kafka, bench_nexmark, bench_wordcount};
 use anyhow::{Result, bail};
 use std::path::Path;
 
@@ -77,6 +77,12 @@ const BENCHES: &[Named] = &[
         run: bench_nexmark::nexmark,
     },
     Named {
+        name: "kafka",
+        what: "kafka_word_count on librdkafka's mock cluster at p=2 with 1 s checkpoints: exactly-once against at-least-once records/s, and end-to-end latency p50/p99",
+        build: &["-p", "weir-kafka", "--bin", "kafka_word_count"],
+        run: |b| bench_kafka::kafka(&b.kafka_word_count, &b.scratch),
+    },
+    Named {
         name: "state",
         what: "heap keyed-state backend at 1M and 10M keys: checkpoint pause, copy-on-write, write and restore speed",
         build: &["-p", "weir-state", "--example", "state_bench"],
@@ -107,6 +113,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         word_count: release.join("word_count"),
         bare_loop: release.join("bare_loop"),
         nexmark: release.join("nexmark"),
+        kafka_word_count: release.join("kafka_word_count"),
         state_bench: release.join("examples").join("state_bench"),
         state_disk_bench: release.join("examples").join("state_disk_bench"),
         scratch: target.join("xtask-bench"),

@@ -56,6 +56,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         word_count,
         bare_loop: PathBuf::new(),
         nexmark: PathBuf::new(),
+        kafka_word_count: PathBuf::new(),
         state_bench: PathBuf::new(),
         state_disk_bench: PathBuf::new(),
         scratch: scratch.clone(),

@@ -24,6 +24,7 @@
 mod apt;
 mod bench;
 mod bench_disk;
+mod bench_kafka;
 mod bench_nexmark;
 mod bench_wordcount;
 mod benches;

@@ -2,8 +2,12 @@
 //! the brokers answer within a timeout, and every topic exists.
 
 use crate::split::TopicPartition;
+use rdkafka::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{DeliveryResult, ProducerContext};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How to reach the cluster: the brokers, librdkafka properties, and the timeout of a request
@@ -105,4 +109,47 @@ pub(crate) fn list_partitions(
         }));
     }
     Ok(out)
+}
+
+/// A producer context that counts delivered records and keeps the first delivery failure (the
+/// default context drops them: a flush then succeeds with records lost).
+#[derive(Clone, Default)]
+pub struct Deliveries {
+    delivered: Arc<AtomicU64>,
+    first_error: Arc<Mutex<Option<String>>>,
+}
+
+impl Deliveries {
+    /// Records acknowledged by the cluster.
+    pub fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
+    }
+
+    /// The first delivery failure, if any.
+    pub fn error(&self) -> Option<String> {
+        self.first_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => {
+                self.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err((e, _)) => {
+                self.first_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
 }

@@ -17,12 +17,13 @@ mod source;
 mod split;
 pub mod word_count;
 
-pub use client::Connection;
+pub use client::{Connection, Deliveries};
 pub use enumerator::KafkaSplitEnumerator;
-pub use reader::{Deserializer, KafkaRecord, ParseErrorPolicy, SourceMetrics};
+pub use reader::{Deserializer, KafkaRecord, SourceMetrics};
 pub use sink::{DeliveryGuarantee, KafkaSink, Serializer, SinkMetrics, await_commits};
 pub use source::KafkaSource;
 pub use split::{KafkaSplit, SplitStart, StartingOffsets, StoppingOffsets, TopicPartition, owner};
+pub use weir_runtime::ParseErrorPolicy;
 
 /// Re-exported for tests and tools that start librdkafka's in-process mock cluster.
 pub use rdkafka;

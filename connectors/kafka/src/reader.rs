@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use weir_core::handle::OperatorStateMode;
 use weir_core::ids::CheckpointId;
-use weir_runtime::TaskError;
 use weir_runtime::operator::SubtaskInfo;
 use weir_runtime::source::{SourceFunction, SourceStatus};
+use weir_runtime::{ParseErrorPolicy, TaskError};
 use weir_state::{OperatorListState, OperatorStateBackend};
 
 /// A record as the consumer read it, for the deserializer.
@@ -41,17 +41,6 @@ pub struct KafkaRecord<'a> {
 /// Turns a record into the stream's element; an `Err` says why it does not parse.
 pub type Deserializer<T> = Arc<dyn Fn(&KafkaRecord<'_>) -> Result<T, String> + Send + Sync>;
 
-/// What the source does with a record that does not parse.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ParseErrorPolicy {
-    /// Fail the job, naming the record's topic, partition and offset (the default): the record
-    /// is not lost, a restart reads it again.
-    #[default]
-    Fail,
-    /// Skip it and count it ([`SourceMetrics::records_skipped`]).
-    Skip,
-}
-
 /// Counters a source shares with the job's client.
 #[derive(Debug, Default)]
 pub struct SourceMetrics {
@@ -59,6 +48,8 @@ pub struct SourceMetrics {
     pub records_skipped: AtomicU64,
     /// Offset commits to the consumer group after completed checkpoints.
     pub offsets_committed: AtomicU64,
+    /// Records read (Flink's `numRecordsIn` of the source), replays after a restore included.
+    pub records_read: AtomicU64,
 }
 
 /// What every reader of a source shares.
@@ -429,12 +420,19 @@ impl<T: Send + 'static> SourceFunction<T> for KafkaSourceReader<T> {
         let polled = self.poll_into(&consumer, out, max, &mut caught_up);
         self.consumer = Some(consumer);
         polled?;
+        self.config
+            .metrics
+            .records_read
+            .fetch_add((out.len() - before) as u64, Ordering::Relaxed);
         if caught_up {
             self.check_positions()?;
         }
         // A reader the enumerator gave nothing (more readers than partitions) ends too.
         let all_done = self.splits.iter().all(|s| s.finished);
         if all_done && self.no_more_splits {
+            for s in &self.splits {
+                tracing::debug!(tp = %s.tp, next = s.next, stop = ?s.stop, "Kafka split finished");
+            }
             return Ok(SourceStatus::End);
         }
         if out.len() > before {

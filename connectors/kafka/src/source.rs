@@ -3,12 +3,11 @@
 
 use crate::client::{Connection, list_partitions};
 use crate::enumerator::KafkaSplitEnumerator;
-use crate::reader::{
-    Deserializer, KafkaRecord, KafkaSourceReader, ParseErrorPolicy, ReaderConfig, SourceMetrics,
-};
+use crate::reader::{Deserializer, KafkaRecord, KafkaSourceReader, ReaderConfig, SourceMetrics};
 use crate::split::{StartingOffsets, StoppingOffsets};
 use std::sync::Arc;
 use std::time::Duration;
+use weir_runtime::ParseErrorPolicy;
 use weir_runtime::source::{SourceFunction, SplitEnumerator};
 use weir_runtime::{DataStream, StreamEnvironment};
 

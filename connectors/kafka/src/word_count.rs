@@ -145,9 +145,10 @@ pub fn produce(
     key_space: u64,
 ) -> Result<Duration, String> {
     let started = Instant::now();
-    let producer: BaseProducer = connection
+    let deliveries = crate::Deliveries::default();
+    let producer: BaseProducer<crate::Deliveries> = connection
         .config(&[("enable.idempotence", "true"), ("linger.ms", "5")])
-        .create()
+        .create_with_context(deliveries.clone())
         .map_err(|e| format!("cannot create a Kafka producer: {e}"))?;
     let generator = weir_examples::generator(seed, key_space);
     let mut text = String::new();
@@ -176,7 +177,37 @@ pub fn produce(
     producer
         .flush(Duration::from_secs(60))
         .map_err(|e| format!("cannot flush the records produced to '{topic}': {e}"))?;
+    check_delivered(&deliveries, records, topic)?;
     Ok(started.elapsed())
+}
+
+/// Every one of `records` acknowledged, or the first failure.
+fn check_delivered(d: &crate::Deliveries, records: u64, topic: &str) -> Result<(), String> {
+    if let Some(e) = d.error() {
+        return Err(format!(
+            "a record produced to '{topic}' was not delivered: {e}"
+        ));
+    }
+    if d.delivered() != records {
+        return Err(format!(
+            "{} of {records} records produced to '{topic}' were acknowledged",
+            d.delivered()
+        ));
+    }
+    Ok(())
+}
+
+/// How many records `topic` holds: the sum over its partitions of end minus start offset.
+pub fn records_kept(connection: &Connection, topic: &str) -> Result<u64, String> {
+    let consumer = connection.admin_consumer()?;
+    let mut kept = 0;
+    for tp in connection.partitions(&[topic.to_string()])? {
+        let (lo, hi) = consumer
+            .fetch_watermarks(topic, tp.partition, connection.request_timeout)
+            .map_err(|e| format!("cannot read the offsets of {tp}: {e}"))?;
+        kept += (hi - lo).max(0) as u64;
+    }
+    Ok(kept)
 }
 
 /// Milliseconds since the epoch.
@@ -212,6 +243,15 @@ pub fn read_committed(connection: &Connection, topic: &str) -> Result<Vec<Update
     let partitions = connection.partitions(&[topic.to_string()])?;
     let mut tpl = TopicPartitionList::new();
     for tp in &partitions {
+        let (lo, _) = consumer
+            .fetch_watermarks(topic, tp.partition, connection.request_timeout)
+            .map_err(|e| format!("cannot read the offsets of {tp}: {e}"))?;
+        if lo > 0 {
+            return Err(format!(
+                "{tp} starts at offset {lo}: its oldest records are gone (retention; librdkafka's \
+                 mock cluster keeps about 5 MiB per partition), so the totals cannot be checked"
+            ));
+        }
         tpl.add_partition_offset(topic, tp.partition, Offset::Beginning)
             .map_err(|e| e.to_string())?;
     }
@@ -289,4 +329,166 @@ pub fn check_exactly_once(
     } else {
         Err(problems.join("\n"))
     }
+}
+
+/// End-to-end latency, a record's produce time to its `read_committed` visibility, in ms.
+#[derive(Clone, Copy, Debug)]
+pub struct Latency {
+    /// Records produced (and updates seen).
+    pub records: u64,
+    /// Median.
+    pub p50: i64,
+    /// 99th percentile.
+    pub p99: i64,
+    /// Largest.
+    pub max: i64,
+}
+
+/// Runs the job unbounded while `rate` records/s are produced for `seconds`, tails the output
+/// with a `read_committed` consumer, and matches each update with the input record it counts:
+/// word `w`'s `t`-th update counts `w`'s `t`-th occurrence, whose produce time the producer
+/// kept. (Within a checkpoint's batch, occurrences from different partitions may be counted in
+/// another order; all of a batch becomes visible at once, so this moves no latency by more than
+/// the spread of produce times inside one batch.)
+pub fn measure_latency(opts: &KafkaWordCount, rate: u64, seconds: u64) -> Result<Latency, String> {
+    let mut opts = opts.clone();
+    opts.bounded = false;
+    let records = rate.saturating_mul(seconds).max(1);
+    let built = build(&opts)?;
+    let client = weir_runtime::JobClient::default();
+    let execution = built.env.execute_with(client.clone());
+    let job = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?
+            .block_on(execution)
+            .map_err(|e| e.to_string())
+    });
+    let connection = opts.connection.clone();
+    let input = opts.input.clone();
+    let producer = std::thread::spawn(move || pace(&connection, &input, records, rate));
+    let seen = tail(&opts.connection, &opts.output, records, seconds + 60);
+    client.cancel();
+    let produced = producer.join().map_err(|_| "the producer panicked")??;
+    let _ = job.join();
+    let seen = seen?;
+    let generator = weir_examples::generator(0, weir_examples::DIGITS);
+    let mut occurrences: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for i in 0..records {
+        occurrences
+            .entry(generator.value(i).to_string())
+            .or_default()
+            .push(i);
+    }
+    let mut latencies = Vec::with_capacity(seen.len());
+    for u in &seen {
+        let i = occurrences
+            .get(&u.word)
+            .and_then(|o| o.get((u.total - 1).max(0) as usize))
+            .ok_or_else(|| {
+                format!(
+                    "update {} of {:?} counts no produced record",
+                    u.total, u.word
+                )
+            })?;
+        latencies.push(u.seen_at - produced[*i as usize]);
+    }
+    latencies.sort_unstable();
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+    Ok(Latency {
+        records,
+        p50: at(0.5),
+        p99: at(0.99),
+        max: *latencies.last().unwrap_or(&0),
+    })
+}
+
+/// Produces records `0..records` (seed 0) at `rate` per second; returns each one's produce time.
+fn pace(connection: &Connection, topic: &str, records: u64, rate: u64) -> Result<Vec<i64>, String> {
+    let deliveries = crate::Deliveries::default();
+    let producer: BaseProducer<crate::Deliveries> = connection
+        .config(&[("enable.idempotence", "true"), ("linger.ms", "1")])
+        .create_with_context(deliveries.clone())
+        .map_err(|e| format!("cannot create a Kafka producer: {e}"))?;
+    let generator = weir_examples::generator(0, weir_examples::DIGITS);
+    let started = Instant::now();
+    let mut times = Vec::with_capacity(records as usize);
+    for i in 0..records {
+        // Keeps to the rate in steps of a millisecond's worth of records.
+        let due = Duration::from_secs_f64(i as f64 / rate.max(1) as f64);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let text = generator.value(i).to_string();
+        times.push(now_ms());
+        let mut record = BaseRecord::<(), str>::to(topic).payload(text.as_str());
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
+                    r,
+                )) => {
+                    record = r;
+                    producer.poll(Duration::from_millis(1));
+                }
+                Err((e, _)) => return Err(format!("cannot produce to '{topic}': {e}")),
+            }
+        }
+        producer.poll(Duration::ZERO);
+    }
+    producer
+        .flush(Duration::from_secs(60))
+        .map_err(|e| format!("cannot flush: {e}"))?;
+    check_delivered(&deliveries, records, topic)?;
+    Ok(times)
+}
+
+/// Reads `topic` as a `read_committed` consumer as records arrive, until `records` updates or
+/// `limit_s` seconds.
+fn tail(
+    connection: &Connection,
+    topic: &str,
+    records: u64,
+    limit_s: u64,
+) -> Result<Vec<Update>, String> {
+    let consumer: BaseConsumer = connection
+        .config(&[
+            ("isolation.level", "read_committed"),
+            ("enable.auto.commit", "false"),
+            ("group.id", "weir-latency"),
+            ("fetch.wait.max.ms", "10"),
+        ])
+        .create()
+        .map_err(|e| format!("cannot create a Kafka consumer: {e}"))?;
+    let mut tpl = TopicPartitionList::new();
+    for tp in connection.partitions(&[topic.to_string()])? {
+        tpl.add_partition_offset(topic, tp.partition, Offset::Beginning)
+            .map_err(|e| e.to_string())?;
+    }
+    consumer.assign(&tpl).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(limit_s);
+    let mut out = Vec::with_capacity(records as usize);
+    while (out.len() as u64) < records {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "saw {} of {records} updates within {limit_s} s",
+                out.len()
+            ));
+        }
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) {
+            let word = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            let total = std::str::from_utf8(m.payload().unwrap_or_default())
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .ok_or("an output record is not a total")?;
+            out.push(Update {
+                word,
+                total,
+                seen_at: now_ms(),
+            });
+        }
+    }
+    Ok(out)
 }

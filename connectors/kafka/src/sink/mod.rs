@@ -24,17 +24,16 @@
 mod batch;
 mod committer;
 
-use crate::client::Connection;
+use crate::client::{Connection, Deliveries};
 use batch::{FINAL, OpenBatch, PendingBatch};
 pub use committer::await_commits;
 use committer::{Committer, CommitterConfig};
-use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use weir_core::handle::OperatorStateMode;
 use weir_core::ids::{CheckpointId, OperatorId};
@@ -184,34 +183,13 @@ impl<T: weir_runtime::Data> KafkaSink<T> {
     }
 }
 
-/// Delivery failures of the at-least-once producer.
-#[derive(Clone, Default)]
-struct DeliveryErrors {
-    first: Arc<Mutex<Option<String>>>,
-}
-
-impl ClientContext for DeliveryErrors {}
-
-impl ProducerContext for DeliveryErrors {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, _)) = result {
-            self.first
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert_with(|| e.to_string());
-        }
-    }
-}
-
 /// How a subtask writes.
 enum Mode {
     /// Not open yet.
     Closed,
     AtLeastOnce {
-        producer: BaseProducer<DeliveryErrors>,
-        errors: DeliveryErrors,
+        producer: BaseProducer<Deliveries>,
+        deliveries: Deliveries,
     },
     ExactlyOnce(Box<Transactional>),
 }
@@ -286,14 +264,17 @@ impl<T: weir_runtime::Data> KafkaWriter<T> {
         let restored = self.state.get(&list)?;
         let prefix = match &self.sink.guarantee {
             DeliveryGuarantee::AtLeastOnce => {
-                let errors = DeliveryErrors::default();
+                let deliveries = Deliveries::default();
                 let producer = self
                     .sink
                     .connection
                     .config(&[("enable.idempotence", "true"), ("linger.ms", "5")])
-                    .create_with_context(errors.clone())
+                    .create_with_context(deliveries.clone())
                     .map_err(|e| sink_error(format!("cannot create the Kafka producer: {e}")))?;
-                self.mode = Mode::AtLeastOnce { producer, errors };
+                self.mode = Mode::AtLeastOnce {
+                    producer,
+                    deliveries,
+                };
                 return Ok(());
             }
             DeliveryGuarantee::ExactlyOnce {
@@ -381,17 +362,12 @@ impl<T: weir_runtime::Data> KafkaWriter<T> {
     fn check(&self) -> OpResult {
         let failed = match &self.mode {
             Mode::ExactlyOnce(t) => t.committer.as_ref().and_then(|c| c.shared.error()),
-            Mode::AtLeastOnce { errors, .. } => errors
-                .first
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-                .map(|e| {
-                    format!(
-                        "a record was not delivered to Kafka topic '{}': {e}",
-                        self.sink.topic
-                    )
-                }),
+            Mode::AtLeastOnce { deliveries, .. } => deliveries.error().map(|e| {
+                format!(
+                    "a record was not delivered to Kafka topic '{}': {e}",
+                    self.sink.topic
+                )
+            }),
             Mode::Closed => None,
         };
         failed.map_or(Ok(()), |e| Err(sink_error(e)))

@@ -90,6 +90,14 @@ struct Args {
     /// Write the totals a `read_committed` consumer sees as `word,total` lines.
     #[arg(long)]
     output: Option<PathBuf>,
+    /// Measure end-to-end latency instead (with `--mock-cluster`): produce this many records/s
+    /// for `--latency-seconds` while the job runs, and report a record's produce time to its
+    /// `read_committed` visibility.
+    #[arg(long)]
+    latency_rate: Option<u64>,
+    /// How long the latency measurement produces.
+    #[arg(long, default_value_t = 10)]
+    latency_seconds: u64,
 }
 
 /// Logs warnings, or what `RUST_LOG` (a list of `target=level`) asks for, to stderr.
@@ -145,7 +153,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    if args.mock_cluster {
+    if args.mock_cluster && args.latency_rate.is_none() {
         let n = args.records.unwrap_or(100_000);
         let took =
             word_count::produce(&connection, &args.input_topic, n, args.seed, args.key_space)
@@ -183,6 +191,15 @@ fn run(args: Args) -> anyhow::Result<()> {
         transaction_timeout: args.transaction_timeout,
         marker_in_transaction: true,
     };
+    if let Some(rate) = args.latency_rate {
+        let l = word_count::measure_latency(&opts, rate, args.latency_seconds)
+            .map_err(anyhow::Error::msg)?;
+        println!(
+            "latency delivery={} records={} rate={rate} p50_ms={} p99_ms={} max_ms={}",
+            args.delivery, l.records, l.p50, l.p99, l.max
+        );
+        return Ok(());
+    }
     let built = word_count::build(&opts).map_err(anyhow::Error::msg)?;
     let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -207,10 +224,14 @@ fn run(args: Args) -> anyhow::Result<()> {
     let records_in = sink.records_in.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!(
         "job finished in {elapsed:.2?}: {records_in} updates written, {} transactions committed, \
-         {} restored batches found committed, {} input records skipped",
+         {} restored batches found committed, {} input records read, {} skipped",
         sink.transactions_committed
             .load(std::sync::atomic::Ordering::Relaxed),
         sink.batches_found_committed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        built
+            .source
+            .records_read
             .load(std::sync::atomic::Ordering::Relaxed),
         built
             .source
@@ -220,6 +241,20 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.output.is_some() || args.records.is_some() || args.mock_cluster {
         verify(&args, &connection)?;
     }
+    // The figures of the run, as `key=value` fields (what `cargo xtask bench kafka` reads).
+    let records = built
+        .source
+        .records_read
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let seconds = result.duration.as_secs_f64();
+    println!(
+        "summary delivery={} records={records} seconds={seconds:.3} records_per_s={:.0} \
+         transactions={}",
+        args.delivery,
+        records as f64 / seconds.max(1e-9),
+        sink.transactions_committed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    );
     drop(mock);
     Ok(())
 }
