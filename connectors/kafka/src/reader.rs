@@ -535,3 +535,48 @@ impl<T: Send + 'static> SourceFunction<T> for KafkaSourceReader<T> {
         (slowest != i64::MIN).then(|| slowest.saturating_sub(bound))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reader(bound: Option<i64>) -> KafkaSourceReader<i64> {
+        KafkaSourceReader::new(Arc::new(ReaderConfig {
+            connection: Connection::new("127.0.0.1:1"),
+            group_id: None,
+            deserializer: Arc::new(|_| Ok(0)),
+            policy: ParseErrorPolicy::Fail,
+            metrics: Arc::default(),
+            watermark_bound: bound,
+            discovery_interval: Duration::from_secs(1),
+        }))
+    }
+
+    fn split(partition: i32, max_timestamp: i64) -> Reading {
+        Reading {
+            tp: TopicPartition {
+                topic: "in".into(),
+                partition,
+            },
+            next: 0,
+            stop: None,
+            max_timestamp,
+            finished: false,
+        }
+    }
+
+    #[test]
+    fn the_watermark_follows_the_slowest_unfinished_partition() {
+        let mut r = reader(Some(10));
+        assert_eq!(r.current_watermark(), None, "no partition yet");
+        r.splits = vec![split(0, 100), split(1, i64::MIN)];
+        // A partition that has read nothing holds the watermark back.
+        assert_eq!(r.current_watermark(), None);
+        r.splits[1].max_timestamp = 50;
+        assert_eq!(r.current_watermark(), Some(40));
+        // A finished partition no longer holds it back.
+        r.splits[1].finished = true;
+        assert_eq!(r.current_watermark(), Some(90));
+        assert_eq!(reader(None).current_watermark(), None);
+    }
+}
