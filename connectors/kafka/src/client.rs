@@ -39,6 +39,17 @@ impl Connection {
 
     /// A client configuration with the brokers, `defaults`, then the user's properties.
     pub(crate) fn config(&self, defaults: &[(&str, &str)]) -> ClientConfig {
+        self.config_owning(defaults, &[])
+    }
+
+    /// [`config`](Self::config), with `owned` set after the user's properties: keys the
+    /// connector's correctness rests on (a committer's `transactional.id` and marker
+    /// `group.id`), which a shared property must not replace.
+    pub(crate) fn config_owning(
+        &self,
+        defaults: &[(&str, &str)],
+        owned: &[(&str, &str)],
+    ) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.bootstrap_servers);
         // librdkafka logs through its own callback; keep its noise out of a job's output.
@@ -48,6 +59,9 @@ impl Connection {
         }
         for (k, v) in &self.properties {
             c.set(k, v);
+        }
+        for (k, v) in owned {
+            c.set(*k, *v);
         }
         c
     }

@@ -20,7 +20,7 @@ pub mod word_count;
 pub use client::{Connection, Deliveries};
 pub use enumerator::KafkaSplitEnumerator;
 pub use reader::{Deserializer, KafkaRecord, SourceMetrics};
-pub use sink::{DeliveryGuarantee, KafkaSink, Serializer, SinkMetrics, await_commits};
+pub use sink::{DeliveryGuarantee, KafkaSink, MarkerMode, Serializer, SinkMetrics, await_commits};
 pub use source::KafkaSource;
 pub use split::{KafkaSplit, SplitStart, StartingOffsets, StoppingOffsets, TopicPartition, owner};
 pub use weir_runtime::ParseErrorPolicy;

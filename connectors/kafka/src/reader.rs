@@ -378,6 +378,9 @@ impl<T: Send + 'static> SourceFunction<T> for KafkaSourceReader<T> {
             ("enable.auto.offset.store", "false"),
             ("isolation.level", "read_committed"),
             ("enable.partition.eof", "false"),
+            // An offset retention removed (a restore long after its checkpoint) resumes at the
+            // earliest record kept, not silently at the end (librdkafka's default).
+            ("auto.offset.reset", "earliest"),
         ];
         if let Some(g) = &group {
             defaults.push(("group.id", g.as_str()));
@@ -517,7 +520,9 @@ impl<T: Send + 'static> SourceFunction<T> for KafkaSourceReader<T> {
             }
             reading.push(self.resolve(split)?);
         }
-        if reading.is_empty() {
+        // Nothing yet (the enumerator's first listing is under way): ask again soon. A reader
+        // with partitions asks only every discovery interval.
+        if reading.is_empty() && self.splits.is_empty() {
             self.next_ask = self.next_ask.min(Instant::now() + ASK_AGAIN);
         }
         self.start(reading)

@@ -46,9 +46,9 @@ pub struct KafkaWordCount {
     pub on_parse_error: ParseErrorPolicy,
     /// The sink's transaction timeout.
     pub transaction_timeout: Duration,
-    /// Whether the sink commits its marker inside each transaction
-    /// ([`KafkaSink::marker_in_transaction`]).
-    pub marker_in_transaction: bool,
+    /// Where the sink commits its marker ([`crate::MarkerMode`]): after each commit on
+    /// librdkafka's mock cluster.
+    pub marker: crate::MarkerMode,
 }
 
 /// The job and its counters.
@@ -108,7 +108,7 @@ pub fn build(opts: &KafkaWordCount) -> Result<Built, String> {
     )
     .delivery_guarantee(opts.guarantee.clone())
     .transaction_timeout(opts.transaction_timeout)
-    .marker_in_transaction(opts.marker_in_transaction);
+    .marker(opts.marker);
     let sink_metrics = sink.metrics();
     sink.sink(counts)?.uid("kafka-sink");
     Ok(Built {

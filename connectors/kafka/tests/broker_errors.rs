@@ -16,10 +16,6 @@ fn request_errors_and_a_broker_down_leave_the_output_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = cluster.options(dir.path());
     opts.checkpoint_interval = Some(Duration::from_millis(200));
-    // With a broker of the mock down, `send_offsets_to_transaction` can wait forever
-    // (librdkafka 2.12: seen blocked in `rd_kafka_txn_op_req0` for minutes), and the mock keeps
-    // no offsets sent to a transaction anyway: the marker goes outside the transaction only.
-    opts.marker_in_transaction = false;
     let built = build(&opts).unwrap();
     let mock = &cluster.mock;
     let execution = built.env.execute();

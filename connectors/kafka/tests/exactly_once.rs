@@ -84,3 +84,49 @@ fn a_restore_at_another_parallelism_commits_what_the_old_subtasks_left() {
     let updates = cluster.output();
     check_exactly_once(&updates, &expected(n)).unwrap();
 }
+
+/// The checkpoint directories (`chk-N`) under `root`, by id.
+fn checkpoints(root: &std::path::Path) -> Vec<(u64, std::path::PathBuf)> {
+    let mut out = Vec::new();
+    for job in std::fs::read_dir(root).unwrap().flatten() {
+        for c in std::fs::read_dir(job.path()).unwrap().flatten() {
+            let name = c.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_prefix("chk-").and_then(|n| n.parse().ok())
+                && c.path().join("_metadata").is_file()
+            {
+                out.push((id, c.path()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_new_run_from_an_older_checkpoint_writes_everything_it_emits() {
+    // Run A finishes and commits everything (its marker ends at its last batch). Run B resumes
+    // from one of A's older checkpoints into a new directory, so its checkpoint ids start over
+    // below A's marker: none of its batches may be taken for committed.
+    let cluster = Cluster::new(4);
+    let n = 150_000;
+    cluster.produce(n);
+    let first = tempfile::tempdir().unwrap();
+    let built = build(&cluster.options(first.path())).unwrap();
+    built.env.config_mut().checkpoint.num_retained = 100;
+    assert_eq!(run(built.env).unwrap().status, JobStatus::Finished);
+    let kept = checkpoints(first.path());
+    assert!(kept.len() >= 3, "{kept:?}");
+    let (older, path) = kept[1].clone();
+    let second = tempfile::tempdir().unwrap();
+    let mut opts = cluster.options(second.path());
+    opts.from = Some(path);
+    let built = build(&opts).unwrap();
+    assert_eq!(run(built.env).unwrap().status, JobStatus::Finished);
+    let rewritten = built.sink.records_in.load(Ordering::Relaxed);
+    assert!(
+        rewritten > 0 && rewritten < n,
+        "{rewritten} after checkpoint {older}"
+    );
+    // Everything A wrote, and everything B wrote after the checkpoint it resumed.
+    assert_eq!(cluster.output().len() as u64, n + rewritten);
+}

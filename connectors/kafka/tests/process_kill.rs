@@ -25,6 +25,8 @@ fn job(cluster: &Cluster, dir: &std::path::Path, records: u64) -> Command {
             &SEED.to_string(),
         ])
         .args(["--checkpoint-interval", "100ms", "-p", "2"])
+        // The mock keeps no offsets sent to a transaction.
+        .args(["--marker", "after-commit"])
         .arg("--checkpoint-dir")
         .arg(dir)
         .env_remove("RUST_BACKTRACE")

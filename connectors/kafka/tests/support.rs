@@ -59,7 +59,8 @@ impl Cluster {
             bounded: true,
             on_parse_error: ParseErrorPolicy::Fail,
             transaction_timeout: Duration::from_secs(60),
-            marker_in_transaction: true,
+            // The mock keeps no offsets sent to a transaction.
+            marker: weir_kafka::MarkerMode::AfterCommit,
         }
     }
 }

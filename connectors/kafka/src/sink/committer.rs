@@ -20,6 +20,9 @@ use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// How long a new committer waits for its predecessor in this process to finish.
+const DRAIN_WAIT: Duration = Duration::from_secs(30);
+
 /// Tries of one batch's transaction before the committer gives up (each after an abortable
 /// error: the transaction is aborted and produced again).
 const TRIES: u32 = 5;
@@ -112,7 +115,9 @@ pub(crate) struct CommitterConfig {
     pub transactional_id: String,
     pub lineage: u64,
     pub transaction_timeout: Duration,
-    pub marker_in_transaction: bool,
+    pub marker: super::MarkerMode,
+    /// It commits batches a checkpoint restored (a missing marker is then worth a warning).
+    pub restored: bool,
     pub metrics: Arc<super::SinkMetrics>,
 }
 
@@ -134,7 +139,18 @@ impl Committer {
             .get_or_insert_with(HashMap::new)
             .remove(&config.transactional_id);
         if let Some(t) = earlier {
-            let _ = t.join();
+            // A predecessor stuck on an unreachable broker must not hold the restore forever:
+            // after a while it is fenced instead (its open transaction is aborted).
+            let deadline = std::time::Instant::now() + DRAIN_WAIT;
+            while !t.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                tracing::warn!(transactional_id = %config.transactional_id, wait = ?DRAIN_WAIT,
+                    "the previous committer of this transactional id is still busy; fencing it");
+            }
         }
         let shared = Arc::new(Shared::default());
         let (jobs, queue) = mpsc::channel();
@@ -219,7 +235,10 @@ fn run(
         .map_err(|e| format!("cannot create the Kafka producer of transactional id {id}: {e}"))?;
     let marker: BaseConsumer = config
         .connection
-        .config(&[("group.id", id.as_str()), ("enable.auto.commit", "false")])
+        .config_owning(
+            &[],
+            &[("group.id", id.as_str()), ("enable.auto.commit", "false")],
+        )
         .create()
         .map_err(|e| format!("cannot create the marker consumer of {id}: {e}"))?;
     // Fences every earlier producer of this id and aborts the transaction it left open.
@@ -231,6 +250,12 @@ fn run(
         )
     })?;
     let mut through = read_marker(&marker, config)?;
+    if config.restored && through == 0 {
+        tracing::warn!(transactional_id = %id,
+            "no commit marker of this sink's lineage: the restored batches are committed now; \
+             one committed before the failure is written again if its marker expired \
+             (offsets.retention.minutes, 7 days by default)");
+    }
     shared.committed_through.store(through, Ordering::Release);
     let group = marker
         .group_metadata()
@@ -270,9 +295,11 @@ fn run(
                 }
             }
         }
-        // Kept outside the transaction too: a broker keeps the transactional commit of the
-        // marker, but librdkafka's mock cluster ignores offsets sent to a transaction.
-        let _ = marker.commit(&marker_offsets(config, batch.checkpoint)?, CommitMode::Sync);
+        if config.marker == super::MarkerMode::AfterCommit {
+            // Not atomic with the transaction: for clusters that keep no offsets sent to a
+            // transaction (librdkafka's mock).
+            let _ = marker.commit(&marker_offsets(config, batch.checkpoint)?, CommitMode::Sync);
+        }
         through = batch.checkpoint.saturating_add(1);
         shared.committed_through.store(through, Ordering::Release);
         config
@@ -322,7 +349,7 @@ fn transact(
             producer.poll(Duration::ZERO);
         }
     }
-    if config.marker_in_transaction {
+    if config.marker == super::MarkerMode::InTransaction {
         let offsets =
             marker_offsets(config, batch.checkpoint).map_err(KafkaError::AdminOpCreation)?;
         retried(|| producer.send_offsets_to_transaction(&offsets, group, timeout))?;

@@ -57,6 +57,20 @@ pub enum DeliveryGuarantee {
     },
 }
 
+/// Where the exactly-once sink commits the marker that tells a restore which batches are done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MarkerMode {
+    /// Inside each transaction (`send_offsets_to_transaction`): atomic with the batch. The
+    /// default, for Kafka brokers.
+    #[default]
+    InTransaction,
+    /// Outside, right after each commit: for a cluster that keeps no offsets sent to a
+    /// transaction (librdkafka's mock cluster, which also can wait forever in
+    /// `send_offsets_to_transaction` while a broker is down). Not atomic: a process that dies
+    /// between a commit and its marker writes that batch again after the restore.
+    AfterCommit,
+}
+
 /// Writes a record's key (left empty for none) and value into the buffers.
 pub type Serializer<T> = Arc<dyn Fn(&T, &mut Vec<u8>, &mut Vec<u8>) + Send + Sync>;
 
@@ -78,7 +92,7 @@ pub struct KafkaSink<T> {
     guarantee: DeliveryGuarantee,
     serializer: Serializer<T>,
     transaction_timeout: Duration,
-    marker_in_transaction: bool,
+    marker: MarkerMode,
     metrics: Arc<SinkMetrics>,
 }
 
@@ -108,7 +122,7 @@ impl<T: weir_runtime::Data> KafkaSink<T> {
             guarantee: DeliveryGuarantee::AtLeastOnce,
             serializer: Arc::new(serializer),
             transaction_timeout: Duration::from_secs(15 * 60),
-            marker_in_transaction: true,
+            marker: MarkerMode::InTransaction,
             metrics: Arc::default(),
         }
     }
@@ -126,15 +140,9 @@ impl<T: weir_runtime::Data> KafkaSink<T> {
         self
     }
 
-    /// Whether each transaction commits its marker itself (`send_offsets_to_transaction`,
-    /// the default): only then is "the batch is committed" atomic with the marker on a broker.
-    /// The marker is also committed outside the transaction, after it; without this, a process
-    /// that dies between the two commits its batch again after the restore. librdkafka's mock
-    /// cluster keeps no offsets sent to a transaction, and with a broker of it down,
-    /// `send_offsets_to_transaction` can wait forever (librdkafka 2.12): tests of broker
-    /// failures on the mock turn it off.
-    pub fn marker_in_transaction(mut self, on: bool) -> Self {
-        self.marker_in_transaction = on;
+    /// Where the exactly-once sink commits its marker (see [`MarkerMode`]).
+    pub fn marker(mut self, mode: MarkerMode) -> Self {
+        self.marker = mode;
         self
     }
 
@@ -251,7 +259,8 @@ impl<T: weir_runtime::Data> KafkaWriter<T> {
             transactional_id,
             lineage,
             transaction_timeout: self.sink.transaction_timeout,
-            marker_in_transaction: self.sink.marker_in_transaction,
+            marker: self.sink.marker,
+            restored: false,
             metrics: self.sink.metrics.clone(),
         }
     }
@@ -263,64 +272,71 @@ impl<T: weir_runtime::Data> KafkaWriter<T> {
             .list_state::<PendingTransactions>(PENDING, OperatorStateMode::SplitDistribute)?;
         let restored = self.state.get(&list)?;
         let prefix = match &self.sink.guarantee {
-            DeliveryGuarantee::AtLeastOnce => {
-                let deliveries = Deliveries::default();
-                let producer = self
-                    .sink
-                    .connection
-                    .config(&[("enable.idempotence", "true"), ("linger.ms", "5")])
-                    .create_with_context(deliveries.clone())
-                    .map_err(|e| sink_error(format!("cannot create the Kafka producer: {e}")))?;
-                self.mode = Mode::AtLeastOnce {
-                    producer,
-                    deliveries,
-                };
-                return Ok(());
-            }
+            DeliveryGuarantee::AtLeastOnce => return self.open_at_least_once(restored),
             DeliveryGuarantee::ExactlyOnce {
                 transactional_id_prefix,
             } => transactional_id_prefix.clone(),
         };
         let own_id = format!("{prefix}-{}-of-{}", self.subtask, self.parallelism);
-        let mut own = None;
+        // What the restored checkpoint left pending belongs to completed checkpoints: commit
+        // it now, under the id and lineage that wrote it (another subtask's after a rescale),
+        // before anything else is written. The marker of that lineage says what is done.
         for pending in restored {
             for b in &pending.batches {
                 b.check().map_err(sink_error)?;
             }
-            if pending.transactional_id == own_id {
-                own = Some(pending);
-            } else {
-                // Another subtask's id (a restore at another parallelism): commit what it left,
-                // under its id, before anything else is written.
-                let committer = Committer::start(
-                    self.committer_config(pending.transactional_id.clone(), pending.lineage),
-                )
-                .map_err(sink_error)?;
-                for b in pending.batches {
-                    committer.commit(Arc::new(b)).map_err(sink_error)?;
-                }
-                committer.finish().map_err(sink_error)?;
+            if pending.batches.is_empty() {
+                continue;
             }
+            let mut config =
+                self.committer_config(pending.transactional_id.clone(), pending.lineage);
+            config.restored = true;
+            let committer = Committer::start(config).map_err(sink_error)?;
+            for b in pending.batches {
+                committer.commit(Arc::new(b)).map_err(sink_error)?;
+            }
+            committer.finish().map_err(sink_error)?;
         }
-        let lineage = own.as_ref().map_or_else(new_lineage, |p| p.lineage);
+        // A new lineage from here on: this run's checkpoint ids may repeat those of the run it
+        // restored (a savepoint or an older checkpoint in a new directory), and a marker of the
+        // old lineage must never make a new batch look committed.
+        let lineage = new_lineage();
         let committer =
             Committer::start(self.committer_config(own_id.clone(), lineage)).map_err(sink_error)?;
-        // Every restored batch belongs to a completed checkpoint: commit them all now.
-        let mut sealed = Vec::new();
-        for b in own.map(|p| p.batches).unwrap_or_default() {
-            let b = Arc::new(b);
-            committer.commit(b.clone()).map_err(sink_error)?;
-            sealed.push((b, true));
-        }
         self.mode = Mode::ExactlyOnce(Box::new(Transactional {
             transactional_id: own_id,
             lineage,
             open: OpenBatch::default(),
-            sealed,
+            sealed: Vec::new(),
             committer: Some(committer),
             list,
         }));
         Ok(())
+    }
+
+    /// At-least-once: the producer; batches an exactly-once run of this sink left pending are
+    /// produced first (switching guarantees loses nothing; they may be written twice).
+    fn open_at_least_once(&mut self, restored: Vec<PendingTransactions>) -> OpResult {
+        let deliveries = Deliveries::default();
+        let producer: BaseProducer<Deliveries> = self
+            .sink
+            .connection
+            .config(&[("enable.idempotence", "true"), ("linger.ms", "5")])
+            .create_with_context(deliveries.clone())
+            .map_err(|e| sink_error(format!("cannot create the Kafka producer: {e}")))?;
+        self.mode = Mode::AtLeastOnce {
+            producer,
+            deliveries,
+        };
+        for pending in restored {
+            for b in pending.batches {
+                b.check().map_err(sink_error)?;
+                for (key, value) in b.records() {
+                    self.produce(key, value)?;
+                }
+            }
+        }
+        self.flush()
     }
 
     fn write(&mut self, record: &T) -> OpResult {
@@ -334,25 +350,39 @@ impl<T: weir_runtime::Data> KafkaWriter<T> {
                 t.open.push(key, &self.value);
                 Ok(())
             }
-            Mode::AtLeastOnce { producer, .. } => {
-                let mut r = BaseRecord::to(&self.sink.topic).payload(&self.value[..]);
-                if let Some(k) = key {
-                    r = r.key(k);
+            Mode::AtLeastOnce { .. } => {
+                let (key, value) = (
+                    std::mem::take(&mut self.key),
+                    std::mem::take(&mut self.value),
+                );
+                let produced = self.produce((!key.is_empty()).then_some(&key[..]), &value);
+                (self.key, self.value) = (key, value);
+                produced
+            }
+        }
+    }
+
+    /// At-least-once: produces one record, waiting while librdkafka's queue is full.
+    fn produce(&self, key: Option<&[u8]>, value: &[u8]) -> OpResult {
+        let Mode::AtLeastOnce { producer, .. } = &self.mode else {
+            return Err(sink_error("the at-least-once producer is not open".into()));
+        };
+        let mut r = BaseRecord::to(&self.sink.topic).payload(value);
+        if let Some(k) = key {
+            r = r.key(k);
+        }
+        loop {
+            match producer.send(r) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    r = back;
+                    producer.poll(Duration::from_millis(1));
                 }
-                loop {
-                    match producer.send(r) {
-                        Ok(()) => return Ok(()),
-                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                            r = back;
-                            producer.poll(Duration::from_millis(1));
-                        }
-                        Err((e, _)) => {
-                            return Err(sink_error(format!(
-                                "cannot produce to Kafka topic '{}': {e}",
-                                self.sink.topic
-                            )));
-                        }
-                    }
+                Err((e, _)) => {
+                    return Err(sink_error(format!(
+                        "cannot produce to Kafka topic '{}': {e}",
+                        self.sink.topic
+                    )));
                 }
             }
         }

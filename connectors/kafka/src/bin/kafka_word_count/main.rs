@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use weir_kafka::rdkafka::mocking::MockCluster;
 use weir_kafka::word_count::{self, KafkaWordCount};
-use weir_kafka::{Connection, DeliveryGuarantee, ParseErrorPolicy};
+use weir_kafka::{Connection, DeliveryGuarantee, MarkerMode, ParseErrorPolicy};
 use weir_runtime::JobStatus;
 
 /// The word count from a topic to a topic, with checkpoints and injected failures.
@@ -78,6 +78,11 @@ struct Args {
     /// The prefix of the sink's transactional ids.
     #[arg(long, default_value = "kafka-word-count")]
     transactional_id_prefix: String,
+    /// Where the exactly-once sink commits its marker: `in-transaction` (brokers) or
+    /// `after-commit` (librdkafka's mock cluster, which keeps no offsets sent to a transaction;
+    /// the default with `--mock-cluster`).
+    #[arg(long)]
+    marker: Option<String>,
     /// The sink's transaction timeout.
     #[arg(long, default_value = "15min", value_parser = humantime::parse_duration)]
     transaction_timeout: Duration,
@@ -189,7 +194,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         bounded: args.bounded || args.mock_cluster || args.records.is_some(),
         on_parse_error,
         transaction_timeout: args.transaction_timeout,
-        marker_in_transaction: true,
+        marker: match (args.marker.as_deref(), args.mock_cluster) {
+            (Some("in-transaction"), _) | (None, false) => MarkerMode::InTransaction,
+            (Some("after-commit"), _) | (None, true) => MarkerMode::AfterCommit,
+            (Some(other), _) => bail!("--marker is in-transaction or after-commit, not {other:?}"),
+        },
     };
     if let Some(rate) = args.latency_rate {
         let l = word_count::measure_latency(&opts, rate, args.latency_seconds)
