@@ -2029,7 +2029,9 @@ mod tests {
                 tx.send(StreamElement::Batch(batch(i))).await.expect("send");
             }
         });
-        tokio::time::timeout(BOUND, async {
+        // 8 MiB built, checked and compared in a debug build: seconds on a loaded 2-core
+        // machine (it once took over 5 s under a parallel build), so a longer bound.
+        tokio::time::timeout(BOUND * 6, async {
             for i in 0..8 {
                 match rx.recv().await.expect("element").expect("ok") {
                     StreamElement::Batch(b) => assert!(b == batch(i), "batch {i} corrupted"),
