@@ -5,7 +5,10 @@ use crate::split::TopicPartition;
 use rdkafka::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{DeliveryResult, ProducerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::message::ToBytes;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -123,6 +126,29 @@ pub(crate) fn list_partitions(
         }));
     }
     Ok(out)
+}
+
+/// Queues `record`, serving delivery reports while librdkafka's queue is full.
+pub(crate) fn send_waiting<C, K, P>(
+    producer: &BaseProducer<C>,
+    record: BaseRecord<'_, K, P, C::DeliveryOpaque>,
+) -> Result<(), KafkaError>
+where
+    C: ProducerContext,
+    K: ToBytes + ?Sized,
+    P: ToBytes + ?Sized,
+{
+    let mut record = record;
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                record = back;
+                producer.poll(Duration::from_millis(1));
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
 }
 
 /// A producer context that counts delivered records and keeps the first delivery failure (the

@@ -10,7 +10,6 @@ use crate::{
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -156,20 +155,9 @@ pub fn produce(
         text.clear();
         use std::fmt::Write;
         let _ = write!(text, "{}", generator.value(i));
-        let mut record = BaseRecord::<(), str>::to(topic).payload(text.as_str());
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((
-                    rdkafka::error::KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
-                    r,
-                )) => {
-                    record = r;
-                    producer.poll(Duration::from_millis(5));
-                }
-                Err((e, _)) => return Err(format!("cannot produce to '{topic}': {e}")),
-            }
-        }
+        let record = BaseRecord::<(), str>::to(topic).payload(text.as_str());
+        crate::client::send_waiting(&producer, record)
+            .map_err(|e| format!("cannot produce to '{topic}': {e}"))?;
         if i % 4096 == 0 {
             producer.poll(Duration::ZERO);
         }
@@ -422,20 +410,9 @@ fn pace(connection: &Connection, topic: &str, records: u64, rate: u64) -> Result
         }
         let text = generator.value(i).to_string();
         times.push(now_ms());
-        let mut record = BaseRecord::<(), str>::to(topic).payload(text.as_str());
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((
-                    rdkafka::error::KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
-                    r,
-                )) => {
-                    record = r;
-                    producer.poll(Duration::from_millis(1));
-                }
-                Err((e, _)) => return Err(format!("cannot produce to '{topic}': {e}")),
-            }
-        }
+        let record = BaseRecord::<(), str>::to(topic).payload(text.as_str());
+        crate::client::send_waiting(&producer, record)
+            .map_err(|e| format!("cannot produce to '{topic}': {e}"))?;
         producer.poll(Duration::ZERO);
     }
     producer

@@ -12,7 +12,6 @@ use crate::client::Connection;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -334,17 +333,7 @@ fn transact(
         if let Some(k) = key {
             record = record.key(k);
         }
-        let mut pending = record;
-        loop {
-            match producer.send(pending) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    pending = back;
-                    producer.poll(Duration::from_millis(5));
-                }
-                Err((e, _)) => return Err(e),
-            }
-        }
+        crate::client::send_waiting(producer, record)?;
         if i % 8192 == 8191 {
             producer.poll(Duration::ZERO);
         }

@@ -24,13 +24,11 @@
 mod batch;
 mod committer;
 
-use crate::client::{Connection, Deliveries};
+use crate::client::{Connection, Deliveries, send_waiting};
 use batch::{FINAL, OpenBatch, PendingBatch};
 pub use committer::await_commits;
 use committer::{Committer, CommitterConfig};
-use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -371,21 +369,12 @@ impl<T: weir_runtime::Data> KafkaWriter<T> {
         if let Some(k) = key {
             r = r.key(k);
         }
-        loop {
-            match producer.send(r) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    r = back;
-                    producer.poll(Duration::from_millis(1));
-                }
-                Err((e, _)) => {
-                    return Err(sink_error(format!(
-                        "cannot produce to Kafka topic '{}': {e}",
-                        self.sink.topic
-                    )));
-                }
-            }
-        }
+        send_waiting(producer, r).map_err(|e| {
+            sink_error(format!(
+                "cannot produce to Kafka topic '{}': {e}",
+                self.sink.topic
+            ))
+        })
     }
 
     /// The committer's failure, or the at-least-once producer's first failed delivery.
