@@ -131,11 +131,9 @@ impl<K: StateKey, V: StateValue> ValueTable<K, V> {
 }
 
 /// A state's table with its value type erased, so the backend can hold states of any types.
-trait ErasedTable<K>: Send + Sync {
-    /// For typed read access.
-    fn as_any(&self) -> &dyn Any;
-    /// For typed write access.
-    fn as_any_mut(&mut self) -> &mut dyn Any;
+/// Typed access is a downcast through `Any` (a supertrait, so reaching `dyn Any` is a vtable
+/// lookup, not a call): one virtual call per state access, where `as_any_mut` cost two.
+trait ErasedTable<K>: Any + Send + Sync {
     /// The synchronous part of a snapshot: shares every key group's table (behind an `Arc`).
     fn freeze(&mut self, now_ms: i64) -> Box<dyn FrozenTable>;
     /// Number of entries over all key groups.
@@ -162,14 +160,6 @@ trait ErasedTable<K>: Send + Sync {
 }
 
 impl<K: StateKey, V: StateValue> ErasedTable<K> for ValueTable<K, V> {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-
     fn freeze(&mut self, now_ms: i64) -> Box<dyn FrozenTable> {
         let expiry = match &self.expiry {
             Some(e) if self.cleanup_full_snapshot => Some((e.clone(), now_ms)),
@@ -545,7 +535,7 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
         match self
             .states
             .get(usize::from(state.id))
-            .and_then(|s| s.table.as_any().downcast_ref::<ValueTable<K, V>>())
+            .and_then(|s| (s.table.as_ref() as &dyn Any).downcast_ref::<ValueTable<K, V>>())
         {
             Some(t) => t,
             None => misuse(format!(
@@ -578,7 +568,7 @@ impl<K: StateKey> HeapKeyedStateBackend<K> {
         let table = match self
             .states
             .get_mut(usize::from(state.id))
-            .and_then(|s| s.table.as_any_mut().downcast_mut::<ValueTable<K, V>>())
+            .and_then(|s| (s.table.as_mut() as &mut dyn Any).downcast_mut::<ValueTable<K, V>>())
         {
             Some(t) => t,
             None => misuse(format!(
@@ -658,7 +648,9 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
                     "state '{name}' has a lost id {id}"
                 )));
             };
-            if registered.kind != kind || !registered.table.as_any().is::<ValueTable<K, V>>() {
+            if registered.kind != kind
+                || !(registered.table.as_ref() as &dyn Any).is::<ValueTable<K, V>>()
+            {
                 return Err(incompatible(
                     name,
                     format!(
@@ -791,7 +783,7 @@ impl<K: StateKey> KeyedStateBackend<K> for HeapKeyedStateBackend<K> {
         if let Some(table) = self
             .states
             .get_mut(usize::from(state.id))
-            .and_then(|s| s.table.as_any_mut().downcast_mut::<ValueTable<K, V>>())
+            .and_then(|s| (s.table.as_mut() as &mut dyn Any).downcast_mut::<ValueTable<K, V>>())
         {
             table.cleanup(budget, now_ms);
         }
