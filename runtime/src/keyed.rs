@@ -93,6 +93,13 @@ impl<K: StateKey> KeyedBase<K> {
         self.assigner.key_group(key)
     }
 
+    /// What [`key_group`](Self::key_group) computes with, to hold while the backend is
+    /// borrowed (a batch's [`ValueAccess`](weir_state::ValueAccess)).
+    #[inline]
+    pub fn assigner(&self) -> KeyGroupAssigner {
+        self.assigner
+    }
+
     /// Restores native keyed snapshots from the files the subtask fetched before it opened
     /// (local-recovery copies or downloads, see [`crate::task`]): the backend keeps links or
     /// copies of its own.
@@ -284,18 +291,13 @@ where
     /// the batch goes downstream whole (one call for the chained sink, not one per record).
     fn process_batch(&mut self, mut batch: Vec<(A, N)>, out: &mut dyn Output<(A, N)>) -> OpResult {
         let state = self.state.ok_or_else(|| not_open("Sum"))?;
+        let assigner = self.base.assigner();
+        let mut sums = self.base.backend.value_access(state);
         for record in &mut batch {
-            let total = {
-                let key = (self.key)(record);
-                let kg = self.base.key_group(key);
-                let slot = self
-                    .base
-                    .backend
-                    .value_mut_or_insert(state, key, kg, N::default);
-                *slot = *slot + record.1;
-                *slot
-            };
-            record.1 = total;
+            let key = (self.key)(record);
+            let slot = sums.value_mut_or_insert(key, assigner.key_group(key), N::default);
+            *slot = *slot + record.1;
+            record.1 = *slot;
         }
         out.push_batch(batch)
     }

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use weir_core::handle::OperatorStateMode;
 use weir_core::ids::{CheckpointId, OperatorId};
-use weir_core::keygroup::KeyGroupRange;
+use weir_core::keygroup::{KeyGroup, KeyGroupRange};
 use weir_state::{
     KeyedStateBackend, OperatorListState, OperatorStateBackend, StateKey, StateValue, ValueState,
     ValueStateDescriptor,
@@ -454,25 +454,32 @@ impl<K: StateKey + Ord, A, V: StateValue> LatestPerKeySink<K, A, V> {
 }
 
 impl<K: StateKey + Ord, A, V: StateValue> LatestPerKeySink<K, A, V> {
-    /// Keeps `record`'s value as its key's latest.
-    #[inline]
-    fn keep(&mut self, state: ValueState<V>, record: (A, V)) -> OpResult {
-        let key = (self.key)(&record);
-        let kg = self.base.key_group(key);
-        if !self.range.contains(kg) {
-            return Err(TaskError::Operator {
-                operator: "Latest-per-key Sink".into(),
-                message: format!(
-                    "a key of key group {kg} arrived at a subtask that owns key groups {}: the \
-                     stream was declared keyed (reinterpret_as_keyed) but is not partitioned by \
-                     that key",
-                    self.range
-                ),
-            });
+    /// Keeps each record's value as its key's latest, the state's table found once. By
+    /// reference: moving each record out of the batch copied its key through the stack in
+    /// overlapping parts, a store-forwarding stall that was two thirds of this loop's time.
+    fn keep(&mut self, state: ValueState<V>, batch: &[(A, V)]) -> OpResult {
+        let (assigner, range) = (self.base.assigner(), self.range);
+        let mut latest = self.base.backend.value_access(state);
+        for record in batch {
+            let key = (self.key)(record);
+            let kg = assigner.key_group(key);
+            if !range.contains(kg) {
+                return Err(not_partitioned(kg, range));
+            }
+            latest.update(key, kg, record.1.clone());
         }
-        let value = record.1.clone();
-        self.base.backend().update(state, key, kg, value);
         Ok(())
+    }
+}
+
+/// A record of key group `kg` reached a subtask that owns `range`.
+fn not_partitioned(kg: KeyGroup, range: KeyGroupRange) -> TaskError {
+    TaskError::Operator {
+        operator: "Latest-per-key Sink".into(),
+        message: format!(
+            "a key of key group {kg} arrived at a subtask that owns key groups {range}: the \
+             stream was declared keyed (reinterpret_as_keyed) but is not partitioned by that key"
+        ),
     }
 }
 
@@ -491,15 +498,12 @@ impl<K: StateKey + Ord, A: Send + 'static, V: StateValue> OneInputOperator<(A, V
     #[inline]
     fn process(&mut self, record: (A, V), _out: &mut dyn Output<()>) -> OpResult {
         let state = self.state.ok_or_else(not_open)?;
-        self.keep(state, record)
+        self.keep(state, std::slice::from_ref(&record))
     }
 
     fn process_batch(&mut self, batch: Vec<(A, V)>, _out: &mut dyn Output<()>) -> OpResult {
         let state = self.state.ok_or_else(not_open)?;
-        for record in batch {
-            self.keep(state, record)?;
-        }
-        Ok(())
+        self.keep(state, &batch)
     }
 
     fn lifecycle(&mut self, event: &mut Lifecycle<'_>, _out: &mut dyn Output<()>) -> OpResult {

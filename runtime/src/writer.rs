@@ -81,10 +81,19 @@ impl<T: Data> RecordWriter<T> {
         let buf = &mut self.buffers[channel];
         buf.push(record);
         if buf.len() >= self.batch_size {
-            let full = std::mem::replace(buf, Vec::with_capacity(self.batch_size));
-            self.queued[channel].push_back(StreamElement::Batch(full));
-            self.any_queued = true;
+            self.queue_full(channel);
         }
+    }
+
+    /// Channel `channel`'s batch is full: it is queued, and a new one begun.
+    #[inline(never)]
+    fn queue_full(&mut self, channel: usize) {
+        let full = std::mem::replace(
+            &mut self.buffers[channel],
+            Vec::with_capacity(self.batch_size),
+        );
+        self.queued[channel].push_back(StreamElement::Batch(full));
+        self.any_queued = true;
     }
 
     /// Every record of `batch` to the one channel, in order: a whole batch as it is when no

@@ -6,9 +6,11 @@ use weir_sim::run_seed;
 
 #[test]
 fn a_seed_replays_bit_for_bit() {
-    // Seed 85 crashes a task manager; seed 100 cuts one off and a deployment waits for slots
-    // past the slot timeout (their traces say so, checked below).
-    for seed in [3, 17, 85, 100, 121, 404] {
+    // Seed 85 crashes a task manager; seed 341 cuts one off and a deployment waits for slots
+    // past the slot timeout (checked below). Which seeds do that changes with the tasks'
+    // schedule: `weir-sim --seeds 1 --first-seed S` prints how many deployments were short of
+    // slots.
+    for seed in [3, 17, 85, 100, 121, 341, 404] {
         let first = run_seed(seed, None);
         let again = run_seed(seed, None);
         let elsewhere = std::thread::spawn(move || run_seed(seed, None))
@@ -29,7 +31,7 @@ fn a_seed_replays_bit_for_bit() {
             assert_eq!(first.checkpoints, other.checkpoints);
             assert_eq!(first.restarts, other.restarts);
         }
-        if seed == 100 {
+        if seed == 341 {
             assert!(
                 first.task_managers_lost.1 > 0 && first.no_resources > 0,
                 "{first:?}"

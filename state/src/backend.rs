@@ -10,7 +10,7 @@
 use crate::StateError;
 use crate::disk::{DiskKeyedStore, DiskOptions, DiskStats};
 use crate::format::{Compression, StateKind};
-use crate::heap::HeapKeyedStateBackend;
+use crate::heap::{HeapKeyedStateBackend, HeapValueAccess};
 use crate::keyed::{
     KeyedSnapshot, KeyedStateBackend, NativeRestorePart, RestorePart, StateKey, StateOptions,
     StateValue, ValueState,
@@ -378,6 +378,20 @@ impl<K: StateKey> KeyedBackend<K> {
         })
     }
 
+    /// One value state, found once for a run of accesses (a batch of records). On the heap,
+    /// each access then skips finding the state's typed table; a store backend is called per
+    /// access as through [`KeyedStateBackend`].
+    ///
+    /// # Panics
+    /// If `state` was not made by this backend for values of type `V`.
+    #[inline]
+    pub fn value_access<V: StateValue>(&mut self, state: ValueState<V>) -> ValueAccess<'_, K, V> {
+        ValueAccess(match self {
+            KeyedBackend::Heap(b) => Access::Heap(b.value_access(state)),
+            KeyedBackend::Store(b) => Access::Store(b, state),
+        })
+    }
+
     /// A heap backend for the key groups `range` of `max_parallelism`.
     pub fn heap(max_parallelism: u32, range: KeyGroupRange) -> Self {
         KeyedBackend::Heap(HeapKeyedStateBackend::new(max_parallelism, range))
@@ -410,6 +424,39 @@ impl<K: StateKey> KeyedBackend<K> {
 }
 
 /// Forwards a call to whichever backend this is.
+/// One value state of a [`KeyedBackend`], from [`KeyedBackend::value_access`].
+pub struct ValueAccess<'a, K, V>(Access<'a, K, V>);
+
+enum Access<'a, K, V> {
+    Heap(HeapValueAccess<'a, K, V>),
+    Store(&'a mut StoreKeyedStateBackend<K>, ValueState<V>),
+}
+
+impl<K: StateKey, V: StateValue> ValueAccess<'_, K, V> {
+    /// As [`KeyedStateBackend::value_mut_or_insert`].
+    #[inline]
+    pub fn value_mut_or_insert(
+        &mut self,
+        key: &K,
+        key_group: KeyGroup,
+        init: impl FnOnce() -> V,
+    ) -> &mut V {
+        match &mut self.0 {
+            Access::Heap(a) => a.value_mut_or_insert(key, key_group, init),
+            Access::Store(b, state) => b.value_mut_or_insert(*state, key, key_group, init),
+        }
+    }
+
+    /// As [`KeyedStateBackend::update`].
+    #[inline]
+    pub fn update(&mut self, key: &K, key_group: KeyGroup, value: V) {
+        match &mut self.0 {
+            Access::Heap(a) => a.update(key, key_group, value),
+            Access::Store(b, state) => b.update(*state, key, key_group, value),
+        }
+    }
+}
+
 macro_rules! each {
     ($self:ident, $b:ident => $call:expr) => {
         match $self {

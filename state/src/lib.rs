@@ -38,7 +38,7 @@ mod zstd_codec;
 
 pub use backend::{
     BUILT_IN_BACKENDS as BUILT_IN_STATE_BACKENDS, DiskStateBackend, HeapStateBackend, KeyedBackend,
-    KeyedBackendKind, KeyedBackendParameters, MemoryStoreStateBackend, StateBackend,
+    KeyedBackendKind, KeyedBackendParameters, MemoryStoreStateBackend, StateBackend, ValueAccess,
     built_in as built_in_state_backend, default_disk_dir,
 };
 pub use disk::DiskOptions;

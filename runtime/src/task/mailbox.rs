@@ -24,6 +24,8 @@ pub(super) enum Wake {
     ProcessingTime,
     Flushed(OpResult),
     Step(Result<Step, TaskError>),
+    /// The input has nothing now: partly filled batches leave before the task waits.
+    InputDry,
 }
 
 /// Runs a task to its end and reports how it ended.
@@ -90,9 +92,9 @@ pub(super) async fn run(
     let _waits = EndWaitOnDrop::of(env);
     // A restored writer may hold in-flight data to send first.
     let mut output_pending = true;
-    let mut first_record = true;
-    let mut steps_since_yield = 0u32;
-    let mut last_yield = Instant::now();
+    let mut pace = Pace::new();
+    // Whether writers may hold partly filled batches.
+    let mut partial_pending = false;
     let mut processing_timer: Option<(i64, std::pin::Pin<Box<tokio::time::Sleep>>)> = None;
     loop {
         // One relaxed load per step (a batch): a task that never waits still stops here.
@@ -145,15 +147,26 @@ pub(super) async fn run(
                     }
                     flushed.map(Wake::Flushed)
                 } else if suspended {
-                    Poll::Pending
+                    if partial_pending {
+                        Poll::Ready(Wake::InputDry)
+                    } else {
+                        Poll::Pending
+                    }
                 } else {
-                    input.poll_step(cx, now, &mut actions).map(Wake::Step)
+                    match input.poll_step(cx, now, &mut actions) {
+                        Poll::Pending if partial_pending => Poll::Ready(Wake::InputDry),
+                        step => step.map(Wake::Step),
+                    }
                 }
             })
             .await
         };
         if blocked {
             backpressure_ended(env);
+        }
+        // Anything but a flush may have emitted records into partly filled batches.
+        if !matches!(wake, Wake::Flushed(_) | Wake::InputDry) {
+            partial_pending = true;
         }
         match wake {
             Wake::Message(None) => return Err(TaskError::MasterGone),
@@ -178,28 +191,16 @@ pub(super) async fn run(
                 r?;
                 output_pending = false;
             }
+            Wake::InputDry => {
+                input.lifecycle(&mut Lifecycle::FlushPartial)?;
+                partial_pending = false;
+                pace.last_partial_flush = Instant::now();
+                output_pending = true;
+            }
             Wake::Step(step) => match step? {
                 Step::Records(n) => {
-                    if first_record && n > 0 {
-                        first_record = false;
-                        note_first_record(env);
-                    }
-                    count_records(env, n);
-                    simulated_failure(FaultPoint::Records, env)?;
-                    if cps.pending_unaligned.is_some() {
-                        finish_unaligned(input, env, &mut cps);
-                    }
-                    input.lifecycle(&mut Lifecycle::FlushPartial)?;
+                    after_records(n, input, env, &mut cps, &mut pace).await?;
                     output_pending = true;
-                    // Under a simulation tasks share one thread: a task that processes slowly
-                    // (a busy sink) yields by time too, so sources, uploads and the job master
-                    // are not starved. On a thread of its own a yield costs one poll.
-                    steps_since_yield += 1;
-                    if steps_since_yield >= 32 || last_yield.elapsed() >= YIELD_AFTER {
-                        steps_since_yield = 0;
-                        last_yield = Instant::now();
-                        tokio::task::yield_now().await;
-                    }
                 }
                 Step::Events => {
                     run_actions(input, env, &mut cps, &mut actions).await?;
@@ -217,6 +218,62 @@ pub(super) async fn run(
             },
         }
     }
+}
+
+/// When a task last did what it does only now and then while it processes records.
+struct Pace {
+    first_record: bool,
+    steps_since_yield: u32,
+    last_yield: Instant,
+    /// When writers last handed over their partly filled batches.
+    last_partial_flush: Instant,
+}
+
+impl Pace {
+    fn new() -> Self {
+        Pace {
+            first_record: true,
+            steps_since_yield: 0,
+            last_yield: Instant::now(),
+            last_partial_flush: Instant::now(),
+        }
+    }
+}
+
+/// After a step that processed `n` records: counters, an unaligned checkpoint's in-flight data,
+/// the buffer timeout's hand-over and a yield now and then.
+async fn after_records(
+    n: usize,
+    input: &mut dyn TaskInput,
+    env: &mut TaskEnv,
+    cps: &mut SubtaskCheckpoints,
+    pace: &mut Pace,
+) -> Result<(), TaskError> {
+    if pace.first_record && n > 0 {
+        pace.first_record = false;
+        note_first_record(env);
+    }
+    count_records(env, n);
+    simulated_failure(FaultPoint::Records, env)?;
+    if cps.pending_unaligned.is_some() {
+        finish_unaligned(input, env, cps);
+    }
+    // Partly filled batches wait for more records (full batches cost less per record
+    // downstream), until the input runs dry or the buffer timeout.
+    if pace.last_partial_flush.elapsed() >= BUFFER_TIMEOUT {
+        input.lifecycle(&mut Lifecycle::FlushPartial)?;
+        pace.last_partial_flush = Instant::now();
+    }
+    // Under a simulation tasks share one thread: a task that processes slowly (a busy sink)
+    // yields by time too, so sources, uploads and the job master are not starved. On a thread
+    // of its own a yield costs one poll.
+    pace.steps_since_yield += 1;
+    if pace.steps_since_yield >= 32 || pace.last_yield.elapsed() >= YIELD_AFTER {
+        pace.steps_since_yield = 0;
+        pace.last_yield = Instant::now();
+        tokio::task::yield_now().await;
+    }
+    Ok(())
 }
 
 /// A step that found nothing to do: what it emitted (a watermark, an idle status) leaves now,
@@ -243,6 +300,11 @@ async fn idle_step(
 pub(super) fn wall_clock() -> Duration {
     weir_core::sim::wall_clock()
 }
+
+/// The longest a record waits in a partly filled batch while its task keeps processing (Flink's
+/// `execution.buffer-timeout`; Flink's default is 100 ms). A task also hands over its partly
+/// filled batches whenever its input runs dry, before it waits, and before every event.
+pub(super) const BUFFER_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// The longest a task runs records before it yields (to the tasks sharing its thread, if any).
 pub(super) const YIELD_AFTER: Duration = Duration::from_micros(500);
