@@ -103,7 +103,7 @@ impl Default for WordCountOptions {
             allow_non_restored_state: false,
             allow_changed_sources: false,
             mode: CheckpointingMode::ExactlyOnce,
-            buffers_per_channel: 4,
+            buffers_per_channel: 2,
             sink_delay: None,
             sink_gate: None,
             unaligned: false,

@@ -113,7 +113,7 @@ struct Args {
     /// Checkpointing mode: exactly-once (aligned barriers) or at-least-once (tracked barriers).
     #[arg(long, value_enum, default_value_t = Mode::ExactlyOnce)]
     mode: Mode,
-    #[arg(long, default_value_t = 4, value_parser = in_range(limits::BUFFERS_PER_CHANNEL),
+    #[arg(long, default_value_t = 2, value_parser = in_range(limits::BUFFERS_PER_CHANNEL),
         help = format!("Credits per channel: buffers in flight between two subtasks ({})",
             range_text(limits::BUFFERS_PER_CHANNEL)))]
     buffers_per_channel: usize,
