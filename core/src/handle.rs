@@ -192,7 +192,7 @@ impl OperatorSubtaskState {
 pub struct NativeKeyedHandle {
     /// The key groups of the subtask that took it.
     pub key_group_range: KeyGroupRange,
-    /// The backend's file format (`weir-disk-runs/1`).
+    /// The backend's file format (`weir-disk-runs/2`).
     pub format: String,
     /// The manifest the backend wrote.
     pub manifest: StreamStateHandle,

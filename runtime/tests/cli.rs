@@ -1279,7 +1279,7 @@ fn inspect_and_verify_show_native_keyed_snapshots() {
             let native = sub["native"].as_array().unwrap();
             assert_eq!(native.len(), state.native.len(), "{sub:#}");
             for (h, n) in state.native.iter().zip(native) {
-                assert_eq!(n["format"], "weir-disk-runs/1");
+                assert_eq!(n["format"], "weir-disk-runs/2");
                 assert_eq!(n["key_groups"]["start"], h.key_group_range.start);
                 assert_eq!(n["key_groups"]["end"], h.key_group_range.end);
                 assert_eq!(n["manifest"]["size"], h.manifest.size());
@@ -1327,7 +1327,7 @@ fn inspect_and_verify_show_native_keyed_snapshots() {
         text.contains("    native keyed state: key groups ["),
         "{text}"
     );
-    assert!(text.contains(", format weir-disk-runs/1, "), "{text}");
+    assert!(text.contains(", format weir-disk-runs/2, "), "{text}");
     assert!(text.contains("      manifest: "), "{text}");
     for f in &natives {
         assert!(text.contains(f.to_str().unwrap()), "{f:?} not in {text}");

@@ -256,10 +256,10 @@ impl StateBackend for DiskStateBackend {
     }
 
     fn check_native_file(&self, format: &str, file: &NativeFile) -> Result<(), StateError> {
-        if format != crate::disk::NATIVE_FORMAT {
+        if !crate::disk::NATIVE_FORMATS_READ.contains(&format) {
             return Err(StateError::Restore(format!(
                 "a native snapshot of format {format:?}: the disk backend reads {}",
-                crate::disk::NATIVE_FORMAT
+                crate::disk::NATIVE_FORMATS_READ.join(" and ")
             )));
         }
         crate::disk::check_run_file(&file.path, &file.name, file.size)

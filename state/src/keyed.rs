@@ -1117,7 +1117,7 @@ pub trait KeyedSnapshot: Send + 'static {
 /// shipped as they are.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NativeFiles {
-    /// The backend's file format (`weir-disk-runs/1`): a restore refuses one it does not know.
+    /// The backend's file format (`weir-disk-runs/2`): a restore refuses one it does not know.
     pub format: String,
     /// The files, in the backend's order.
     pub files: Vec<NativeFile>,

@@ -2,7 +2,7 @@
 //! (as CI does): iproute2's `ip` and `ss` for the network-partition test's hosts (network
 //! namespaces, `examples/tests/cluster_netns.rs`), and Chromium with its WebDriver for the web
 //! UI test (`examples/tests/web_ui.rs`), and what building librdkafka from source needs for the
-//! Kafka connectors (`connectors/kafka`): cmake, and the TLS and zlib headers. Where they cannot
+//! Kafka connectors (`connectors/kafka`): cmake, and the TLS, zlib and curl headers. Where they cannot
 //! be installed, the tests or builds that need them fail, saying what they need.
 
 use anyhow::{Context, Result, bail};
@@ -70,14 +70,27 @@ fn ensure_files(
     Ok(())
 }
 
-/// cmake, a C++ compiler and the OpenSSL and zlib headers: `rdkafka` builds librdkafka from
-/// source with them (Debian's librdkafka is too old for the crate).
+/// cmake, a C++ compiler and the OpenSSL, zlib and curl headers: `rdkafka` builds librdkafka
+/// from source with them (Debian's librdkafka is too old for the crate). librdkafka 2.12 is
+/// built without curl, but its cmake configuration defines `WITH_OAUTHBEARER_OIDC` as 0 and
+/// `rdkafka_conf.c` tests it with `#ifdef`, so it includes `curl/curl.h` all the same: on a
+/// machine without the curl headers the build failed (2026-12-04).
 pub fn ensure_kafka_build() -> Result<()> {
+    let curl = format!(
+        "/usr/include/{}-linux-gnu/curl/curl.h",
+        std::env::consts::ARCH
+    );
     ensure_files(
         "building librdkafka (the Kafka connectors)",
         &["cmake", "g++"],
-        &["/usr/include/openssl/ssl.h", "/usr/include/zlib.h"],
-        &["cmake", "g++", "libssl-dev", "zlib1g-dev"],
+        &["/usr/include/openssl/ssl.h", "/usr/include/zlib.h", &curl],
+        &[
+            "cmake",
+            "g++",
+            "libssl-dev",
+            "zlib1g-dev",
+            "libcurl4-openssl-dev",
+        ],
     )
 }
 

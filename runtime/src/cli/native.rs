@@ -18,7 +18,7 @@ use weir_core::keygroup::KeyGroupRange;
 /// shared by the checkpoints that list it, and the manifest the backend wrote.
 #[derive(Clone, Debug, Serialize)]
 pub struct NativeHandleReport {
-    /// The backend's file format (`weir-disk-runs/1`).
+    /// The backend's file format (`weir-disk-runs/2`).
     pub format: String,
     /// The key groups of the subtask that took it.
     pub key_groups: KeyGroups,

@@ -23,7 +23,7 @@ mod run;
 pub mod store;
 
 pub(crate) use run::check_file as check_run_file;
-pub use store::{DiskKeyedStore, DiskStats, NATIVE_FORMAT};
+pub use store::{DiskKeyedStore, DiskStats, NATIVE_FORMAT, NATIVE_FORMATS_READ};
 
 /// How a [`DiskKeyedStore`] sizes its memtables, filters and compactions.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -27,8 +27,15 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use weir_core::keygroup::{KeyGroup, KeyGroupRange};
 
-/// The format of the disk store's native snapshots: its run files, version 1.
-pub const NATIVE_FORMAT: &str = "weir-disk-runs/1";
+/// The format of the disk store's native snapshots that this build writes: its run files, whose
+/// newest version is 2 (each file also carries its own version).
+pub const NATIVE_FORMAT: &str = "weir-disk-runs/2";
+
+/// The native snapshot formats this build restores: `weir-disk-runs/1`, written by the builds
+/// before run format 2 (its files are version 1, or version 2 from the builds between, and each
+/// file's own version is checked), and [`NATIVE_FORMAT`]. A build that knows only
+/// `weir-disk-runs/1` refuses a newer snapshot by this name, before it opens a file.
+pub const NATIVE_FORMATS_READ: &[&str] = &["weir-disk-runs/1", NATIVE_FORMAT];
 
 /// The memtables being flushed and the runs: what a read sees below the active memtable.
 #[derive(Debug, Default)]
@@ -717,10 +724,11 @@ impl KeyedStore for DiskKeyedStore {
         }
         let mut runs = Vec::new();
         for snapshot in snapshots {
-            if snapshot.format != NATIVE_FORMAT {
+            if !NATIVE_FORMATS_READ.contains(&snapshot.format.as_str()) {
                 return Err(StateError::Restore(format!(
-                    "a native snapshot of format {:?}: this store reads {NATIVE_FORMAT}",
-                    snapshot.format
+                    "a native snapshot of format {:?}: this store reads {}",
+                    snapshot.format,
+                    NATIVE_FORMATS_READ.join(" and ")
                 )));
             }
             for file in &snapshot.files {

@@ -360,6 +360,50 @@ fn restored_runs_and_new_runs_with_the_same_numbers_compact_correctly() {
     check_against(&mut second, &model, None);
 }
 
+/// A snapshot names its format `weir-disk-runs/2`; one named `weir-disk-runs/1` (the builds
+/// before, whose runs each carry their own version) is restored all the same, and an unknown
+/// name is refused, named, before any file is read.
+#[test]
+fn native_snapshots_are_told_apart_by_their_format_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let range = weir_core::keygroup::KeyGroupRange::new(0, 3);
+    let open = |name: &str| {
+        DiskKeyedStore::open(
+            dir.path().join(name),
+            name.to_string(),
+            range,
+            DiskOptions::default().with_memtable_bytes(8 << 10),
+            Arc::new(DiskStats::default()),
+        )
+        .unwrap()
+    };
+    let mut first = open("first");
+    for i in 0..5_000u32 {
+        first.put(0, i % 4, &key(i), &i.to_le_bytes()).unwrap();
+    }
+    let mut frozen = first.freeze_files().unwrap().unwrap();
+    let mut files = frozen.files().unwrap();
+    assert_eq!(files.format, "weir-disk-runs/2");
+    files.format = "weir-disk-runs/1".to_string();
+    let mut older = open("older");
+    older.restore_files(&[&files], range).unwrap();
+    let mut value = Vec::new();
+    for i in (0..5_000u32).step_by(97) {
+        assert!(older.get(0, i % 4, &key(i), &mut value).unwrap(), "key {i}");
+        assert_eq!(value, i.to_le_bytes());
+    }
+    files.format = "weir-disk-runs/3".to_string();
+    let mut newer = open("newer");
+    let refused = newer
+        .restore_files(&[&files], range)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("\"weir-disk-runs/3\"") && refused.contains("weir-disk-runs/2"),
+        "{refused}"
+    );
+}
+
 /// The directories a killed process left are removed; a store whose lock is held (whatever
 /// its name says), a download of a running process (this one) and anything else are kept.
 #[test]
