@@ -620,13 +620,17 @@ pub(crate) fn state(b: &Bench) -> Result<()> {
 /// `state-disk`: the disk backend's benchmark ([`crate::bench_disk`]), with `word_count` runs
 /// of this bench's contract.
 pub(crate) fn state_disk(b: &Bench) -> Result<()> {
-    crate::bench_disk::state_disk(&b.state_disk_bench, &b.scratch, &|backend| {
+    crate::bench_disk::state_disk(&b.state_disk_bench, &b.scratch, &|backend, incremental| {
+        let mut extra = vec!["--key-space", "10000000", "--state-backend", backend];
+        if incremental {
+            extra.push("--incremental");
+        }
         let cfg = Config {
             records: 20_000_000,
             parallelism: 2,
             checkpoint_interval: Some("1s"),
             fail_after: None,
-            extra: vec!["--key-space", "10000000", "--state-backend", backend],
+            extra,
         };
         b.run(&cfg).map(|s| s.records_per_s)
     })
