@@ -423,7 +423,6 @@ impl<K: StateKey> KeyedBackend<K> {
     }
 }
 
-/// Forwards a call to whichever backend this is.
 /// One value state of a [`KeyedBackend`], from [`KeyedBackend::value_access`].
 pub struct ValueAccess<'a, K, V>(Access<'a, K, V>);
 
@@ -457,6 +456,7 @@ impl<K: StateKey, V: StateValue> ValueAccess<'_, K, V> {
     }
 }
 
+/// Forwards a call to whichever backend this is.
 macro_rules! each {
     ($self:ident, $b:ident => $call:expr) => {
         match $self {
