@@ -1202,3 +1202,63 @@ async fn split_enumerator_state_is_checkpointed_and_splits_are_reassigned_on_res
         assert_restored(&r, records, &format!("restored at parallelism {p}"));
     }
 }
+
+/// A busy task hands over a partly filled batch within the buffer timeout: the one record of an
+/// unbounded job that goes to the other subtask (every other record has one key, on one
+/// subtask) reaches its keyed operator although the sources never run dry and no checkpoint
+/// or other event flushes the channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_record_leaves_a_busy_task_within_the_buffer_timeout() {
+    use weir_core::keygroup::{
+        assign_to_key_group, compute_default_max_parallelism, compute_operator_index_for_key_group,
+    };
+    let max_p = compute_default_max_parallelism(2);
+    let subtask =
+        |k: u64| compute_operator_index_for_key_group(max_p, 2, assign_to_key_group(&k, max_p));
+    let common = 0u64;
+    let rare = (1..).find(|&k| subtask(k) != subtask(common)).unwrap();
+    let env = StreamEnvironment::new();
+    env.set_parallelism(2);
+    let (seen, emitted) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let (s, e) = (seen.clone(), emitted.clone());
+    env.from_generator(None, |i| i)
+        .map(move |i: u64| {
+            e.fetch_add(1, Ordering::Relaxed);
+            (if i == 1_000 { rare } else { common }, 1i64)
+        })
+        .key_by(|t: &(u64, i64)| &t.0)
+        .sum()
+        .map(move |t: (u64, i64)| {
+            if t.0 == rare {
+                s.store(true, Ordering::SeqCst);
+            }
+            t
+        })
+        .latest_per_key();
+    let canceller = JobCanceller::default();
+    let job = tokio::spawn(tokio::time::timeout(
+        Duration::from_secs(60),
+        env.execute_with(canceller.clone()),
+    ));
+    let start = std::time::Instant::now();
+    while !seen.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (arrived, after) = (seen.load(Ordering::SeqCst), start.elapsed());
+    let records = emitted.load(Ordering::Relaxed);
+    canceller.cancel();
+    let result = job
+        .await
+        .unwrap()
+        .expect("the cancelled job did not stop")
+        .unwrap();
+    assert_eq!(result.status, JobStatus::Canceled);
+    assert!(
+        arrived,
+        "the lone record for subtask {} never arrived in {after:?} ({records} records emitted)",
+        subtask(rare)
+    );
+}
