@@ -138,7 +138,9 @@ fn standing_task_managers_run_job_after_job_and_the_cluster_lists_its_jobs() {
         );
     }
 
-    // Job 2, another job manager at the same address: other records, seed and parallelism.
+    // Job 2, another job manager at the same address: other records, seed and parallelism. At
+    // parallelism 3 it needs both task managers' slots, so each must build it (at 2 it fitted in
+    // one task manager, and finished before the other asked the new job manager for a job).
     let out2 = path("out2.csv");
     let (jm, mut lines) = job_manager(
         &listen,
@@ -148,7 +150,7 @@ fn standing_task_managers_run_job_after_job_and_the_cluster_lists_its_jobs() {
             "--seed",
             "7",
             "--parallelism",
-            "2",
+            "3",
             "--checkpoint-interval",
             "50ms",
             "--checkpoint-dir",
