@@ -40,6 +40,13 @@ pub struct DiskOptions {
     /// Universal compaction's size ratio, in percent: a run joins a merge of newer runs when it
     /// is at most `100 + size_ratio` percent of their total. Default 100.
     pub size_ratio: u32,
+    /// Writes wait while the store has this many runs, and from this many on compaction merges
+    /// the newest runs whatever their sizes, down to half as many (RocksDB's
+    /// `level0_stop_writes_trigger`, 36 by default, where universal compaction counts every
+    /// sorted run). Each run costs every point lookup a filter probe and every restore a file
+    /// to open, so this bound keeps both from growing with the state when writes outpace
+    /// compaction. Default 32; at least 4.
+    pub max_runs: usize,
 }
 
 impl Default for DiskOptions {
@@ -49,6 +56,7 @@ impl Default for DiskOptions {
             max_immutable_memtables: 2,
             bloom_bits_per_key: 10,
             size_ratio: 100,
+            max_runs: 32,
         }
     }
 }

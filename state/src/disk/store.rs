@@ -242,8 +242,10 @@ fn flush_loop(shared: &Shared) {
 
 /// The runs to merge next (a prefix of the runs, newest first), by universal compaction's
 /// size ratio: take the newest run, then each older run not larger than
-/// `(100 + size_ratio)%` of what is taken so far; merge when that takes two or more.
-pub(crate) fn pick_compaction(sizes: &[u64], size_ratio: u32) -> Option<usize> {
+/// `(100 + size_ratio)%` of what is taken so far; merge when that takes two or more. With
+/// `max_runs` runs or more, at least the newest `len - max_runs / 2 + 1` (merged into one, they
+/// leave half as many runs).
+pub(crate) fn pick_compaction(sizes: &[u64], size_ratio: u32, max_runs: usize) -> Option<usize> {
     let (&first, rest) = sizes.split_first()?;
     let mut sum = u128::from(first);
     let mut taken = 1;
@@ -254,8 +256,15 @@ pub(crate) fn pick_compaction(sizes: &[u64], size_ratio: u32) -> Option<usize> {
         sum += u128::from(s);
         taken += 1;
     }
+    let max_runs = max_runs.max(MIN_MAX_RUNS);
+    if sizes.len() >= max_runs {
+        taken = taken.max(sizes.len() - max_runs / 2 + 1);
+    }
     (taken >= 2).then_some(taken)
 }
+
+/// The least [`DiskOptions::max_runs`](super::DiskOptions::max_runs) a store takes.
+const MIN_MAX_RUNS: usize = 4;
 
 /// Merges runs while [`pick_compaction`] finds some, until the store stops.
 fn compaction_loop(shared: &Shared) {
@@ -268,7 +277,9 @@ fn compaction_loop(shared: &Shared) {
                 }
                 let runs = &inner.version.runs;
                 let sizes: Vec<u64> = runs.iter().map(|r| r.bytes).collect();
-                if let Some(n) = pick_compaction(&sizes, shared.options.size_ratio) {
+                if let Some(n) =
+                    pick_compaction(&sizes, shared.options.size_ratio, shared.options.max_runs)
+                {
                     break (runs[..n].to_vec(), n == runs.len());
                 }
                 inner = shared
@@ -457,7 +468,8 @@ impl DiskKeyedStore {
             }
             let sizes: Vec<u64> = inner.version.runs.iter().map(|r| r.bytes).collect();
             if inner.version.immutables.is_empty()
-                && pick_compaction(&sizes, shared.options.size_ratio).is_none()
+                && pick_compaction(&sizes, shared.options.size_ratio, shared.options.max_runs)
+                    .is_none()
             {
                 break;
             }
@@ -514,9 +526,13 @@ impl DiskKeyedStore {
         }
         let shared = Arc::clone(&self.shared);
         let mut inner = shared.lock();
+        // Writes wait for the flush thread, and for compaction while runs are as many as
+        // allowed: compaction is the slower, and runs it cannot merge as fast as they come
+        // would make every lookup and every restore slower (449 runs at 50M keys without this).
         while wait
             && inner.error.is_none()
-            && inner.version.immutables.len() >= shared.options.max_immutable_memtables
+            && (inner.version.immutables.len() >= shared.options.max_immutable_memtables
+                || inner.version.runs.len() >= shared.options.max_runs.max(MIN_MAX_RUNS))
         {
             inner = shared
                 .changed

@@ -203,14 +203,14 @@ fn a_damaged_or_foreign_run_is_refused_by_name() {
 
 #[test]
 fn compaction_takes_newer_runs_of_comparable_size() {
-    assert_eq!(pick_compaction(&[], 100), None);
-    assert_eq!(pick_compaction(&[10], 100), None);
-    assert_eq!(pick_compaction(&[10, 10], 100), Some(2));
-    assert_eq!(pick_compaction(&[10, 40], 100), None);
-    assert_eq!(pick_compaction(&[10, 10, 40], 100), Some(3));
-    assert_eq!(pick_compaction(&[10, 10, 60], 100), Some(2));
-    assert_eq!(pick_compaction(&[10, 20, 60], 100), Some(3));
-    assert_eq!(pick_compaction(&[u64::MAX, u64::MAX], 100), Some(2));
+    assert_eq!(pick_compaction(&[], 100, 32), None);
+    assert_eq!(pick_compaction(&[10], 100, 32), None);
+    assert_eq!(pick_compaction(&[10, 10], 100, 32), Some(2));
+    assert_eq!(pick_compaction(&[10, 40], 100, 32), None);
+    assert_eq!(pick_compaction(&[10, 10, 40], 100, 32), Some(3));
+    assert_eq!(pick_compaction(&[10, 10, 60], 100, 32), Some(2));
+    assert_eq!(pick_compaction(&[10, 20, 60], 100, 32), Some(3));
+    assert_eq!(pick_compaction(&[u64::MAX, u64::MAX], 100, 32), Some(2));
 }
 
 /// A small xorshift, so the model test needs no crate.
@@ -309,6 +309,46 @@ fn the_store_matches_a_model_through_flushes_compactions_and_snapshots() {
     drop(store);
     drop(f);
     assert!(!path.exists());
+}
+
+/// Writes faster than compaction merges wait for it: the runs never exceed the bound by more
+/// than the memtables being flushed, and compaction then merges the newest whatever their sizes.
+#[test]
+fn writes_wait_while_the_store_has_as_many_runs_as_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let stats = Arc::new(DiskStats::default());
+    let mut options = DiskOptions::default().with_memtable_bytes(4 << 10);
+    options.max_runs = 4;
+    let bound = options.max_runs + options.max_immutable_memtables;
+    let mut store = DiskKeyedStore::open(
+        dir.path().join("s"),
+        "bounded".to_string(),
+        weir_core::keygroup::KeyGroupRange::new(0, 127),
+        options,
+        Arc::clone(&stats),
+    )
+    .unwrap();
+    let mut most = 0;
+    let value = [7u8; 64];
+    for i in 0..40_000u32 {
+        store.put(0, i % 128, &i.to_be_bytes(), &value).unwrap();
+        if i % 64 == 0 {
+            most = most.max(store.runs().unwrap());
+        }
+    }
+    assert!(most <= bound, "{most} runs with at most {bound} allowed");
+    assert!(
+        stats.flushes.load(Ordering::Relaxed) > 100,
+        "the writes must have made many runs to merge"
+    );
+    let mut got = Vec::new();
+    for i in (0..40_000u32).step_by(97) {
+        assert!(
+            store.get(0, i % 128, &i.to_be_bytes(), &mut got).unwrap(),
+            "key {i}"
+        );
+        assert_eq!(got, value);
+    }
 }
 
 /// Runs restored from another store keep its run numbers, and the new store numbers its own
