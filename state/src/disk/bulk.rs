@@ -129,7 +129,7 @@ impl BulkLoad for DiskBulkLoad<'_> {
                 runs,
             },
         );
-        self.store.take_version(&mut inner);
+        self.store.take_version(&mut inner, true);
         self.store.seen = inner.generation;
         drop(inner);
         shared.stats.bulk_loads.fetch_add(1, Ordering::Relaxed);
