@@ -19,6 +19,7 @@ mod bloom;
 mod bulk;
 mod index;
 mod merge;
+mod restore;
 mod run;
 pub mod store;
 

@@ -16,7 +16,6 @@ use super::DiskOptions;
 use super::bloom::key_hash;
 use super::bulk::DiskBulkLoad;
 use super::merge::{Layers, Memtable, merge};
-use super::run::parse_run_name;
 use super::run::{DirGuard, Run, RunIdentity, RunWriter};
 use crate::StateError;
 use crate::keyed::{NativeFile, NativeFiles};
@@ -756,7 +755,7 @@ impl KeyedStore for DiskKeyedStore {
                 "a restore must come before anything is written".to_string(),
             ));
         }
-        let mut runs = Vec::new();
+        let mut files = Vec::new();
         for snapshot in snapshots {
             if !NATIVE_FORMATS_READ.contains(&snapshot.format.as_str()) {
                 return Err(StateError::Restore(format!(
@@ -767,12 +766,12 @@ impl KeyedStore for DiskKeyedStore {
             }
             for file in &snapshot.files {
                 let clip = file.key_groups.intersection(&range);
-                if clip.is_empty() {
-                    continue;
+                if !clip.is_empty() {
+                    files.push((file, clip));
                 }
-                runs.push(self.adopt(file, clip)?);
             }
         }
+        let runs = super::restore::adopt_all(&self.shared, &files)?;
         let shared = Arc::clone(&self.shared);
         let mut inner = shared.lock();
         shared.publish(
@@ -788,34 +787,6 @@ impl KeyedStore for DiskKeyedStore {
     }
 }
 
-impl DiskKeyedStore {
-    /// Links (or copies) a restored run into the store's directory and opens it, answering for
-    /// `clip`.
-    fn adopt(&self, file: &NativeFile, clip: KeyGroupRange) -> Result<Arc<Run>, StateError> {
-        let identity = parse_run_name(&file.name).ok_or_else(|| {
-            StateError::Restore(format!("{:?} is not the name of a run", file.name))
-        })?;
-        let local = self
-            .shared
-            .dir
-            .path
-            .join(format!("{}.{}-{}.run", file.name, clip.start, clip.end));
-        link_or_copy(&file.path, &local)?;
-        let run = Run::open(&local, &identity, clip, Some(Arc::clone(&self.shared.dir)))?;
-        if run.bytes != file.size {
-            run.make_obsolete();
-            return Err(StateError::Disk {
-                path: file.path.clone(),
-                reason: format!(
-                    "run {} has {} bytes, and its snapshot says {}",
-                    file.name, run.bytes, file.size
-                ),
-            });
-        }
-        Ok(Arc::new(run))
-    }
-}
-
 /// Takes the store directory's lock (`LOCK`, an exclusive advisory lock held as long as the
 /// store lives): how a later process tells a dead store's directory from a live one, in any
 /// process namespace.
@@ -828,20 +799,6 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File, StateError> {
     let file = std::fs::File::create(&path).map_err(|e| fail(e.to_string()))?;
     file.try_lock().map_err(|e| fail(e.to_string()))?;
     Ok(file)
-}
-
-/// Hard-links `from` to `to`, or copies it where a link cannot be made (another file system).
-fn link_or_copy(from: &Path, to: &Path) -> Result<(), StateError> {
-    let _ = std::fs::remove_file(to);
-    if std::fs::hard_link(from, to).is_ok() {
-        return Ok(());
-    }
-    std::fs::copy(from, to)
-        .map(|_| ())
-        .map_err(|e| StateError::Disk {
-            path: from.to_path_buf(),
-            reason: format!("cannot copy the run to {}: {e}", to.display()),
-        })
 }
 
 /// A native snapshot of the store: the frozen version, whose memtables become runs once the
