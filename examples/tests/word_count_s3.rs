@@ -242,13 +242,17 @@ fn a_savepoint_on_s3_is_printed_as_a_path_to_resume_from() {
     let tmp = tempfile::tempdir().unwrap();
     let records = 400_000u64;
     let n = records.to_string();
-    // Stops with a savepoint in the bucket once 100k records were emitted.
+    // Stops with a savepoint in the bucket once 100k records were emitted, after checkpoints
+    // at 25k, 50k and 75k records (a 20 ms interval alone left none once 100k records took
+    // less than 20 ms).
     let run = word_count(
         &[
             "--records",
             &n,
             "--parallelism",
             "2",
+            "--checkpoint-every-records",
+            "25000",
             "--checkpoint-interval",
             "20ms",
             "--checkpoint-dir",

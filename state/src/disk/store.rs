@@ -567,14 +567,15 @@ impl DiskKeyedStore {
             immutables,
             runs: old.runs.clone(),
         };
-        // Writes wake the flush thread; a snapshot leaves it to find the memtable (see
-        // `publish_quietly`).
-        if wait {
+        // Writes wake the flush thread; a snapshot leaves it to its asynchronous part (see
+        // `publish_quietly`), unless more memtables than allowed wait already.
+        let wake = wait || version.immutables.len() > shared.options.max_immutable_memtables;
+        if wake {
             shared.publish(&mut inner, version);
         } else {
             shared.publish_quietly(&mut inner, version);
         }
-        self.take_version(&mut inner, wait);
+        self.take_version(&mut inner, wake);
         self.seen = inner.generation;
         Ok(())
     }
@@ -720,6 +721,8 @@ impl KeyedStore for DiskKeyedStore {
         self.shared.stats.snapshots.fetch_add(1, Ordering::Relaxed);
         Ok(Box::new(FrozenDisk {
             version: Arc::clone(&self.version),
+            shared: Arc::clone(&self.shared),
+            woke: AtomicBool::new(false),
         }))
     }
 
@@ -810,6 +813,15 @@ struct FrozenRuns {
     runs: Vec<Arc<Run>>,
 }
 
+impl Drop for FrozenRuns {
+    /// A snapshot dropped before its asynchronous part listed its files (an aborted
+    /// checkpoint) still has the flush thread woken for its memtable.
+    fn drop(&mut self) {
+        let _inner = self.shared.lock();
+        self.shared.changed.notify_all();
+    }
+}
+
 impl FrozenFiles for FrozenRuns {
     fn files(&mut self) -> Result<NativeFiles, StateError> {
         let mut runs: Vec<Arc<Run>> = Vec::new();
@@ -867,6 +879,26 @@ impl FrozenFiles for FrozenRuns {
 /// until the snapshot is written.
 struct FrozenDisk {
     version: Arc<Version>,
+    /// To wake the flush thread, which the synchronous part left asleep.
+    shared: Arc<Shared>,
+    woke: AtomicBool,
+}
+
+impl FrozenDisk {
+    /// Wakes the flush thread for the memtable the synchronous part handed over, once: from
+    /// the asynchronous part's first scan, or when the snapshot goes unscanned.
+    fn wake_flush(&self) {
+        if !self.woke.swap(true, Ordering::AcqRel) {
+            let _inner = self.shared.lock();
+            self.shared.changed.notify_all();
+        }
+    }
+}
+
+impl Drop for FrozenDisk {
+    fn drop(&mut self) {
+        self.wake_flush();
+    }
 }
 
 impl FrozenStore for FrozenDisk {
@@ -876,6 +908,7 @@ impl FrozenStore for FrozenDisk {
         key_group: KeyGroup,
         visit: &mut EntryVisitor<'_>,
     ) -> Result<(), StateError> {
+        self.wake_flush();
         let layers = Layers {
             active: None,
             memtables: self.version.immutables.iter().map(|m| &**m).collect(),

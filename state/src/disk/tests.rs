@@ -351,6 +351,52 @@ fn writes_wait_while_the_store_has_as_many_runs_as_allowed() {
     }
 }
 
+/// A snapshot's synchronous part hands its memtable over without waking the flush thread; its
+/// asynchronous part (or its drop) wakes it, so the memtable becomes a run without any write
+/// that follows (a quiet state's memtables once stayed in memory for good).
+#[test]
+fn a_snapshot_memtable_is_flushed_once_the_snapshot_is_used_or_dropped() {
+    for native in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Arc::new(DiskStats::default());
+        let mut store = DiskKeyedStore::open(
+            dir.path().join("s"),
+            "quiet".to_string(),
+            weir_core::keygroup::KeyGroupRange::new(0, 127),
+            DiskOptions::default(),
+            Arc::clone(&stats),
+        )
+        .unwrap();
+        store.put(0, 3, b"key", b"value").unwrap();
+        // The flush thread waits by now (else it would find the memtable without a wake-up).
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        if native {
+            let mut frozen = store.freeze_files().unwrap().expect("native snapshots");
+            let files = frozen.files().unwrap();
+            assert_eq!(files.files.len(), 1, "native = {native}");
+        } else {
+            let frozen = store.freeze().unwrap();
+            let mut seen = 0;
+            frozen
+                .scan(0, 3, &mut |_, _| {
+                    seen += 1;
+                    Ok(())
+                })
+                .unwrap();
+            assert_eq!(seen, 1);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while stats.flushes.load(Ordering::Relaxed) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the snapshot's memtable was never flushed (native = {native})"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(store.runs().unwrap(), 1, "native = {native}");
+    }
+}
+
 /// Runs restored from another store keep its run numbers, and the new store numbers its own
 /// runs from 0 too: flushes and compactions that mix them must keep every write (a compaction
 /// that found its inputs by number replaced the wrong runs).
