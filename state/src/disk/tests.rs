@@ -250,19 +250,29 @@ fn check_against(store: &mut DiskKeyedStore, model: &Model, frozen: Option<&dyn 
 
 use crate::store::FrozenStore;
 
+/// A store named `name` over key groups 0..=127, in `dir/s`, counting into `stats`.
+fn open_whole(
+    dir: &std::path::Path,
+    name: &str,
+    options: DiskOptions,
+    stats: &Arc<DiskStats>,
+) -> DiskKeyedStore {
+    DiskKeyedStore::open(
+        dir.join("s"),
+        name.to_string(),
+        weir_core::keygroup::KeyGroupRange::new(0, 127),
+        options,
+        Arc::clone(stats),
+    )
+    .unwrap()
+}
+
 #[test]
 fn the_store_matches_a_model_through_flushes_compactions_and_snapshots() {
     let dir = tempfile::tempdir().unwrap();
     let stats = Arc::new(DiskStats::default());
     let options = DiskOptions::default().with_memtable_bytes(8 << 10);
-    let mut store = DiskKeyedStore::open(
-        dir.path().join("s"),
-        "model".to_string(),
-        weir_core::keygroup::KeyGroupRange::new(0, 127),
-        options,
-        Arc::clone(&stats),
-    )
-    .unwrap();
+    let mut store = open_whole(dir.path(), "model", options, &stats);
     let mut model = Model::new();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut frozen: Option<(Box<dyn FrozenStore>, Model)> = None;
@@ -320,14 +330,7 @@ fn writes_wait_while_the_store_has_as_many_runs_as_allowed() {
     let mut options = DiskOptions::default().with_memtable_bytes(4 << 10);
     options.max_runs = 4;
     let bound = options.max_runs + options.max_immutable_memtables;
-    let mut store = DiskKeyedStore::open(
-        dir.path().join("s"),
-        "bounded".to_string(),
-        weir_core::keygroup::KeyGroupRange::new(0, 127),
-        options,
-        Arc::clone(&stats),
-    )
-    .unwrap();
+    let mut store = open_whole(dir.path(), "bounded", options, &stats);
     let mut most = 0;
     let value = [7u8; 64];
     for i in 0..40_000u32 {
@@ -359,14 +362,7 @@ fn a_snapshot_memtable_is_flushed_once_the_snapshot_is_used_or_dropped() {
     for native in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         let stats = Arc::new(DiskStats::default());
-        let mut store = DiskKeyedStore::open(
-            dir.path().join("s"),
-            "quiet".to_string(),
-            weir_core::keygroup::KeyGroupRange::new(0, 127),
-            DiskOptions::default(),
-            Arc::clone(&stats),
-        )
-        .unwrap();
+        let mut store = open_whole(dir.path(), "quiet", DiskOptions::default(), &stats);
         store.put(0, 3, b"key", b"value").unwrap();
         // The flush thread waits by now (else it would find the memtable without a wake-up).
         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -529,4 +525,87 @@ fn directories_of_dead_processes_are_removed() {
         assert_eq!(removed, 0);
     }
     drop(live);
+}
+
+/// A restore of many runs opens them on several threads: every value comes back, in the runs'
+/// order (newest wins), and one damaged run among them fails the restore, named. The runs come
+/// from four stores of a quarter of the key groups each (one store's compaction leaves too few).
+#[test]
+fn a_restore_of_many_runs_opens_them_in_parallel_exactly_and_refuses_a_damaged_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let stats = Arc::new(DiskStats::default());
+    let halves: Vec<_> = (0..4)
+        .map(|q| weir_core::keygroup::KeyGroupRange::new(q * 32, q * 32 + 31))
+        .collect();
+    let mut snapshots = Vec::new();
+    let mut frozen_all = Vec::new();
+    for (h, half) in halves.iter().enumerate() {
+        let mut store = DiskKeyedStore::open(
+            dir.path().join(format!("half-{h}")),
+            format!("half-{h}"),
+            *half,
+            DiskOptions::default().with_memtable_bytes(4 << 10),
+            Arc::clone(&stats),
+        )
+        .unwrap();
+        // Every key written twice, the second value in a later run than the first.
+        for round in 0..2u32 {
+            for i in (0..6_000u32).filter(|i| half.contains(i % 128)) {
+                store
+                    .put(0, i % 128, &key(i), &(i + round * 1_000_000).to_le_bytes())
+                    .unwrap();
+            }
+        }
+        let mut frozen = store.freeze_files().unwrap().unwrap();
+        snapshots.push(frozen.files().unwrap());
+        frozen_all.push((frozen, store));
+    }
+    let runs: usize = snapshots.iter().map(|f| f.files.len()).sum();
+    assert!(
+        runs >= 16,
+        "{runs} runs: too few to open on several threads"
+    );
+    let range = weir_core::keygroup::KeyGroupRange::new(0, 127);
+    let refs: Vec<&crate::keyed::NativeFiles> = snapshots.iter().collect();
+    let mut second = open_whole(
+        &dir.path().join("2"),
+        "second",
+        DiskOptions::default(),
+        &stats,
+    );
+    second.restore_files(&refs, range).unwrap();
+    let mut value = Vec::new();
+    for i in 0..6_000u32 {
+        assert!(
+            second.get(0, i % 128, &key(i), &mut value).unwrap(),
+            "key {i}"
+        );
+        assert_eq!(value, (i + 1_000_000).to_le_bytes(), "key {i}");
+    }
+    // One run of the second quarter, damaged in its index: the restore names it.
+    let victim = snapshots[1].files[snapshots[1].files.len() / 2].clone();
+    let mut bytes = std::fs::read(&victim.path).unwrap();
+    let at = bytes.len() - 70;
+    bytes[at] ^= 0xff;
+    let copy = dir.path().join("damaged");
+    std::fs::create_dir_all(&copy).unwrap();
+    let mut damaged = snapshots.clone();
+    for f in damaged.iter_mut().flat_map(|s| s.files.iter_mut()) {
+        let to = copy.join(&f.name);
+        if f.name == victim.name {
+            std::fs::write(&to, &bytes).unwrap();
+        } else {
+            std::fs::copy(&f.path, &to).unwrap();
+        }
+        f.path = to;
+    }
+    let refs: Vec<&crate::keyed::NativeFiles> = damaged.iter().collect();
+    let mut third = open_whole(
+        &dir.path().join("3"),
+        "third",
+        DiskOptions::default(),
+        &stats,
+    );
+    let e = third.restore_files(&refs, range).unwrap_err();
+    assert!(e.to_string().contains(&victim.name), "{e}");
 }
