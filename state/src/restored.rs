@@ -110,6 +110,16 @@ impl PendingState {
         }
     }
 
+    /// An upper bound of the entries this state restores: its blocks' entry counts (a chain's
+    /// later blocks may replace or remove earlier ones' entries).
+    pub(crate) fn entries_at_most(&self) -> u64 {
+        self.groups
+            .iter()
+            .flatten()
+            .map(|b| u64::from(b.raw.entry_count))
+            .sum()
+    }
+
     /// Writes this state's blocks of the key group at `index` back as they were read.
     pub(crate) fn write_group(
         &self,
@@ -139,8 +149,32 @@ pub(crate) fn decode_pending<K: StateKey, V: StateValue>(
     range: KeyGroupRange,
     max_parallelism: u32,
 ) -> Result<Vec<Arc<Group<K, V>>>, StateError> {
-    let raws = &pending.groups;
-    let start = range.start;
+    decode_pending_window(
+        name,
+        pending,
+        range,
+        max_parallelism,
+        0..pending.groups.len(),
+    )
+}
+
+/// As [`decode_pending`], for the key groups at `window` (indices into `range`) only: a store
+/// takes a large restored state in windows, so a registration's decoded entries are bounded by
+/// a window's, not the state's (see [`pending_windows`]).
+pub(crate) fn decode_pending_window<K: StateKey, V: StateValue>(
+    name: &str,
+    pending: &PendingState,
+    range: KeyGroupRange,
+    max_parallelism: u32,
+    window: std::ops::Range<usize>,
+) -> Result<Vec<Arc<Group<K, V>>>, StateError> {
+    let raws = pending.groups.get(window.clone()).ok_or_else(|| {
+        StateError::Restore(format!(
+            "state '{name}': key groups {window:?} of {} were asked for",
+            pending.groups.len()
+        ))
+    })?;
+    let start = range.start + window.start as u32;
     let key_groups = KeyGroupOf::new(max_parallelism);
     let decode = |index: usize| -> Result<Group<K, V>, StateError> {
         let kg = start + index as u32;
@@ -173,6 +207,29 @@ pub(crate) fn decode_pending<K: StateKey, V: StateValue>(
         )));
     }
     Ok(groups)
+}
+
+/// Splits a restored state's key groups into consecutive windows of at most `max_bytes` of
+/// restored blocks each (a key group larger than that is a window of its own), covering every
+/// key group in order.
+pub(crate) fn pending_windows(
+    pending: &PendingState,
+    max_bytes: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let mut windows = Vec::new();
+    let (mut start, mut bytes) = (0, 0usize);
+    for (i, blocks) in pending.groups.iter().enumerate() {
+        let group: usize = blocks.iter().map(|b| b.raw.entries.len()).sum();
+        if i > start && bytes + group > max_bytes {
+            windows.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes += group;
+    }
+    if start < pending.groups.len() {
+        windows.push(start..pending.groups.len());
+    }
+    windows
 }
 
 /// A restore reads (checks and copies), or a registration decodes, at least this many bytes of
@@ -676,6 +733,65 @@ mod tests {
             assert_eq!(all, (0..20).collect::<Vec<_>>(), "{threads} threads");
             assert!(in_order_until_error(0, threads, work).is_empty());
         }
+    }
+
+    #[test]
+    fn pending_windows_cover_every_key_group_in_order_within_the_bound() {
+        let block = |len: usize| RawBlock {
+            kind: BlockKind::Entries,
+            raw: RawGroup {
+                entry_count: 1,
+                entries: bytes::Bytes::from(vec![0u8; len]),
+            },
+        };
+        // Key groups of 0 to 39 bytes in one or two blocks, one of 100 (over the bound).
+        let groups: Vec<Vec<RawBlock>> = (0..50usize)
+            .map(|i| match i {
+                17 => vec![block(100)],
+                i if i % 3 == 0 => vec![block(i % 20), block(i % 7)],
+                i => vec![block(i % 40)],
+            })
+            .collect();
+        let sizes: Vec<usize> = groups
+            .iter()
+            .map(|g| g.iter().map(|b| b.raw.entries.len()).sum())
+            .collect();
+        let pending = PendingState {
+            kind: StateKind::Value,
+            key_type: String::new(),
+            value_type: String::new(),
+            serializer_version: 0,
+            groups,
+        };
+        for max in [1, 40, 64, 1000, usize::MAX] {
+            let windows = pending_windows(&pending, max);
+            let mut next = 0;
+            for w in &windows {
+                assert_eq!(w.start, next, "max {max}: {windows:?}");
+                assert!(w.end > w.start, "max {max}: {windows:?}");
+                let bytes: usize = sizes[w.clone()].iter().sum();
+                assert!(
+                    bytes <= max || w.len() == 1,
+                    "max {max}: {w:?} holds {bytes} B"
+                );
+                // A window ends only where the next key group would pass the bound.
+                if w.end < sizes.len() {
+                    assert!(
+                        bytes + sizes[w.end] > max,
+                        "max {max}: {w:?} could take more"
+                    );
+                }
+                next = w.end;
+            }
+            assert_eq!(next, 50, "max {max}");
+        }
+        assert_eq!(pending_windows(&pending, usize::MAX), vec![0..50]);
+        assert_eq!(pending.entries_at_most(), 67);
+        let empty = PendingState {
+            groups: Vec::new(),
+            ..pending
+        };
+        assert!(pending_windows(&empty, 10).is_empty());
     }
 
     #[test]

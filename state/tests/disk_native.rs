@@ -491,3 +491,87 @@ fn a_bulk_load_refuses_keys_out_of_order_and_leaves_nothing_when_dropped() {
         "another state's key"
     );
 }
+
+/// A keyed snapshot's bytes and handle (`incremental`: a link of the heap's chain).
+fn snapshot_of(
+    backend: &mut weir_state::HeapKeyedStateBackend<String>,
+    incremental: Option<u64>,
+) -> (weir_core::handle::KeyedStateHandle, Vec<u8>) {
+    let mut bytes = Vec::new();
+    let snapshot = match incremental {
+        Some(id) => backend.snapshot_incremental(id).unwrap(),
+        None => backend.snapshot().unwrap(),
+    };
+    let layout = snapshot.write_to(&mut bytes).unwrap();
+    let handle = layout.into_handle(weir_core::handle::StreamStateHandle::Inline(Vec::new()));
+    (handle, bytes)
+}
+
+#[test]
+fn a_restored_chain_is_loaded_in_windows_of_key_groups_exactly() {
+    // A heap chain: a full link, then a delta that replaces, adds and removes entries.
+    let mut heap =
+        weir_state::HeapKeyedStateBackend::<String>::new(MAX_P, all()).with_incremental(4);
+    let count = heap
+        .value_state(&ValueStateDescriptor::<u64>::new("count"))
+        .unwrap();
+    let mut model = BTreeMap::new();
+    for k in 0..20_000u64 {
+        let key = format!("key-{k}");
+        heap.update(count, &key, kg(&key), k * 2);
+        model.insert(key, k * 2);
+    }
+    let base = snapshot_of(&mut heap, Some(1));
+    heap.notify_checkpoint_complete(1);
+    for k in (0..20_000u64).step_by(5) {
+        let key = format!("key-{k}");
+        heap.clear(count, &key, kg(&key));
+        model.remove(&key);
+    }
+    for k in (1..25_000u64).step_by(7) {
+        let key = format!("key-{k}");
+        heap.update(count, &key, kg(&key), k * 11);
+        model.insert(key, k * 11);
+    }
+    let delta = snapshot_of(&mut heap, Some(2));
+    let parts = || {
+        [&base, &delta]
+            .map(|(handle, bytes)| weir_state::format::whole_stream_part(handle, bytes).unwrap())
+    };
+    let mut fx = Fixture::new();
+    // 2 KiB windows: about 8 key groups each (the state's ~400 kB over 128 key groups), so
+    // ~16 windows; 64 MiB: one.
+    for window in [2 << 10, 64 << 20] {
+        for range in [all(), KeyGroupRange::new(MAX_P / 4, MAX_P - 1)] {
+            let mut disk = fx.backend(range).with_restore_window(window);
+            disk.restore(&parts()).unwrap();
+            let c = disk
+                .value_state(&ValueStateDescriptor::<u64>::new("count"))
+                .unwrap();
+            let want: BTreeMap<String, u64> = model
+                .iter()
+                .filter(|(k, _)| range.contains(kg(k)))
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            assert_eq!(contents(&mut disk, c), want, "window {window}, {range}");
+            let loads = fx
+                .stats
+                .bulk_loads
+                .load(std::sync::atomic::Ordering::SeqCst);
+            assert_eq!(loads, 1, "one bulk load, whatever the windows");
+            for (k, v) in want.iter().step_by(101) {
+                assert_eq!(disk.value(c, k, kg(k)).copied(), Some(*v), "{k}");
+            }
+            let removed = "key-5".to_string();
+            if range.contains(kg(&removed)) {
+                assert_eq!(disk.value(c, &removed, kg(&removed)).copied(), None);
+            }
+        }
+    }
+    // And the loaded state snapshots as the heap's does: equal state, equal bytes.
+    let mut disk = fx.backend(all()).with_restore_window(2 << 10);
+    disk.restore(&parts()).unwrap();
+    disk.value_state(&ValueStateDescriptor::<u64>::new("count"))
+        .unwrap();
+    assert_eq!(canonical(&mut disk), snapshot_of(&mut heap, None).1);
+}

@@ -21,8 +21,9 @@
 //! `Serialize` skips fields): the panic names the type. The heap meets such a type only in its
 //! snapshots.
 //!
-//! A restored state is decoded (key groups in parallel), then handed to the store when it is
-//! registered: a restore holds one state's restored entries in memory at a time. A store with a
+//! A restored state is handed to the store when it is registered, decoded in windows of key
+//! groups (each window's key groups in parallel): a registration holds one window's decoded
+//! entries in memory at a time, besides the restored bytes. A store with a
 //! [`KeyedStore::bulk_load`] (the disk store) takes them in key order and writes them as one
 //! sorted file; another gets one `put` per entry.
 
@@ -132,8 +133,9 @@ pub trait KeyedStore: Send + 'static {
 
     /// Bulk load (optional; Flink's RocksDB ingests a canonical savepoint's entries the same
     /// way): a writer for the `entries` restored entries of `state`, handed over in order, at
-    /// the state's registration, before anything else is written to it. A store writes them as
-    /// one immutable sorted file instead of through its write path. `None` (the default): the
+    /// the state's registration, before anything else is written to it (`entries` is an upper
+    /// bound: a restored chain's later blocks may replace or remove entries). A store writes
+    /// them as one immutable sorted file instead of through its write path. `None` (the default): the
     /// backend puts each entry.
     fn bulk_load(
         &mut self,
@@ -423,6 +425,8 @@ pub struct StoreKeyedStateBackend<K> {
     clock: TtlClock,
     /// Whether checkpoints are native snapshots of the store's files (when it has them).
     native: bool,
+    /// How many restored bytes of a state a registration decodes at once.
+    load_window: usize,
     /// The encoded key of the latest access, and a buffer for values read.
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
@@ -497,6 +501,7 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
             compression: Compression::None,
             clock: Arc::new(wall_clock_ms),
             native: false,
+            load_window: LOAD_WINDOW_BYTES,
             key_buf: Vec::new(),
             value_buf: Vec::new(),
             _key: PhantomData,
@@ -507,6 +512,15 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
     /// [`HeapKeyedStateBackend::with_compression`](crate::HeapKeyedStateBackend::with_compression)).
     pub fn with_compression(mut self, compression: Compression) -> Self {
         self.compression = compression;
+        self
+    }
+
+    /// This backend, decoding a restored state at its registration in windows of key groups of
+    /// at most `bytes` restored bytes each (default 16 MiB; a key group larger than that is a
+    /// window of its own): the memory a canonical restore's registration needs beyond the
+    /// restored bytes.
+    pub fn with_restore_window(mut self, bytes: usize) -> Self {
+        self.load_window = bytes.max(1);
         self
     }
 
@@ -594,31 +608,45 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
         cell
     }
 
-    /// Takes a restored state into the store as `V`, once its registration is checked.
+    /// Takes a restored state into the store as `V`, once its registration is checked: in
+    /// windows of key groups of at most `load_window` restored bytes, each decoded,
+    /// sorted and written before the next is decoded, so that a state larger than memory is
+    /// never decoded whole. A failure in any window fails the registration, and a bulk load
+    /// dropped unfinished leaves nothing behind.
     fn load_pending<V: StateValue>(
         &mut self,
         id: StoreStateId,
         name: &str,
         pending: &PendingState,
     ) -> Result<(), StateError> {
-        let groups =
-            restored::decode_pending::<K, V>(name, pending, self.range, self.max_parallelism)?;
-        let total: usize = groups.iter().map(|g| g.len()).sum();
-        let range = self.range;
+        let (range, max_parallelism) = (self.range, self.max_parallelism);
+        let decode = |window: std::ops::Range<usize>| {
+            let first = range.start + window.start as u32;
+            restored::decode_pending_window::<K, V>(name, pending, range, max_parallelism, window)
+                .map(|groups| (first, groups))
+        };
+        let windows = restored::pending_windows(pending, self.load_window);
+        let most = pending.entries_at_most();
         let mut entries: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        if let Some(mut bulk) = self.store.bulk_load(id, total as u64)? {
-            for (kg, group) in range.iter().zip(&groups) {
-                encode_sorted(group, &mut entries)?;
-                for (key, value) in &entries {
-                    bulk.add(kg, key, value)?;
+        if let Some(mut bulk) = self.store.bulk_load(id, most)? {
+            for window in windows {
+                let (first, groups) = decode(window)?;
+                for (kg, group) in (first..).zip(&groups) {
+                    encode_sorted(group, &mut entries)?;
+                    for (key, value) in &entries {
+                        bulk.add(kg, key, value)?;
+                    }
                 }
             }
             return bulk.finish();
         }
-        for (kg, group) in range.iter().zip(&groups) {
-            encode_sorted(group, &mut entries)?;
-            for (key, value) in &entries {
-                self.store.put(id, kg, key, value)?;
+        for window in windows {
+            let (first, groups) = decode(window)?;
+            for (kg, group) in (first..).zip(&groups) {
+                encode_sorted(group, &mut entries)?;
+                for (key, value) in &entries {
+                    self.store.put(id, kg, key, value)?;
+                }
             }
         }
         Ok(())
@@ -880,6 +908,10 @@ impl<K: StateKey> KeyedStateBackend<K> for StoreKeyedStateBackend<K> {
             .restore(parts, self.range, self.max_parallelism, type_name::<K>())
     }
 }
+
+/// How many restored bytes of a state a registration decodes at once by default (a window of
+/// key groups; decoded, they take a few times this).
+const LOAD_WINDOW_BYTES: usize = 16 << 20;
 
 /// Encodes one key group's restored entries into `entries`, sorted by key: the order a bulk
 /// load takes, and an ordered run for a store that appends (an LSM's memtable).
