@@ -243,6 +243,8 @@ pub struct SumOperator<K: StateKey, A, N> {
     base: KeyedBase<K>,
     key: KeyFn<(A, N), K>,
     state: Option<ValueState<N>>,
+    /// A batch's running sums of the keys it already met.
+    recent: crate::minibatch::LatestInBatch,
 }
 
 impl<K: StateKey, A, N> SumOperator<K, A, N> {
@@ -252,6 +254,7 @@ impl<K: StateKey, A, N> SumOperator<K, A, N> {
             base,
             key,
             state: None,
+            recent: Default::default(),
         }
     }
 }
@@ -289,16 +292,14 @@ where
 
     /// A batch, summed in place: each record's second field becomes its key's new total, and
     /// the batch goes downstream whole (one call for the chained sink, not one per record).
+    /// The state is read and written once per key and batch
+    /// ([`LatestInBatch`](crate::minibatch::LatestInBatch)).
     fn process_batch(&mut self, mut batch: Vec<(A, N)>, out: &mut dyn Output<(A, N)>) -> OpResult {
         let state = self.state.ok_or_else(|| not_open("Sum"))?;
         let assigner = self.base.assigner();
         let mut sums = self.base.backend.value_access(state);
-        for record in &mut batch {
-            let key = (self.key)(record);
-            let slot = sums.value_mut_or_insert(key, assigner.key_group(key), N::default);
-            *slot = *slot + record.1;
-            record.1 = *slot;
-        }
+        let key = &self.key;
+        self.recent.sum(&mut batch, |r| key(r), assigner, &mut sums);
         out.push_batch(batch)
     }
 

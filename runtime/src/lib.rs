@@ -45,6 +45,7 @@ pub mod keyed;
 mod lease;
 pub(crate) mod local_recovery;
 pub(crate) mod master;
+pub(crate) mod minibatch;
 pub mod operator;
 pub mod ops;
 pub(crate) mod placement;
