@@ -244,7 +244,8 @@ pub struct SumOperator<K: StateKey, A, N> {
     key: KeyFn<(A, N), K>,
     state: Option<ValueState<N>>,
     /// A batch's running sums of the keys it already met.
-    recent: crate::minibatch::LatestInBatch,
+    /// (Made at the first batch, where `N`'s bounds are known.)
+    recent: Option<crate::minibatch::LatestInBatch<N>>,
 }
 
 impl<K: StateKey, A, N> SumOperator<K, A, N> {
@@ -254,7 +255,7 @@ impl<K: StateKey, A, N> SumOperator<K, A, N> {
             base,
             key,
             state: None,
-            recent: Default::default(),
+            recent: None,
         }
     }
 }
@@ -299,7 +300,12 @@ where
         let assigner = self.base.assigner();
         let mut sums = self.base.backend.value_access(state);
         let key = &self.key;
-        self.recent.sum(&mut batch, |r| key(r), assigner, &mut sums);
+        self.recent.get_or_insert_with(Default::default).sum(
+            &mut batch,
+            |r| key(r),
+            assigner,
+            &mut sums,
+        );
         out.push_batch(batch)
     }
 

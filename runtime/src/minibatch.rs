@@ -8,7 +8,9 @@
 //! other record evicts the slot (writing its pending value to the state first) and reads the
 //! state. At the batch's end every pending value is written. Per key, the state's reads and
 //! writes keep the records' order, so the state after a batch, and every value emitted, are
-//! those of one state access per record; barriers and snapshots come between batches.
+//! those of one state access per record; barriers and snapshots come between batches. A key may
+//! depend on the field a sum replaces (`key_by(|t| &t.1).sum()`): a record's field is written
+//! when it leaves its slot, so the keys compared are always read as the records came.
 //!
 //! A hot key (the nine digits of the word count) costs one comparison per record instead of a
 //! hash-table lookup. Keys that rarely repeat within a batch gain nothing, and the comparison
@@ -29,7 +31,7 @@ const PLAIN_AFTER_MISSES: u32 = 15;
 const SLOTS: usize = 128;
 
 #[derive(Clone, Copy, Debug, Default)]
-struct Slot {
+struct Slot<N> {
     /// The batch the slot belongs to (0: never used).
     batch: u32,
     /// Index of its key's latest record in the batch.
@@ -38,18 +40,23 @@ struct Slot {
     key_group: KeyGroup,
     /// Whether the state lacks the value of the record at `index`.
     dirty: bool,
+    /// A sum's running total for the key, up to the record at `index` (whose field still holds
+    /// its own value: a record's field is written when it leaves the slot, so that the keys of
+    /// the records in slots, which may depend on the field, are read as they came).
+    total: N,
 }
 
-/// The cache of a keyed operator: one per operator, begun again for each batch.
+/// The cache of a keyed operator (`N`: what a slot carries, a sum's running total, or `()`):
+/// one per operator, begun again for each batch.
 #[derive(Debug)]
-pub(crate) struct LatestInBatch {
+pub(crate) struct LatestInBatch<N = ()> {
     batch: u32,
-    slots: Box<[Slot; SLOTS]>,
+    slots: Box<[Slot<N>; SLOTS]>,
     /// Batches still to take without the cache.
     plain: u32,
 }
 
-impl Default for LatestInBatch {
+impl<N: Copy + Default> Default for LatestInBatch<N> {
     fn default() -> Self {
         LatestInBatch {
             batch: 0,
@@ -59,7 +66,7 @@ impl Default for LatestInBatch {
     }
 }
 
-impl LatestInBatch {
+impl<N: Copy + Default> LatestInBatch<N> {
     /// Whether this batch goes without the cache (counting it off).
     #[inline]
     fn take_plain(&mut self) -> bool {
@@ -89,20 +96,25 @@ impl LatestInBatch {
     }
 
     #[inline]
-    fn slot(&mut self, key_group: KeyGroup) -> &mut Slot {
+    fn slot(&mut self, key_group: KeyGroup) -> &mut Slot<N> {
         &mut self.slots[key_group as usize & (SLOTS - 1)]
     }
 
-    /// The slots of batch `batch` whose value the state lacks.
-    fn dirty(&self, batch: u32) -> impl Iterator<Item = &Slot> {
-        self.slots
-            .iter()
-            .filter(move |s| s.batch == batch && s.dirty)
+    /// The slots of batch `batch`.
+    fn live(&self, batch: u32) -> impl Iterator<Item = &Slot<N>> {
+        self.slots.iter().filter(move |s| s.batch == batch)
     }
+}
 
+impl<N> LatestInBatch<N>
+where
+    N: StateValue + Copy + Default + Add<Output = N>,
+{
     /// Adds each record's second field to its key's running sum in `sums`, replacing the field
-    /// with the new sum (the running `sum` of a `Tuple2`).
-    pub(crate) fn sum<K, A, N>(
+    /// with the new sum (the running `sum` of a `Tuple2`). A key may depend on the summed field
+    /// (`key_by(|t| &t.1)`, or the whole tuple): each record's key is read before its field
+    /// changes, as in a per-record loop.
+    pub(crate) fn sum<K, A>(
         &mut self,
         batch: &mut [(A, N)],
         key: impl Fn(&(A, N)) -> &K,
@@ -110,7 +122,6 @@ impl LatestInBatch {
         sums: &mut ValueAccess<'_, K, N>,
     ) where
         K: StateKey,
-        N: StateValue + Copy + Default + Add<Output = N>,
     {
         if self.take_plain() {
             for record in batch.iter_mut() {
@@ -127,35 +138,49 @@ impl LatestInBatch {
             let k = key(&batch[i]);
             let key_group = assigner.key_group(k);
             let slot = self.slot(key_group);
-            let total = if slot.batch == current && key(&batch[slot.index]) == k {
+            if slot.batch == current && slot.key_group == key_group && key(&batch[slot.index]) == k
+            {
+                // The slot's record leaves it with its running total; this one takes its place.
+                let total = slot.total + batch[i].1;
+                batch[slot.index].1 = slot.total;
+                slot.total = total;
+                slot.index = i;
                 slot.dirty = true;
                 hits += 1;
-                batch[slot.index].1 + batch[i].1
-            } else {
-                if slot.batch == current && slot.dirty {
-                    let pending = &batch[slot.index];
-                    sums.update(key(pending), slot.key_group, pending.1);
-                }
+                continue;
+            }
+            let total = {
                 let value = sums.value_mut_or_insert(k, key_group, N::default);
                 *value = *value + batch[i].1;
-                *slot = Slot {
-                    batch: current,
-                    index: i,
-                    key_group,
-                    dirty: false,
-                };
                 *value
             };
-            slot.index = i;
-            batch[i].1 = total;
+            if slot.batch == current {
+                // Evicted: the state gets the key's total, and the record its field.
+                let j = slot.index;
+                if slot.dirty {
+                    sums.update(key(&batch[j]), slot.key_group, slot.total);
+                }
+                batch[j].1 = slot.total;
+            }
+            *slot = Slot {
+                batch: current,
+                index: i,
+                key_group,
+                dirty: false,
+                total,
+            };
         }
-        for slot in self.dirty(current) {
-            let pending = &batch[slot.index];
-            sums.update(key(pending), slot.key_group, pending.1);
+        for slot in self.live(current) {
+            if slot.dirty {
+                sums.update(key(&batch[slot.index]), slot.key_group, slot.total);
+            }
+            batch[slot.index].1 = slot.total;
         }
         self.judge(hits, batch.len());
     }
+}
 
+impl LatestInBatch {
     /// Writes each key's latest value in `batch` to `latest` (a latest-per-key sink). `Err`
     /// names the key group of the first record outside `range` (a stream that is not
     /// partitioned by this key: the task fails, and the state written so far with it).
@@ -191,7 +216,8 @@ impl LatestInBatch {
                 return Err(key_group);
             }
             let slot = self.slot(key_group);
-            if slot.batch == current && key(&batch[slot.index]) == k {
+            if slot.batch == current && slot.key_group == key_group && key(&batch[slot.index]) == k
+            {
                 slot.index = i;
                 hits += 1;
                 continue;
@@ -205,9 +231,10 @@ impl LatestInBatch {
                 index: i,
                 key_group,
                 dirty: true,
+                total: (),
             };
         }
-        for slot in self.dirty(current) {
+        for slot in self.live(current) {
             let pending = &batch[slot.index];
             latest.update(key(pending), slot.key_group, pending.1.clone());
         }
@@ -234,6 +261,21 @@ mod tests {
                 KeyedBackend::Store(StoreKeyedStateBackend::new(
                     Box::new(MemoryKeyedStore::new()),
                     MAX_P,
+                    range,
+                )),
+            ),
+        ]
+    }
+
+    fn backends_of<K: StateKey>(max_p: u32) -> Vec<(&'static str, KeyedBackend<K>)> {
+        let range = KeyGroupRange::new(0, max_p - 1);
+        vec![
+            ("heap", KeyedBackend::heap(max_p, range)),
+            (
+                "store",
+                KeyedBackend::Store(StoreKeyedStateBackend::new(
+                    Box::new(MemoryKeyedStore::new()),
+                    max_p,
                     range,
                 )),
             ),
@@ -399,9 +441,50 @@ mod tests {
         assert_eq!(sum(&mut hot()), 0, "tried again, and hits");
     }
 
+    /// A sum keyed by the field it sums (`key_by(|t| &t.1).sum()`): each record's key is its
+    /// value before the sum, as in the per-record loop (the cache once read the keys of earlier
+    /// records after their field held the running total).
+    #[test]
+    fn a_sum_keyed_by_its_summed_field_reads_each_key_before_the_sum() {
+        let max_p = 128;
+        let assigner = KeyGroupAssigner::new(max_p, 1);
+        // 34 and 68 share a key group (125) at max parallelism 128.
+        assert_eq!(assigner.key_group(&34u64), assigner.key_group(&68u64));
+        // (the summed fields, the totals emitted, the state after: key and total)
+        type Case = (&'static [u64], &'static [u64], &'static [(u64, u64)]);
+        let cases: [Case; 3] = [
+            (&[5, 5], &[5, 10], &[(5, 10)]),
+            (&[34, 34, 68], &[34, 68, 68], &[(34, 68), (68, 68)]),
+            (&[5, 5, 5, 5, 5, 5], &[5, 10, 15, 20, 25, 30], &[(5, 30)]),
+        ];
+        for (input, emitted, state_after) in cases {
+            for (name, mut backend) in backends_of::<u64>(max_p) {
+                let state: ValueState<u64> = backend
+                    .value_state(&ValueStateDescriptor::new("sum"))
+                    .unwrap();
+                let mut recent = LatestInBatch::default();
+                let mut batch: Vec<(&str, u64)> = input.iter().map(|n| ("x", *n)).collect();
+                let mut sums = backend.value_access(state);
+                recent.sum(&mut batch, |r| &r.1, assigner, &mut sums);
+                let got: Vec<u64> = batch.iter().map(|r| r.1).collect();
+                assert_eq!(got, emitted, "{name}: {input:?}");
+                for (k, v) in state_after {
+                    let kg = assigner.key_group(k);
+                    assert_eq!(
+                        backend.value(state, k, kg).copied(),
+                        Some(*v),
+                        "{name}: {k}"
+                    );
+                }
+                let total: usize = backend.num_entries().unwrap();
+                assert_eq!(total, state_after.len(), "{name}: {input:?}");
+            }
+        }
+    }
+
     #[test]
     fn batch_numbers_wrap_around_to_empty_slots() {
-        let mut recent = LatestInBatch {
+        let mut recent: LatestInBatch = LatestInBatch {
             batch: u32::MAX - 1,
             ..Default::default()
         };

@@ -191,6 +191,38 @@ async fn from_collection_emits_every_element_once_at_any_parallelism() {
     }
 }
 
+/// A sum keyed by the field it sums: each record's key is its value before the sum, as Flink's
+/// `keyBy(1).sum(1)` reads it (the batch's running-sum cache once compared keys that records
+/// already held the totals in).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sum_keyed_by_its_summed_field_keys_each_record_by_its_value_before_the_sum() {
+    let input: Vec<(u64, u64)> = (0..3_000u64)
+        .map(|i| (i, [5, 5, 34, 68, 5, 7][(i % 6) as usize]))
+        .collect();
+    // Per key (the value), the running totals it emits: key v's n-th record emits n * v.
+    let mut expected: Vec<u64> = Vec::new();
+    let mut seen: BTreeMap<u64, u64> = BTreeMap::new();
+    for (_, v) in &input {
+        let n = seen.entry(*v).or_insert(0);
+        *n += 1;
+        expected.push(*n * v);
+    }
+    expected.sort_unstable();
+    for parallelism in [1, 2] {
+        let env = StreamEnvironment::new();
+        env.set_parallelism(parallelism);
+        let out = env
+            .from_collection(input.clone())
+            .key_by(|t: &(u64, u64)| &t.1)
+            .sum()
+            .collect();
+        env.execute().bounded().await.unwrap();
+        let mut got: Vec<u64> = out.records().into_iter().map(|t| t.1).collect();
+        got.sort_unstable();
+        assert_eq!(got, expected, "parallelism {parallelism}");
+    }
+}
+
 /// Replaces each record by `(its subtask's index, 1)`.
 struct TagWithSubtask(u64);
 
