@@ -2,10 +2,10 @@
 //! both ends of a connection, run over bytes in memory, and the frame encoder for its seeds.
 //!
 //! Nothing here is a supported API. It exists so that the fuzzer runs the production decoder
-//! ([`read_frame`](super::read_frame) and the per-type checks the connection readers apply)
+//! ([`read_frame`](super::wire::read_frame) and the per-type checks the connection readers apply)
 //! rather than a copy of it.
 
-use super::{
+use super::wire::{
     CANCEL, CREDIT, DATA, END, ERROR, FromProducer, HELLO, PRIORITY, REQUEST, STAMP_LEN,
     frame_header, from_consumer, from_producer, hello_address, read_frame,
 };
@@ -57,7 +57,7 @@ pub fn encode_frame(kind: u8, channel: &ChannelId, payload: &[u8]) -> Vec<u8> {
 
 /// The payload of a consumer's hello announcing `addr`.
 pub fn hello_payload(addr: SocketAddr) -> Vec<u8> {
-    super::hello_payload(addr)
+    super::wire::hello_payload(addr)
 }
 
 /// The payload of a priority element: its stamp, then the element (as `TcpSender` builds it).
