@@ -1,7 +1,7 @@
 //! Conformance checks of a job directory's lock generations (take over, renew, release) and of
 //! the file listing and deletion that garbage collection uses.
 
-use super::{err, fail, fresh_job, must, ok, pattern, write_complete};
+use super::helpers::{err, fail, fresh_job, must, ok, pattern, write_complete};
 use crate::CheckpointError;
 use crate::storage::CheckpointStorage;
 use weir_core::ids::JobId;

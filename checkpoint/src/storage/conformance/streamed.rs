@@ -3,7 +3,7 @@
 //! `write_shared_state` over the same bytes, whatever the size, and a local file that is
 //! missing or of another length refused by name.
 
-use super::{fail, fresh_job, must, ok, pattern};
+use super::helpers::{fail, fresh_job, must, ok, pattern};
 use crate::CheckpointError;
 use crate::storage::CheckpointStorage;
 use bytes::Bytes;
