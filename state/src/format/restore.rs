@@ -1,0 +1,129 @@
+//! Slicing the bytes handed to a restore into the header and each key group's section.
+
+use crate::StateError;
+use weir_core::handle::KeyedStateHandle;
+use weir_core::keygroup::{KeyGroup, KeyGroupRange};
+
+/// The sections of the key groups in `range` (intersected with the part's own range), sliced out
+/// of a restore part with its handle's offsets, in key-group order. The sections are not checked
+/// yet; see [`parse_section`](super::parse_section).
+pub fn part_sections<'p>(
+    part: &'p RestorePart<'_>,
+    range: &KeyGroupRange,
+) -> Result<Vec<(KeyGroup, &'p [u8])>, StateError> {
+    let handle = part.handle;
+    let own = handle.key_group_range;
+    if handle.offsets.len() != own.len() as usize {
+        return Err(StateError::Restore(format!(
+            "the handle for key groups {own} has {} section offsets, expected {}",
+            handle.offsets.len(),
+            own.len()
+        )));
+    }
+    let overlap = own.intersection(range);
+    let mut out = Vec::with_capacity(overlap.len() as usize);
+    let part_end = part
+        .sections_offset
+        .saturating_add(part.sections.len() as u64);
+    for kg in overlap.iter() {
+        let i = (kg - own.start) as usize;
+        let (Some(&start), end) = (handle.offsets.get(i), handle.offsets.get(i + 1)) else {
+            return Err(StateError::Restore(format!(
+                "no section offset for key group {kg}"
+            )));
+        };
+        let end = end.copied().unwrap_or(handle.end);
+        if end < start || start < part.sections_offset || end > part_end {
+            return Err(StateError::Restore(format!(
+                "key group {kg}'s section [{start}, {end}) is not inside the bytes handed to the \
+                 restore [{}, {part_end})",
+                part.sections_offset
+            )));
+        }
+        let (rel_start, rel_end) = (
+            (start - part.sections_offset) as usize,
+            (end - part.sections_offset) as usize,
+        );
+        match part.sections.get(rel_start..rel_end) {
+            Some(bytes) => out.push((kg, bytes)),
+            None => {
+                return Err(StateError::Restore(format!(
+                    "key group {kg}'s section is out of the part's bytes"
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A restore part for a whole snapshot stream held in memory (an inline handle, a file read
+/// whole): slices the header and the sections out of `stream` with the handle's offsets. The
+/// sections are copied; [`whole_shared_stream_part`] shares them.
+pub fn whole_stream_part<'a>(
+    handle: &'a KeyedStateHandle,
+    stream: &'a [u8],
+) -> Result<RestorePart<'a>, StateError> {
+    let (header, sections) = split_stream(handle, stream)?;
+    Ok(RestorePart {
+        handle,
+        header: &stream[header],
+        sections: bytes::Bytes::copy_from_slice(&stream[sections]),
+        sections_offset: handle.header.1,
+    })
+}
+
+/// [`whole_stream_part`] for a stream in shared bytes: the part's sections are a slice of
+/// `stream`, not a copy.
+pub fn whole_shared_stream_part<'a>(
+    handle: &'a KeyedStateHandle,
+    stream: &'a bytes::Bytes,
+) -> Result<RestorePart<'a>, StateError> {
+    let (header, sections) = split_stream(handle, stream)?;
+    Ok(RestorePart {
+        handle,
+        header: &stream[header],
+        sections: stream.slice(sections),
+        sections_offset: handle.header.1,
+    })
+}
+
+/// The byte ranges of a whole stream's header and sections, checked against its length.
+fn split_stream(
+    handle: &KeyedStateHandle,
+    stream: &[u8],
+) -> Result<(std::ops::Range<usize>, std::ops::Range<usize>), StateError> {
+    let (h_start, h_end) = handle.header;
+    let bad = || {
+        StateError::Restore(format!(
+            "the handle's header range [{h_start}, {h_end}) and end {} do not fit a stream of {} \
+             bytes",
+            handle.end,
+            stream.len()
+        ))
+    };
+    let h_start = usize::try_from(h_start).map_err(|_| bad())?;
+    let h_end = usize::try_from(h_end).map_err(|_| bad())?;
+    let end = usize::try_from(handle.end).map_err(|_| bad())?;
+    if h_start > h_end || h_end > end {
+        return Err(bad());
+    }
+    if end > stream.len() {
+        return Err(bad());
+    }
+    Ok((h_start..h_end, h_end..end))
+}
+
+/// Bytes of one snapshot handed to a restore: the header, and a contiguous run of key-group
+/// sections that starts at `sections_offset` within the original stream.
+#[derive(Debug)]
+pub struct RestorePart<'a> {
+    /// The handle the bytes belong to.
+    pub handle: &'a KeyedStateHandle,
+    /// The bytes of `handle.header`.
+    pub header: &'a [u8],
+    /// Bytes of the sections, starting at `sections_offset`. Shared: a backend may keep slices
+    /// of them (the blocks of states not registered yet) without copying.
+    pub sections: bytes::Bytes,
+    /// Offset of `sections[0]` within the stream.
+    pub sections_offset: u64,
+}
