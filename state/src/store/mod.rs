@@ -29,18 +29,15 @@
 
 use crate::StateError;
 use crate::format::{
-    Compression, MAX_STATES, SERIALIZER_VERSION, SectionWriter, SnapshotHeader, StateKind,
-    StateMeta,
+    Compression, MAX_STATES, SERIALIZER_VERSION, SnapshotHeader, StateKind, StateMeta,
 };
 use crate::keyed::{
-    Expiry, ExpiryFn, KeyedSnapshot, KeyedSnapshotLayout, KeyedStateBackend, NativeFiles,
-    NativeRestorePart, RestorePart, StateKey, StateOptions, StateValue, TtlClock, ValueState,
-    wall_clock_ms,
+    Expiry, ExpiryFn, KeyedSnapshot, KeyedStateBackend, NativeFiles, NativeRestorePart,
+    RestorePart, StateKey, StateOptions, StateValue, TtlClock, ValueState, wall_clock_ms,
 };
 use crate::restored::{self, PendingState, Restored, incompatible};
 use rustc_hash::FxHashMap;
 use std::any::{Any, type_name};
-use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -48,8 +45,12 @@ use weir_core::CoreError;
 use weir_core::codec;
 use weir_core::keygroup::{KeyGroup, KeyGroupRange};
 
+mod memory;
 mod native;
+mod snapshot;
+pub use memory::MemoryKeyedStore;
 pub use native::NATIVE_MANIFEST_MAGIC;
+use snapshot::{Part, StoreSnapshot};
 
 /// A state's number in a store: the order of its registration in the backend, from 0.
 pub type StoreStateId = u16;
@@ -173,132 +174,6 @@ pub trait FrozenStore: Send + 'static {
         key_group: KeyGroup,
         visit: &mut EntryVisitor<'_>,
     ) -> Result<(), StateError>;
-}
-
-/// One state's entries in one key group.
-type Table = Arc<BTreeMap<Vec<u8>, Vec<u8>>>;
-
-/// The in-memory [`KeyedStore`]: a `BTreeMap` per state and key group behind an `Arc`, frozen
-/// by cloning the `Arc`s (copy on write, as the heap backend does).
-#[derive(Default)]
-pub struct MemoryKeyedStore {
-    tables: BTreeMap<(StoreStateId, KeyGroup), Table>,
-}
-
-impl MemoryKeyedStore {
-    /// An empty store.
-    pub fn new() -> MemoryKeyedStore {
-        MemoryKeyedStore::default()
-    }
-
-    /// Number of entries over every state and key group.
-    pub fn len(&self) -> usize {
-        self.tables.values().map(|t| t.len()).sum()
-    }
-
-    /// Whether the store holds no entry.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl fmt::Debug for MemoryKeyedStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryKeyedStore")
-            .field("entries", &self.len())
-            .finish()
-    }
-}
-
-fn scan_table(table: Option<&Table>, visit: &mut EntryVisitor<'_>) -> Result<(), StateError> {
-    for (k, v) in table.into_iter().flat_map(|t| t.iter()) {
-        visit(k, v)?;
-    }
-    Ok(())
-}
-
-impl KeyedStore for MemoryKeyedStore {
-    fn get(
-        &mut self,
-        state: StoreStateId,
-        key_group: KeyGroup,
-        key: &[u8],
-        value: &mut Vec<u8>,
-    ) -> Result<bool, StateError> {
-        value.clear();
-        match self
-            .tables
-            .get(&(state, key_group))
-            .and_then(|t| t.get(key))
-        {
-            Some(v) => {
-                value.extend_from_slice(v);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
-    }
-
-    fn put(
-        &mut self,
-        state: StoreStateId,
-        key_group: KeyGroup,
-        key: &[u8],
-        value: &[u8],
-    ) -> Result<(), StateError> {
-        let table = Arc::make_mut(self.tables.entry((state, key_group)).or_default());
-        match table.get_mut(key) {
-            Some(v) => {
-                v.clear();
-                v.extend_from_slice(value);
-            }
-            None => {
-                table.insert(key.to_vec(), value.to_vec());
-            }
-        }
-        Ok(())
-    }
-
-    fn delete(
-        &mut self,
-        state: StoreStateId,
-        key_group: KeyGroup,
-        key: &[u8],
-    ) -> Result<(), StateError> {
-        if let Some(table) = self.tables.get_mut(&(state, key_group))
-            && table.contains_key(key)
-        {
-            Arc::make_mut(table).remove(key);
-        }
-        Ok(())
-    }
-
-    fn scan(
-        &mut self,
-        state: StoreStateId,
-        key_group: KeyGroup,
-        visit: &mut EntryVisitor<'_>,
-    ) -> Result<(), StateError> {
-        scan_table(self.tables.get(&(state, key_group)), visit)
-    }
-
-    fn freeze(&mut self) -> Result<Box<dyn FrozenStore>, StateError> {
-        Ok(Box::new(FrozenMemory(self.tables.clone())))
-    }
-}
-
-/// [`MemoryKeyedStore`]'s frozen view: the `Arc`s of its tables.
-struct FrozenMemory(BTreeMap<(StoreStateId, KeyGroup), Table>);
-
-impl FrozenStore for FrozenMemory {
-    fn scan(
-        &self,
-        state: StoreStateId,
-        key_group: KeyGroup,
-        visit: &mut EntryVisitor<'_>,
-    ) -> Result<(), StateError> {
-        scan_table(self.0.get(&(state, key_group)), visit)
-    }
 }
 
 /// What a full snapshot does with a stored value: keep its bytes, leave it out, or write these
@@ -1005,105 +880,5 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
             }
         }
         Ok(())
-    }
-}
-
-/// What a snapshot writes for one state.
-enum Part {
-    /// A registered state: its entries in the frozen store, with TTL's cleanup if any.
-    Stored(Option<SnapshotFilter>),
-    /// A restored state not registered yet: its bytes as read.
-    Pending(Arc<PendingState>),
-}
-
-/// The frozen view [`StoreKeyedStateBackend::snapshot`] returns.
-struct StoreSnapshot {
-    header: SnapshotHeader,
-    frozen: Box<dyn FrozenStore>,
-    parts: Vec<Part>,
-}
-
-impl StoreSnapshot {
-    /// Appends the block of registered state `id` in `kg`, checking the store's order.
-    fn write_stored(
-        &self,
-        id: i16,
-        kg: KeyGroup,
-        filter: Option<&SnapshotFilter>,
-        entries: &mut Vec<u8>,
-        section: &mut SectionWriter,
-    ) -> Result<(), StateError> {
-        entries.clear();
-        let mut count = 0u32;
-        let mut last: Option<Vec<u8>> = None;
-        let store_id = StoreStateId::try_from(id).unwrap_or(StoreStateId::MAX);
-        self.frozen.scan(store_id, kg, &mut |k, v| {
-            if last.as_deref().is_some_and(|l| l >= k) {
-                return Err(StateError::Core(CoreError::Encode {
-                    what: format!("state {id} in key group {kg}"),
-                    reason: "the store's scan is not in ascending order of the key bytes, or \
-                             repeats a key"
-                        .to_string(),
-                }));
-            }
-            last = Some(k.to_vec());
-            let value = match filter {
-                None => None,
-                Some(filter) => match filter(v)? {
-                    Expiry::Keep => None,
-                    Expiry::Drop => return Ok(()),
-                    Expiry::Replace(new) => Some(new),
-                },
-            };
-            count = count.checked_add(1).ok_or_else(|| {
-                StateError::Core(CoreError::Encode {
-                    what: format!("state {id} in key group {kg}"),
-                    reason: "more than u32::MAX entries".to_string(),
-                })
-            })?;
-            entries.extend_from_slice(k);
-            entries.extend_from_slice(value.as_deref().unwrap_or(v));
-            Ok(())
-        })?;
-        if count > 0 {
-            section.block(id, count, entries)?;
-        }
-        Ok(())
-    }
-}
-
-impl KeyedSnapshot for StoreSnapshot {
-    fn write_to(
-        self: Box<Self>,
-        out: &mut dyn std::io::Write,
-    ) -> Result<KeyedSnapshotLayout, StateError> {
-        let header = self.header.encode()?;
-        out.write_all(&header)?;
-        let mut pos = header.len() as u64;
-        let range = self.header.key_group_range;
-        let mut offsets = Vec::with_capacity(range.len() as usize);
-        let mut section = SectionWriter::for_header(&self.header);
-        let mut entries = Vec::new();
-        for (index, kg) in range.iter().enumerate() {
-            offsets.push(pos);
-            section.begin(kg);
-            for (meta, part) in self.header.states.iter().zip(&self.parts) {
-                match part {
-                    Part::Stored(filter) => {
-                        self.write_stored(meta.id, kg, filter.as_ref(), &mut entries, &mut section)?
-                    }
-                    Part::Pending(pending) => pending.write_group(index, meta.id, &mut section)?,
-                }
-            }
-            let bytes = section.finish()?;
-            out.write_all(bytes)?;
-            pos += bytes.len() as u64;
-        }
-        Ok(KeyedSnapshotLayout {
-            key_group_range: range,
-            header: (0, header.len() as u64),
-            offsets,
-            end: pos,
-        })
     }
 }
