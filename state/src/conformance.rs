@@ -1960,7 +1960,55 @@ pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
     let mut model = KindsModel::<K>::new();
 
     // Value states.
-    let mut a = b.at(&never);
+    kind_semantics_values(&cx, &mut b, &k, plain, &one, &never, &mut model);
+
+    // Lists.
+    kind_semantics_lists(&cx, &mut b, &k, &one, &two, &never, &mut model);
+
+    // Maps.
+    kind_semantics_maps(&cx, &mut b, &k, &one, &two, &never, &mut model);
+
+    // Reducing states.
+    kind_semantics_reducing(&cx, &mut b, &k, &one, &two, &mut model);
+
+    // Aggregating states.
+    kind_semantics_aggregating(&cx, &mut b, &k, &one, &two, &mut model);
+
+    let also = [one.clone(), two.clone(), never.clone()];
+    b.read_kinds("after the operations", &k, &model, &also);
+    let w = b.write();
+    check_kinds_written(
+        &cx,
+        &w,
+        &model,
+        "the snapshot holds exactly what the operations left, each state under its kind",
+    );
+    cx.same_map(
+        "the snapshot holds the value state without a default",
+        &content::<K, u64>(&cx, &w, "no-default"),
+        &HashMap::from([(one.clone(), 1)]),
+    );
+    let mut r = cx.ok("restoring", restored(&cx, &make, 128, full(128), &[&w]));
+    let rk = r.kinds();
+    r.read_kinds(
+        "restored, every kind reads as before (the default from the descriptor registered)",
+        &rk,
+        &model,
+        &also,
+    );
+}
+
+/// [`check_kind_semantics`] of the value states, recording in `model` what they should hold.
+fn kind_semantics_values<K: SuiteKey, B: KeyedStateBackend<K>>(
+    cx: &Cx,
+    b: &mut Subject<'_, K, B>,
+    k: &Kinds,
+    plain: ValueState<u64>,
+    one: &K,
+    never: &K,
+    model: &mut KindsModel<K>,
+) {
+    let mut a = b.at(never);
     cx.eq(
         "a value state with a default reads the default for a key never written",
         &a.value(k.value).copied(),
@@ -1971,7 +2019,7 @@ pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
         &a.value(plain).copied(),
         &None,
     );
-    let mut a = b.at(&one);
+    let mut a = b.at(one);
     a.update(k.value, 5);
     cx.eq(
         "update sets the value",
@@ -1987,9 +2035,19 @@ pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
     a.update(k.value, 9);
     a.update(plain, 1);
     model.values.insert(one.clone(), 9);
+}
 
-    // Lists.
-    let mut a = b.at(&never);
+/// [`check_kind_semantics`] of the lists, recording in `model` what they should hold.
+fn kind_semantics_lists<K: SuiteKey, B: KeyedStateBackend<K>>(
+    cx: &Cx,
+    b: &mut Subject<'_, K, B>,
+    k: &Kinds,
+    one: &K,
+    two: &K,
+    never: &K,
+    model: &mut KindsModel<K>,
+) {
+    let mut a = b.at(never);
     cx.eq(
         "the list of a key never written is empty",
         &a.list(k.list).to_vec()[..],
@@ -1999,11 +2057,11 @@ pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
     a.list_update(k.list, Vec::new());
     cx.eq(
         "adding nothing to a missing list, or updating it to nothing, stores no list",
-        &b.b.value(k.list.raw, &never, b.kg(&never)).is_some(),
+        &b.b.value(k.list.raw, never, b.kg(never)).is_some(),
         &false,
     );
     let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let mut a = b.at(&one);
+    let mut a = b.at(one);
     a.list_add(k.list, "x".into());
     a.list_add(k.list, "y".into());
     a.list_add_all(k.list, s(&["z", "x"]));
@@ -2032,10 +2090,10 @@ pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
     );
     cx.eq(
         "after list_update(vec![]) the key has no list",
-        &b.b.value(k.list.raw, &one, b.kg(&one)).is_some(),
+        &b.b.value(k.list.raw, one, b.kg(one)).is_some(),
         &false,
     );
-    let mut a = b.at(&one);
+    let mut a = b.at(one);
     a.list_add(k.list, "r".into());
     cx.eq(
         "list_add after a clear starts a new list",
@@ -2043,7 +2101,7 @@ pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
         &s(&["r"])[..],
     );
     model.lists.insert(one.clone(), s(&["r"]));
-    let mut a = b.at(&two);
+    let mut a = b.at(two);
     a.list_add_all(k.list, s(&["c1", "c2"]));
     a.clear_raw(k.list.raw);
     cx.eq(
@@ -2051,9 +2109,19 @@ pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
         &a.list(k.list).to_vec()[..],
         &[][..],
     );
+}
 
-    // Maps.
-    let mut a = b.at(&never);
+/// [`check_kind_semantics`] of the maps, recording in `model` what they should hold.
+fn kind_semantics_maps<K: SuiteKey, B: KeyedStateBackend<K>>(
+    cx: &Cx,
+    b: &mut Subject<'_, K, B>,
+    k: &Kinds,
+    one: &K,
+    two: &K,
+    never: &K,
+    model: &mut KindsModel<K>,
+) {
+    let mut a = b.at(never);
     cx.eq(
         "map_get on a key never written is None",
         &a.map_get(k.map, &1),
@@ -2076,10 +2144,10 @@ pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
     );
     cx.eq(
         "map_remove on a key never written stores no map",
-        &b.b.value(k.map.raw, &never, b.kg(&never)).is_some(),
+        &b.b.value(k.map.raw, never, b.kg(never)).is_some(),
         &false,
     );
-    let mut a = b.at(&one);
+    let mut a = b.at(one);
     a.map_put(k.map, 5, "five".into());
     a.map_put(k.map, 1, "one".into());
     a.map_put(k.map, 3, "three".into());
@@ -2132,23 +2200,32 @@ pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
     );
     cx.eq(
         "after removing the last entry the key has no map",
-        &b.b.value(k.map.raw, &one, b.kg(&one)).is_some(),
+        &b.b.value(k.map.raw, one, b.kg(one)).is_some(),
         &false,
     );
-    let mut a = b.at(&one);
+    let mut a = b.at(one);
     a.map_put(k.map, 4, "four".into());
     a.clear_raw(k.map.raw);
     cx.eq("clear_raw clears a map", &a.map_is_empty(k.map), &true);
-    let mut a = b.at(&two);
+    let mut a = b.at(two);
     a.map_put(k.map, 7, "seven".into());
     a.map_put(k.map, 2, "two".into());
     model.maps.insert(
         two.clone(),
         BTreeMap::from([(2, "two".into()), (7, "seven".into())]),
     );
+}
 
-    // Reducing states.
-    let mut a = b.at(&one);
+/// [`check_kind_semantics`] of the reducing states, recording in `model` what they should hold.
+fn kind_semantics_reducing<K: SuiteKey, B: KeyedStateBackend<K>>(
+    cx: &Cx,
+    b: &mut Subject<'_, K, B>,
+    k: &Kinds,
+    one: &K,
+    two: &K,
+    model: &mut KindsModel<K>,
+) {
+    let mut a = b.at(one);
     cx.eq(
         "a reducing state of a key never written has no value",
         &a.reduced(&k.reducing),
@@ -2169,7 +2246,7 @@ pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
         &Some(folded),
     );
     model.reduced.insert(one.clone(), folded);
-    let mut a = b.at(&two);
+    let mut a = b.at(two);
     a.reduce(&k.reducing, 7);
     a.clear_raw(k.reducing.raw);
     cx.eq(
@@ -2184,9 +2261,18 @@ pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
         &Some(8),
     );
     model.reduced.insert(two.clone(), 8);
+}
 
-    // Aggregating states.
-    let mut a = b.at(&one);
+/// [`check_kind_semantics`] of the aggregating states, recording in `model` what they should hold.
+fn kind_semantics_aggregating<K: SuiteKey, B: KeyedStateBackend<K>>(
+    cx: &Cx,
+    b: &mut Subject<'_, K, B>,
+    k: &Kinds,
+    one: &K,
+    two: &K,
+    model: &mut KindsModel<K>,
+) {
+    let mut a = b.at(one);
     cx.eq(
         "aggregated() is None until something is added",
         &a.aggregated(&k.aggregating),
@@ -2206,36 +2292,13 @@ pub fn check_kind_semantics<K: SuiteKey, B: KeyedStateBackend<K>>(
         &Some(expected_result(&(3, 2, 9))),
     );
     model.accs.insert(one.clone(), (3, 2, 9));
-    let mut a = b.at(&two);
+    let mut a = b.at(two);
     a.aggregate(&k.aggregating, 4);
     a.clear_raw(k.aggregating.raw);
     cx.eq(
         "after clear_raw, aggregated() is None",
         &a.aggregated(&k.aggregating),
         &None,
-    );
-
-    let also = [one.clone(), two.clone(), never.clone()];
-    b.read_kinds("after the operations", &k, &model, &also);
-    let w = b.write();
-    check_kinds_written(
-        &cx,
-        &w,
-        &model,
-        "the snapshot holds exactly what the operations left, each state under its kind",
-    );
-    cx.same_map(
-        "the snapshot holds the value state without a default",
-        &content::<K, u64>(&cx, &w, "no-default"),
-        &HashMap::from([(one.clone(), 1)]),
-    );
-    let mut r = cx.ok("restoring", restored(&cx, &make, 128, full(128), &[&w]));
-    let rk = r.kinds();
-    r.read_kinds(
-        "restored, every kind reads as before (the default from the descriptor registered)",
-        &rk,
-        &model,
-        &also,
     );
 }
 
@@ -2967,38 +3030,15 @@ pub fn check_incremental_model<K: SuiteKey, B: KeyedStateBackend<K>>(
         let mut touched_since: BTreeMap<u64, HashSet<K>> = BTreeMap::new();
         let mut counts_at: BTreeMap<u64, HashMap<K, u64>> = BTreeMap::new();
         for id in 1..=12u64 {
-            for _ in 0..rng.below(60) {
-                let k = K::nth(rng.below(u64::from(MODEL_KEYS)));
-                let g = b.kg(&k);
-                match (rng.below(6), late) {
-                    (0, _) => {
-                        b.clear(count, &k);
-                        counts.remove(&k);
-                    }
-                    (1, Some(late)) => {
-                        let v = format!("n{}", rng.below(1000));
-                        b.put(late, &k, v.clone());
-                        names.insert(k.clone(), v);
-                    }
-                    (2, Some(late)) => {
-                        b.clear(late, &k);
-                        names.remove(&k);
-                    }
-                    (3, _) => {
-                        let add = rng.below(10);
-                        *b.b.value_mut_or_insert(count, &k, g, || 0) += add;
-                        *counts.entry(k.clone()).or_insert(0) += add;
-                    }
-                    _ => {
-                        let v = rng.below(1 << 40);
-                        b.put(count, &k, v);
-                        counts.insert(k.clone(), v);
-                    }
-                }
-                for set in touched_since.values_mut() {
-                    set.insert(k.clone());
-                }
-            }
+            incremental_model_changes(
+                &mut b,
+                &mut rng,
+                count,
+                late,
+                &mut counts,
+                &mut names,
+                &mut touched_since,
+            );
             if id == 4 {
                 late = Some(b.register::<String>("late"));
             }
@@ -3038,40 +3078,7 @@ pub fn check_incremental_model<K: SuiteKey, B: KeyedStateBackend<K>>(
                     &Some(base),
                     &confirmed,
                 );
-                let (upserts, tombstones) = delta_content::<K, u64>(&cx, &w, "count");
-                let touched = &touched_since[&base];
-                let before = &counts_at[&base];
-                for (k, v) in &counts {
-                    if before.get(k) != Some(v) {
-                        cx.eq(
-                            &format!("checkpoint {id}'s delta holds {k:?}, changed since {base}"),
-                            &upserts.get(k),
-                            &Some(v),
-                        );
-                    }
-                }
-                for k in before.keys().filter(|k| !counts.contains_key(*k)) {
-                    cx.must(tombstones.contains(k), || {
-                        format!("checkpoint {id}'s delta has no tombstone for {k:?}, removed since {base}")
-                    });
-                }
-                for k in upserts.keys().chain(&tombstones) {
-                    cx.must(touched.contains(k), || {
-                        format!("checkpoint {id}'s delta holds {k:?}, untouched since {base}")
-                    });
-                }
-                for (k, v) in &upserts {
-                    cx.eq(
-                        &format!("checkpoint {id}'s delta holds the current value of {k:?}"),
-                        &counts.get(k),
-                        &Some(v),
-                    );
-                }
-                for k in &tombstones {
-                    cx.must(!counts.contains_key(k), || {
-                        format!("checkpoint {id}'s delta removes {k:?}, which has a value")
-                    });
-                }
+                check_delta_content(&cx, &w, id, base, &counts, &touched_since, &counts_at);
                 chain = chains[&base].clone();
             }
             store.push(w);
@@ -3108,6 +3115,100 @@ pub fn check_incremental_model<K: SuiteKey, B: KeyedStateBackend<K>>(
                 }
             }
         }
+    }
+}
+
+/// [`check_incremental_model`]'s changes before one checkpoint: random writes and clears of
+/// "count" and of "late" (once registered), applied to the models `counts` and `names` too, and
+/// every key touched added to each set of `touched_since`.
+fn incremental_model_changes<K: SuiteKey, B: KeyedStateBackend<K>>(
+    b: &mut Subject<'_, K, B>,
+    rng: &mut SplitMix64,
+    count: ValueState<u64>,
+    late: Option<ValueState<String>>,
+    counts: &mut HashMap<K, u64>,
+    names: &mut HashMap<K, String>,
+    touched_since: &mut BTreeMap<u64, HashSet<K>>,
+) {
+    for _ in 0..rng.below(60) {
+        let k = K::nth(rng.below(u64::from(MODEL_KEYS)));
+        let g = b.kg(&k);
+        match (rng.below(6), late) {
+            (0, _) => {
+                b.clear(count, &k);
+                counts.remove(&k);
+            }
+            (1, Some(late)) => {
+                let v = format!("n{}", rng.below(1000));
+                b.put(late, &k, v.clone());
+                names.insert(k.clone(), v);
+            }
+            (2, Some(late)) => {
+                b.clear(late, &k);
+                names.remove(&k);
+            }
+            (3, _) => {
+                let add = rng.below(10);
+                *b.b.value_mut_or_insert(count, &k, g, || 0) += add;
+                *counts.entry(k.clone()).or_insert(0) += add;
+            }
+            _ => {
+                let v = rng.below(1 << 40);
+                b.put(count, &k, v);
+                counts.insert(k.clone(), v);
+            }
+        }
+        for set in touched_since.values_mut() {
+            set.insert(k.clone());
+        }
+    }
+}
+
+/// [`check_incremental_model`]'s check of checkpoint `id`'s delta `w` on checkpoint `base`: it
+/// holds every key of "count" changed since `base` with its current value, a tombstone for every
+/// key removed since, and no key untouched since.
+fn check_delta_content<K: SuiteKey>(
+    cx: &Cx,
+    w: &Written,
+    id: u64,
+    base: u64,
+    counts: &HashMap<K, u64>,
+    touched_since: &BTreeMap<u64, HashSet<K>>,
+    counts_at: &BTreeMap<u64, HashMap<K, u64>>,
+) {
+    let (upserts, tombstones) = delta_content::<K, u64>(cx, w, "count");
+    let touched = &touched_since[&base];
+    let before = &counts_at[&base];
+    for (k, v) in counts {
+        if before.get(k) != Some(v) {
+            cx.eq(
+                &format!("checkpoint {id}'s delta holds {k:?}, changed since {base}"),
+                &upserts.get(k),
+                &Some(v),
+            );
+        }
+    }
+    for k in before.keys().filter(|k| !counts.contains_key(*k)) {
+        cx.must(tombstones.contains(k), || {
+            format!("checkpoint {id}'s delta has no tombstone for {k:?}, removed since {base}")
+        });
+    }
+    for k in upserts.keys().chain(&tombstones) {
+        cx.must(touched.contains(k), || {
+            format!("checkpoint {id}'s delta holds {k:?}, untouched since {base}")
+        });
+    }
+    for (k, v) in &upserts {
+        cx.eq(
+            &format!("checkpoint {id}'s delta holds the current value of {k:?}"),
+            &counts.get(k),
+            &Some(v),
+        );
+    }
+    for k in &tombstones {
+        cx.must(!counts.contains_key(k), || {
+            format!("checkpoint {id}'s delta removes {k:?}, which has a value")
+        });
     }
 }
 
