@@ -126,6 +126,10 @@ fn a_new_run_from_an_older_checkpoint_writes_everything_it_emits() {
     let first = tempfile::tempdir().unwrap();
     let built = build(&cluster.options(first.path())).unwrap();
     built.env.config_mut().checkpoint.num_retained = 100;
+    // Also a checkpoint every 20k records: with only the 100 ms interval a fast run finished
+    // before its second checkpoint, which then held everything and left run B nothing to write
+    // (2026-12-04, once in four CI runs).
+    built.env.config_mut().checkpoint.every_records = Some(20_000);
     assert_eq!(run(built.env).unwrap().status, JobStatus::Finished);
     let kept = checkpoints(first.path());
     assert!(kept.len() >= 3, "{kept:?}");
