@@ -131,6 +131,15 @@ fn write(
     }
 }
 
+/// The entries of `model` whose keys fall in `range`.
+fn within(model: &BTreeMap<String, u64>, range: KeyGroupRange) -> BTreeMap<String, u64> {
+    model
+        .iter()
+        .filter(|(k, _)| range.contains(kg(k)))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect()
+}
+
 fn contents(
     backend: &mut StoreKeyedStateBackend<String>,
     count: ValueState<u64>,
@@ -232,11 +241,7 @@ fn native_snapshots_rescale_by_key_group() {
         let count = b
             .value_state(&ValueStateDescriptor::<u64>::new("count"))
             .unwrap();
-        let want: BTreeMap<String, u64> = model
-            .iter()
-            .filter(|(k, _)| range.contains(kg(k)))
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
+        let want = within(&model, range);
         assert_eq!(contents(&mut b, count), want, "{range}");
         // Each half writes on, flushes and compacts runs that hold the other half's keys.
         let own = (0..10_000).filter(|k| k % 3 == 0 && range.contains(kg(&format!("key-{k}"))));
@@ -356,10 +361,7 @@ fn damaged_foreign_and_mismatched_native_snapshots_are_refused_by_name() {
 fn savepoint(
     backend: &mut impl KeyedStateBackend<String>,
 ) -> (weir_core::handle::KeyedStateHandle, Vec<u8>) {
-    let mut bytes = Vec::new();
-    let layout = backend.snapshot().unwrap().write_to(&mut bytes).unwrap();
-    let handle = layout.into_handle(weir_core::handle::StreamStateHandle::Inline(Vec::new()));
-    (handle, bytes)
+    snapshot_of(backend, None)
 }
 
 #[test]
@@ -394,11 +396,7 @@ fn a_canonical_savepoint_is_bulk_loaded_one_run_per_state_at_any_key_groups() {
         let o = disk
             .value_state(&ValueStateDescriptor::<u64>::new("other"))
             .unwrap();
-        let want: BTreeMap<String, u64> = model
-            .iter()
-            .filter(|(k, _)| range.contains(kg(k)))
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
+        let want = within(&model, range);
         let loads = fx
             .stats
             .bulk_loads
@@ -494,7 +492,7 @@ fn a_bulk_load_refuses_keys_out_of_order_and_leaves_nothing_when_dropped() {
 
 /// A keyed snapshot's bytes and handle (`incremental`: a link of the heap's chain).
 fn snapshot_of(
-    backend: &mut weir_state::HeapKeyedStateBackend<String>,
+    backend: &mut impl KeyedStateBackend<String>,
     incremental: Option<u64>,
 ) -> (weir_core::handle::KeyedStateHandle, Vec<u8>) {
     let mut bytes = Vec::new();
@@ -548,11 +546,7 @@ fn a_restored_chain_is_loaded_in_windows_of_key_groups_exactly() {
             let c = disk
                 .value_state(&ValueStateDescriptor::<u64>::new("count"))
                 .unwrap();
-            let want: BTreeMap<String, u64> = model
-                .iter()
-                .filter(|(k, _)| range.contains(kg(k)))
-                .map(|(k, v)| (k.clone(), *v))
-                .collect();
+            let want = within(&model, range);
             assert_eq!(contents(&mut disk, c), want, "window {window}, {range}");
             let loads = fx
                 .stats
