@@ -253,20 +253,7 @@ mod tests {
     /// Max parallelism 4096: key groups `g` and `g + 128` share a slot.
     const MAX_P: u32 = 4096;
 
-    fn backends(range: KeyGroupRange) -> Vec<(&'static str, KeyedBackend<String>)> {
-        vec![
-            ("heap", KeyedBackend::heap(MAX_P, range)),
-            (
-                "store",
-                KeyedBackend::Store(StoreKeyedStateBackend::new(
-                    Box::new(MemoryKeyedStore::new()),
-                    MAX_P,
-                    range,
-                )),
-            ),
-        ]
-    }
-
+    /// A heap and a store backend owning every key group of `max_p`.
     fn backends_of<K: StateKey>(max_p: u32) -> Vec<(&'static str, KeyedBackend<K>)> {
         let range = KeyGroupRange::new(0, max_p - 1);
         vec![
@@ -320,12 +307,11 @@ mod tests {
 
     #[test]
     fn running_sums_equal_one_state_access_per_record_on_either_backend() {
-        let range = KeyGroupRange::new(0, MAX_P - 1);
         let assigner = KeyGroupAssigner::new(MAX_P, 1);
         let hot = colliding(assigner);
         assert!(hot.len() >= 30, "{hot:?}");
         for keys in [3, 40, 100_000] {
-            for (name, mut backend) in backends(range) {
+            for (name, mut backend) in backends_of::<String>(MAX_P) {
                 let state: ValueState<u64> = backend
                     .value_state(&ValueStateDescriptor::new("sum"))
                     .unwrap();
@@ -362,7 +348,7 @@ mod tests {
     fn latest_values_equal_one_write_per_record_and_a_foreign_key_group_is_named() {
         let assigner = KeyGroupAssigner::new(MAX_P, 1);
         let hot = colliding(assigner);
-        for (name, mut backend) in backends(KeyGroupRange::new(0, MAX_P - 1)) {
+        for (name, mut backend) in backends_of::<String>(MAX_P) {
             let state: ValueState<u64> = backend
                 .value_state(&ValueStateDescriptor::new("latest"))
                 .unwrap();
