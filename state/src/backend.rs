@@ -12,8 +12,8 @@ use crate::disk::{DiskKeyedStore, DiskOptions, DiskStats};
 use crate::format::{Compression, StateKind};
 use crate::heap::{HeapKeyedStateBackend, HeapValueAccess};
 use crate::keyed::{
-    KeyedSnapshot, KeyedStateBackend, NativeRestorePart, RestorePart, StateKey, StateOptions,
-    StateValue, ValueState,
+    KeyedSnapshot, KeyedStateBackend, NativeRestorePart, RestoreFilePart, RestorePart, StateKey,
+    StateOptions, StateValue, ValueState,
 };
 use crate::keyed::{NativeFile, TtlClock};
 use crate::store::{KeyedStore, MemoryKeyedStore, StoreKeyedStateBackend};
@@ -539,6 +539,10 @@ impl<K: StateKey> KeyedStateBackend<K> for KeyedBackend<K> {
 
     fn restore_native(&mut self, parts: &[NativeRestorePart<'_>]) -> Result<(), StateError> {
         each!(self, b => b.restore_native(parts))
+    }
+
+    fn restore_file_parts(&mut self, parts: &[RestoreFilePart<'_>]) -> Result<(), StateError> {
+        each!(self, b => b.restore_file_parts(parts))
     }
 
     fn snapshot_incremental(

@@ -50,6 +50,8 @@
 //! - [`check_unregistered_states_survive`]: restored states not registered (yet) are carried into
 //!   the next snapshot unchanged.
 //! - [`check_deterministic_bytes`]: equal state gives identical bytes, whatever the history.
+//! - [`check_restore_from_files`]: a restore handed its sections in local files gives what a
+//!   restore from memory gives (written back unregistered, and registered), and names damage.
 //! - [`check_random_models`] / [`check_against_model`]: random operations against a `HashMap`
 //!   model, snapshots taken midway restored whole and split across a parallelism.
 //! - [`check_kind_semantics`]: list, map, reducing and aggregating states and value defaults
@@ -91,6 +93,7 @@ use crate::StateError;
 use crate::format::{EMPTY_SECTION_LEN, MAX_STATES};
 
 mod basics;
+mod files;
 mod helpers;
 mod incremental;
 mod kind_checks;
@@ -103,6 +106,7 @@ pub use basics::{
     check_for_each_entry, check_registration, check_round_trip, check_snapshot_isolation,
     check_snapshot_layout, check_value_semantics,
 };
+pub use files::check_restore_from_files;
 pub use incremental::{
     INCREMENTAL_CASES, check_incremental_model, check_incremental_restore_rules,
     run_incremental_checks,
@@ -166,6 +170,7 @@ macro_rules! keyed_backend_conformance {
             kind_mismatch_after_restore => check_kind_mismatch_after_restore,
             kind_snapshot_isolation => check_kind_snapshot_isolation,
             kinds_round_trip => check_kinds_round_trip,
+            restore_from_files => check_restore_from_files,
         );
 
         #[test]

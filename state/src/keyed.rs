@@ -30,7 +30,7 @@ impl<T> StateKey for T where
 pub trait StateValue: Clone + Serialize + DeserializeOwned + Send + Sync + 'static {}
 impl<T> StateValue for T where T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static {}
 
-pub use crate::format::{RestorePart, StateKind};
+pub use crate::format::{RestoreFilePart, RestorePart, StateKind};
 
 /// When a state's entries expire (Flink's `StateTtlConfig`), on processing time: an entry not
 /// written (or, with [`TtlUpdateType::OnReadAndWrite`], read) for `ttl` is expired. For list
@@ -1369,6 +1369,34 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
 
     /// Loads state from snapshots, keeping the key groups in this backend's range.
     fn restore(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError>;
+
+    /// [`restore`](Self::restore) from snapshots whose sections are in local files (a canonical
+    /// snapshot the runtime downloaded for a backend with a [local
+    /// directory](crate::StateBackend::local_dir)), before any state is registered. A backend
+    /// that keeps its state on disk reads the sections from the files as it needs them, so that
+    /// the restore is not bounded by memory; the default reads each file whole and calls
+    /// [`restore`](Self::restore).
+    fn restore_file_parts(&mut self, parts: &[RestoreFilePart<'_>]) -> Result<(), StateError> {
+        let mut read = Vec::with_capacity(parts.len());
+        for part in parts {
+            let bytes = std::fs::read(part.path).map_err(|e| StateError::Disk {
+                path: part.path.to_path_buf(),
+                reason: format!("cannot read the restored sections: {e}"),
+            })?;
+            read.push(bytes::Bytes::from(bytes));
+        }
+        let parts: Vec<RestorePart<'_>> = parts
+            .iter()
+            .zip(read)
+            .map(|(part, sections)| RestorePart {
+                handle: part.handle,
+                header: part.header,
+                sections,
+                sections_offset: part.sections_offset,
+            })
+            .collect();
+        self.restore(&parts)
+    }
 
     /// The synchronous part of checkpoint `checkpoint_id`'s snapshot in incremental mode: a
     /// delta on the latest confirmed checkpoint's chain, or a full snapshot that starts a chain

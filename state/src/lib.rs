@@ -49,8 +49,8 @@ pub use keyed::{
     AggregateFunction, AggregatingState, AggregatingStateDescriptor, KeyedAccess, KeyedSnapshot,
     KeyedSnapshotLayout, KeyedStateBackend, ListState, ListStateDescriptor, MapKey, MapState,
     MapStateDescriptor, NativeFile, NativeFiles, NativeRestorePart, ReducingState,
-    ReducingStateDescriptor, RestorePart, SnapshotScope, StateKey, StateKind, StateOptions,
-    StateTtlConfig, StateValue, TtlUpdateType, TtlValue, TtlVisibility, ValueState,
+    ReducingStateDescriptor, RestoreFilePart, RestorePart, SnapshotScope, StateKey, StateKind,
+    StateOptions, StateTtlConfig, StateValue, TtlUpdateType, TtlValue, TtlVisibility, ValueState,
     ValueStateDescriptor,
 };
 pub use operator::{ListState as OperatorListState, OperatorSnapshot, OperatorStateBackend};

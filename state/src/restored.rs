@@ -11,7 +11,7 @@ use crate::format::{
     self, BlockKind, Compression, MAX_STATES, SERIALIZER_VERSION, SectionWriter, SnapshotHeader,
     StateKind, StateMeta,
 };
-use crate::keyed::{RestorePart, StateKey, StateValue};
+use crate::keyed::{RestoreFilePart, RestorePart, StateKey, StateValue};
 use rustc_hash::FxBuildHasher;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,12 +22,42 @@ use weir_core::keygroup::{KeyGroup, KeyGroupRange, KeyHash, murmur_hash};
 /// One state's entries in one key group, decoded.
 pub(crate) type Group<K, V> = hashbrown::HashMap<K, V, FxBuildHasher>;
 
+mod file;
+pub(crate) use file::RestoreFile;
+
 /// A state's bytes in one key group, restored but not decoded yet.
 #[derive(Clone)]
 pub(crate) struct RawGroup {
     entry_count: u32,
+    entries: RawEntries,
+}
+
+/// Where a restored block's entries are.
+#[derive(Clone)]
+pub(crate) enum RawEntries {
     /// A slice of the restored bytes (or of a decompressed section), shared, not copied.
-    entries: bytes::Bytes,
+    Memory(bytes::Bytes),
+    /// In a section of a local file the restore was handed: read, and checked again, when its
+    /// state is registered or written back (see [`file`]).
+    File(file::FileBlock),
+}
+
+impl RawEntries {
+    /// The entries' length (decompressed).
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            RawEntries::Memory(bytes) => bytes.len(),
+            RawEntries::File(block) => block.len(),
+        }
+    }
+
+    /// The entries, read from the file if they are in one.
+    pub(crate) fn load(&self) -> Result<bytes::Bytes, StateError> {
+        match self {
+            RawEntries::Memory(bytes) => Ok(bytes.clone()),
+            RawEntries::File(block) => block.load(),
+        }
+    }
 }
 
 /// One restored block: entries or tombstones. A key group of a restored incremental chain has
@@ -39,7 +69,7 @@ pub(crate) struct RawBlock {
 }
 
 /// A key group's section as a restore reads it: checked, and its blocks copied out of the
-/// restored bytes.
+/// restored bytes (or located in the restored file).
 #[derive(Default)]
 pub(crate) struct ReadSection {
     /// How the section was stored.
@@ -64,7 +94,7 @@ pub(crate) fn read_section(
             .map(|block| {
                 let raw = RawGroup {
                     entry_count: block.entry_count,
-                    entries: section.shared_entries(&block, stored),
+                    entries: RawEntries::Memory(section.shared_entries(&block, stored)),
                 };
                 (
                     block.state_id,
@@ -130,7 +160,8 @@ impl PendingState {
         for block in self.groups.get(index).into_iter().flatten() {
             let raw = &block.raw;
             if raw.entry_count > 0 {
-                section.any_block(block.kind, state_id, raw.entry_count, &raw.entries)?;
+                let entries = raw.entries.load()?;
+                section.any_block(block.kind, state_id, raw.entry_count, &entries)?;
             }
         }
         Ok(())
@@ -359,7 +390,8 @@ pub(crate) fn decode_group<K: StateKey, V: StateValue>(
     key_groups: KeyGroupOf,
     raw: &RawGroup,
 ) -> Result<Group<K, V>, StateError> {
-    let (entry_count, bytes) = (raw.entry_count, &raw.entries[..]);
+    let entries = raw.entries.load()?;
+    let (entry_count, bytes) = (raw.entry_count, &entries[..]);
     // An entry takes at least a byte (a non-empty key), so the bytes bound what a damaged count
     // could make us allocate.
     let capacity = (entry_count as usize).min(bytes.len());
@@ -396,9 +428,10 @@ pub(crate) fn apply_blocks<K: StateKey, V: StateValue>(
     let what = || format!("state '{name}' in key group {kg}");
     for block in rest {
         let raw = &block.raw;
+        let entries = raw.entries.load()?;
         match block.kind {
             BlockKind::Entries => {
-                format::decode_entries_with(what, raw.entry_count, &raw.entries, |k: K, v: V| {
+                format::decode_entries_with(what, raw.entry_count, &entries, |k: K, v: V| {
                     let actual = key_groups.of(&k);
                     if actual != kg {
                         return Err(misplaced(what(), actual, kg));
@@ -408,7 +441,7 @@ pub(crate) fn apply_blocks<K: StateKey, V: StateValue>(
                 })?
             }
             BlockKind::Tombstones => {
-                format::decode_keys_with(what, raw.entry_count, &raw.entries, |k: K| {
+                format::decode_keys_with(what, raw.entry_count, &entries, |k: K| {
                     let actual = key_groups.of(&k);
                     if actual != kg {
                         return Err(misplaced(what(), actual, kg));
@@ -478,7 +511,9 @@ impl Restored {
         }
         for pending in self.pending.values_mut() {
             for block in Arc::make_mut(pending).groups.iter_mut().flatten() {
-                block.raw.entries = bytes::Bytes::copy_from_slice(&block.raw.entries);
+                if let RawEntries::Memory(bytes) = &block.raw.entries {
+                    block.raw.entries = RawEntries::Memory(bytes::Bytes::copy_from_slice(bytes));
+                }
             }
         }
         self.owned = true;
@@ -494,6 +529,41 @@ impl Restored {
         max_parallelism: u32,
         key_type: &str,
     ) -> Result<(), StateError> {
+        let parts: Vec<PartSource<'_, '_>> = parts.iter().map(PartSource::Memory).collect();
+        self.restore_sources(&parts, range, max_parallelism, key_type)
+    }
+
+    /// [`restore`](Self::restore) from parts in local files: each section is read and checked,
+    /// and its blocks kept as places in the file (which stays open), so that what a restore
+    /// holds in memory does not grow with the restored state. The blocks are read again, and
+    /// checked again, when their state is registered (a window of key groups at a time) or
+    /// written back into a snapshot.
+    pub(crate) fn restore_files(
+        &mut self,
+        parts: &[RestoreFilePart<'_>],
+        range: KeyGroupRange,
+        max_parallelism: u32,
+        key_type: &str,
+    ) -> Result<(), StateError> {
+        let files = parts
+            .iter()
+            .map(|p| RestoreFile::open(p.path).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        let parts: Vec<PartSource<'_, '_>> = parts
+            .iter()
+            .zip(&files)
+            .map(|(part, file)| PartSource::File(part, file))
+            .collect();
+        self.restore_sources(&parts, range, max_parallelism, key_type)
+    }
+
+    fn restore_sources(
+        &mut self,
+        parts: &[PartSource<'_, '_>],
+        range: KeyGroupRange,
+        max_parallelism: u32,
+        key_type: &str,
+    ) -> Result<(), StateError> {
         let n = range.len() as usize;
         // Work on copies, so that a failed restore leaves the backend as it was.
         let mut restored = if self.restored.is_empty() {
@@ -503,7 +573,8 @@ impl Restored {
         };
         let mut pending = self.pending.clone();
 
-        for part in parts {
+        for source in parts {
+            let part = source.handle_and_header();
             let header = SnapshotHeader::decode(part.header)?;
             if header.max_parallelism != max_parallelism {
                 return Err(StateError::Restore(format!(
@@ -530,16 +601,9 @@ impl Restored {
             // restore's work, independent per key group: done first, on several threads for a
             // large part, and then taken in key-group order, so that the errors are those (and
             // come in the order) of a serial restore.
-            let sections = format::part_sections(part, &range)?;
-            let bytes = sections.iter().map(|(_, b)| b.len()).sum();
-            let threads = threads_for(bytes, sections.len());
-            let mut read =
-                in_order_until_error(sections.len(), threads, |i| match sections.get(i) {
-                    Some(&(kg, bytes)) => read_section(&header, kg, bytes, &part.sections),
-                    None => Ok(ReadSection::default()),
-                })
-                .into_iter();
-            for &(kg, _) in &sections {
+            let (key_groups, read) = source.read_sections(&header, &range)?;
+            let mut read = read.into_iter();
+            for &kg in &key_groups {
                 let index = (kg - range.start) as usize;
                 match restored.get_mut(index) {
                     Some(seen) if *seen && !header.delta => {
@@ -606,6 +670,71 @@ impl Restored {
         self.restored = restored;
         self.owned = self.pending.is_empty();
         Ok(())
+    }
+}
+
+/// The handle and header of a part, whatever holds its sections.
+struct HandleAndHeader<'p> {
+    handle: &'p weir_core::handle::KeyedStateHandle,
+    header: &'p [u8],
+}
+
+/// A part handed to a restore: its sections in memory, or in a local file (opened).
+enum PartSource<'p, 'a> {
+    Memory(&'p RestorePart<'a>),
+    File(&'p RestoreFilePart<'a>, &'p Arc<RestoreFile>),
+}
+
+impl<'p> PartSource<'p, '_> {
+    fn handle_and_header(&self) -> HandleAndHeader<'p> {
+        match self {
+            PartSource::Memory(p) => HandleAndHeader {
+                handle: p.handle,
+                header: p.header,
+            },
+            PartSource::File(p, _) => HandleAndHeader {
+                handle: p.handle,
+                header: p.header,
+            },
+        }
+    }
+
+    /// The key groups of `range` the part holds, in order, and each one's section read up to
+    /// the first that fails. Checking the sections and copying their blocks out of the part is
+    /// most of a restore's work, independent per key group: done first, on several threads for
+    /// a large part, and then taken in key-group order, so that the errors are those (and come
+    /// in the order) of a serial restore.
+    #[allow(clippy::type_complexity)]
+    fn read_sections(
+        &self,
+        header: &SnapshotHeader,
+        range: &KeyGroupRange,
+    ) -> Result<(Vec<KeyGroup>, Vec<Result<ReadSection, StateError>>), StateError> {
+        match self {
+            PartSource::Memory(part) => {
+                let sections = format::part_sections(part, range)?;
+                let bytes = sections.iter().map(|(_, b)| b.len()).sum();
+                let threads = threads_for(bytes, sections.len());
+                let read =
+                    in_order_until_error(sections.len(), threads, |i| match sections.get(i) {
+                        Some(&(kg, bytes)) => read_section(header, kg, bytes, &part.sections),
+                        None => Ok(ReadSection::default()),
+                    });
+                Ok((sections.iter().map(|(kg, _)| *kg).collect(), read))
+            }
+            PartSource::File(part, file) => {
+                let spans =
+                    format::section_spans(part.handle, part.sections_offset, file.len(), range)?;
+                let bytes = spans.iter().map(|(_, s)| s.end - s.start).sum::<u64>();
+                let threads =
+                    threads_for(usize::try_from(bytes).unwrap_or(usize::MAX), spans.len());
+                let read = in_order_until_error(spans.len(), threads, |i| match spans.get(i) {
+                    Some((kg, span)) => file::read_section(file, header, *kg, span.clone()),
+                    None => Ok(ReadSection::default()),
+                });
+                Ok((spans.iter().map(|(kg, _)| *kg).collect(), read))
+            }
+        }
     }
 }
 
@@ -741,7 +870,7 @@ mod tests {
             kind: BlockKind::Entries,
             raw: RawGroup {
                 entry_count: 1,
-                entries: bytes::Bytes::from(vec![0u8; len]),
+                entries: RawEntries::Memory(bytes::Bytes::from(vec![0u8; len])),
             },
         };
         // Key groups of 0 to 39 bytes in one or two blocks, one of 100 (over the bound).

@@ -11,7 +11,40 @@ pub fn part_sections<'p>(
     part: &'p RestorePart<'_>,
     range: &KeyGroupRange,
 ) -> Result<Vec<(KeyGroup, &'p [u8])>, StateError> {
-    let handle = part.handle;
+    let spans = section_spans(
+        part.handle,
+        part.sections_offset,
+        part.sections.len() as u64,
+        range,
+    )?;
+    let mut out = Vec::with_capacity(spans.len());
+    for (kg, span) in spans {
+        let bytes = usize::try_from(span.start)
+            .ok()
+            .zip(usize::try_from(span.end).ok())
+            .and_then(|(start, end)| part.sections.get(start..end));
+        match bytes {
+            Some(bytes) => out.push((kg, bytes)),
+            None => {
+                return Err(StateError::Restore(format!(
+                    "key group {kg}'s section is out of the part's bytes"
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Where the sections of the key groups in `range` (intersected with the handle's own) are in a
+/// run of `available` bytes of the stream that starts at `sections_offset`: each as a range
+/// within that run, in key-group order, checked against the handle's offsets and the run's
+/// bounds. The sections themselves are not checked yet.
+pub(crate) fn section_spans(
+    handle: &KeyedStateHandle,
+    sections_offset: u64,
+    available: u64,
+    range: &KeyGroupRange,
+) -> Result<Vec<(KeyGroup, std::ops::Range<u64>)>, StateError> {
     let own = handle.key_group_range;
     if handle.offsets.len() != own.len() as usize {
         return Err(StateError::Restore(format!(
@@ -22,9 +55,7 @@ pub fn part_sections<'p>(
     }
     let overlap = own.intersection(range);
     let mut out = Vec::with_capacity(overlap.len() as usize);
-    let part_end = part
-        .sections_offset
-        .saturating_add(part.sections.len() as u64);
+    let part_end = sections_offset.saturating_add(available);
     for kg in overlap.iter() {
         let i = (kg - own.start) as usize;
         let (Some(&start), end) = (handle.offsets.get(i), handle.offsets.get(i + 1)) else {
@@ -33,25 +64,13 @@ pub fn part_sections<'p>(
             )));
         };
         let end = end.copied().unwrap_or(handle.end);
-        if end < start || start < part.sections_offset || end > part_end {
+        if end < start || start < sections_offset || end > part_end {
             return Err(StateError::Restore(format!(
                 "key group {kg}'s section [{start}, {end}) is not inside the bytes handed to the \
-                 restore [{}, {part_end})",
-                part.sections_offset
+                 restore [{sections_offset}, {part_end})"
             )));
         }
-        let (rel_start, rel_end) = (
-            (start - part.sections_offset) as usize,
-            (end - part.sections_offset) as usize,
-        );
-        match part.sections.get(rel_start..rel_end) {
-            Some(bytes) => out.push((kg, bytes)),
-            None => {
-                return Err(StateError::Restore(format!(
-                    "key group {kg}'s section is out of the part's bytes"
-                )));
-            }
-        }
+        out.push((kg, start - sections_offset..end - sections_offset));
     }
     Ok(out)
 }
@@ -125,5 +144,24 @@ pub struct RestorePart<'a> {
     /// of them (the blocks of states not registered yet) without copying.
     pub sections: bytes::Bytes,
     /// Offset of `sections[0]` within the stream.
+    pub sections_offset: u64,
+}
+
+/// One snapshot handed to a restore in a local file instead of in memory: the header's bytes,
+/// and a file holding a contiguous run of key-group sections that starts at `sections_offset`
+/// within the original stream (the file's byte 0). A backend that keeps files reads the
+/// sections from it as it needs them, so that a restore larger than memory is never held in
+/// memory whole; another reads the file whole (see
+/// [`KeyedStateBackend::restore_file_parts`](crate::KeyedStateBackend::restore_file_parts)).
+#[derive(Debug)]
+pub struct RestoreFilePart<'a> {
+    /// The handle the bytes belong to.
+    pub handle: &'a KeyedStateHandle,
+    /// The bytes of `handle.header`.
+    pub header: &'a [u8],
+    /// The file. The backend opens it during the restore and may keep it open (it may be
+    /// unlinked after the restore returns).
+    pub path: &'a std::path::Path,
+    /// Offset of the file's first byte within the stream.
     pub sections_offset: u64,
 }

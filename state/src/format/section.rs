@@ -269,7 +269,7 @@ pub fn parse_section(key_group: KeyGroup, bytes: &[u8]) -> Result<Section<'_>, S
 }
 
 /// [`parse_section`], allowing overlay blocks when `overlays` (format version 3).
-pub(super) fn parse_section_with(
+pub(crate) fn parse_section_with(
     key_group: KeyGroup,
     bytes: &[u8],
     overlays: bool,

@@ -33,7 +33,8 @@ use crate::format::{
 };
 use crate::keyed::{
     Expiry, ExpiryFn, KeyedSnapshot, KeyedStateBackend, NativeFiles, NativeRestorePart,
-    RestorePart, StateKey, StateOptions, StateValue, TtlClock, ValueState, wall_clock_ms,
+    RestoreFilePart, RestorePart, StateKey, StateOptions, StateValue, TtlClock, ValueState,
+    wall_clock_ms,
 };
 use crate::restored::{self, PendingState, Restored, incompatible};
 use rustc_hash::FxHashMap;
@@ -405,6 +406,17 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
         self
     }
 
+    /// A restore comes before any state is registered.
+    fn check_nothing_registered(&self) -> Result<(), StateError> {
+        if self.states.is_empty() {
+            return Ok(());
+        }
+        Err(StateError::Restore(format!(
+            "restore must come before any state is registered, and {:?} already are",
+            self.state_names()
+        )))
+    }
+
     /// Names of the registered states, by id.
     pub fn state_names(&self) -> Vec<&str> {
         self.states.iter().map(|s| s.name.as_str()).collect()
@@ -773,14 +785,17 @@ impl<K: StateKey> KeyedStateBackend<K> for StoreKeyedStateBackend<K> {
     }
 
     fn restore(&mut self, parts: &[RestorePart<'_>]) -> Result<(), StateError> {
-        if !self.states.is_empty() {
-            return Err(StateError::Restore(format!(
-                "restore must come before any state is registered, and {:?} already are",
-                self.state_names()
-            )));
-        }
+        self.check_nothing_registered()?;
         self.restored
             .restore(parts, self.range, self.max_parallelism, type_name::<K>())
+    }
+
+    /// Keeps the restored blocks in the files, read back a window of key groups at a time at
+    /// their states' registration: a canonical restore larger than memory.
+    fn restore_file_parts(&mut self, parts: &[RestoreFilePart<'_>]) -> Result<(), StateError> {
+        self.check_nothing_registered()?;
+        self.restored
+            .restore_files(parts, self.range, self.max_parallelism, type_name::<K>())
     }
 }
 
