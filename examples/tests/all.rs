@@ -7,6 +7,8 @@
 
 #[path = "bad_input.rs"]
 mod bad_input;
+#[path = "canonical_restore.rs"]
+mod canonical_restore;
 #[path = "claim_mode.rs"]
 mod claim_mode;
 #[path = "cluster.rs"]

@@ -171,6 +171,69 @@ impl<K: StateKey> KeyedBase<K> {
         Ok(())
     }
 
+    /// Restores canonical keyed snapshots: sections the job master read, or sections the
+    /// subtask downloaded (a backend that keeps files), which the backend reads from the files.
+    /// A downloaded section found damaged makes its checkpoint unusable, as a damaged file the
+    /// master reads does.
+    fn restore_canonical(
+        &mut self,
+        keyed: &[crate::operator::RestoredKeyed],
+    ) -> Result<(), TaskError> {
+        use crate::operator::KeyedSections;
+        let mut read = Vec::new();
+        let mut files = Vec::new();
+        let mut names = Vec::new();
+        for r in keyed {
+            match &r.sections {
+                KeyedSections::Read(sections) => read.push(RestorePart {
+                    handle: &r.handle,
+                    header: &r.header,
+                    sections: sections.clone(),
+                    sections_offset: r.sections_offset,
+                }),
+                KeyedSections::Local {
+                    path,
+                    location_dir,
+                    file,
+                } => {
+                    files.push(weir_state::RestoreFilePart {
+                        handle: &r.handle,
+                        header: &r.header,
+                        path,
+                        sections_offset: r.sections_offset,
+                    });
+                    names.push((location_dir, file));
+                }
+                KeyedSections::Stored { stream, .. } => {
+                    return Err(TaskError::Operator {
+                        operator: self.info.task_name.clone(),
+                        message: format!(
+                            "the keyed snapshot {stream:?} was not fetched before the open"
+                        ),
+                    });
+                }
+            }
+        }
+        if !read.is_empty() {
+            self.backend.restore(&read)?;
+        }
+        // One file at a time, in the chain's order, so that a damaged section names its file.
+        for (part, (location, file)) in files.iter().zip(names) {
+            match self.backend.restore_file_parts(std::slice::from_ref(part)) {
+                Ok(()) => {}
+                Err(weir_state::StateError::Core(e @ weir_core::CoreError::Corrupt { .. })) => {
+                    return Err(TaskError::UnusableCheckpoint {
+                        location: location.clone(),
+                        file: file.clone(),
+                        reason: e.to_string(),
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
     /// Handles the lifecycle events that concern keyed state: restore at open, freeze at snapshot.
     /// Returns true for `Open`, after which the operator registers its states.
     pub fn lifecycle(&mut self, event: &mut Lifecycle<'_>) -> Result<bool, TaskError> {
@@ -190,17 +253,7 @@ impl<K: StateKey> KeyedBase<K> {
                         self.restore_native(&restored)?;
                         return Ok(true);
                     }
-                    let parts: Vec<RestorePart<'_>> = restored
-                        .keyed
-                        .iter()
-                        .map(|r| RestorePart {
-                            handle: &r.handle,
-                            header: &r.header,
-                            sections: r.sections.clone(),
-                            sections_offset: r.sections_offset,
-                        })
-                        .collect();
-                    self.backend.restore(&parts)?;
+                    self.restore_canonical(&restored.keyed)?;
                 }
                 Ok(true)
             }

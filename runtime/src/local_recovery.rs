@@ -23,6 +23,11 @@ pub struct RestoreFiles {
     pub local_refused: u64,
     /// Small files kept inline in `_metadata`, which came with it.
     pub inline_files: u64,
+    /// Canonical keyed snapshots (savepoints) whose sections a subtask downloaded to local
+    /// disk for its state backend to read from there.
+    pub canonical_files: u64,
+    /// Bytes of those sections.
+    pub canonical_bytes: u64,
 }
 
 /// The directory where a subtask of a job keeps hard links of the native files its checkpoints

@@ -127,13 +127,83 @@ pub enum NativeSource {
 pub struct RestoredKeyed {
     /// The handle.
     pub handle: KeyedStateHandle,
-    /// Its header bytes.
+    /// Its header bytes, read and checked by the job master.
     pub header: Vec<u8>,
-    /// The section bytes for the key groups this subtask owns, as read from storage (shared:
-    /// the backend keeps slices of them without copying).
-    pub sections: bytes::Bytes,
-    /// Offset of `sections[0]` in the original stream.
+    /// The sections of the key groups this subtask owns.
+    pub sections: KeyedSections,
+    /// Offset of the sections' first byte in the original stream.
     pub sections_offset: u64,
+}
+
+/// Where the sections of a [`RestoredKeyed`] are.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub enum KeyedSections {
+    /// Read and checked by the job master (shared: the backend keeps slices of them without
+    /// copying).
+    Read(bytes::Bytes),
+    /// In checkpoint storage, for a subtask whose state backend keeps files (the disk backend):
+    /// the subtask downloads them into the backend's directory before it opens
+    /// (`task/fetch.rs`), in ranges, and the backend reads them from there as it needs them, so
+    /// that a canonical restore (a savepoint) larger than memory is never held in memory.
+    Stored {
+        /// The file.
+        stream: weir_core::handle::StreamStateHandle,
+        /// The end of the sections this subtask owns (they start at `sections_offset`).
+        end: u64,
+        /// Whether this subtask owns every key group of the file: it then reads the whole file,
+        /// checking its size and digest; else each section's checksum is checked.
+        whole: bool,
+        /// The key groups this subtask owns.
+        range: weir_core::keygroup::KeyGroupRange,
+        /// The checkpoint directory the stream's path is relative to.
+        location_dir: String,
+        /// The storage the file is in when it is not the job's own checkpoint storage (a
+        /// restore from another storage, in this process). Never sent to a task manager: the
+        /// job master reads such sections itself ([`KeyedSections::Read`]).
+        #[serde(skip)]
+        storage: Option<std::sync::Arc<dyn weir_checkpoint::CheckpointStorage>>,
+    },
+    /// Downloaded to this machine's disk, ready for the backend: set by the subtask before it
+    /// opens.
+    #[serde(skip)]
+    Local {
+        /// The file: the stream's bytes from `sections_offset` to the end of the sections.
+        path: std::path::PathBuf,
+        /// The checkpoint directory the file came from, and its name there: a section found
+        /// damaged makes that checkpoint unusable.
+        location_dir: String,
+        /// The file's name in checkpoint storage, relative to its root.
+        file: String,
+    },
+}
+
+impl std::fmt::Debug for KeyedSections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyedSections::Read(bytes) => write!(f, "Read({} bytes)", bytes.len()),
+            KeyedSections::Stored {
+                stream,
+                end,
+                whole,
+                range,
+                location_dir,
+                storage,
+            } => f
+                .debug_struct("Stored")
+                .field("stream", stream)
+                .field("end", end)
+                .field("whole", whole)
+                .field("range", range)
+                .field("location_dir", location_dir)
+                .field("storage", &storage.as_ref().map(|s| s.describe()))
+                .finish(),
+            KeyedSections::Local { path, file, .. } => f
+                .debug_struct("Local")
+                .field("path", path)
+                .field("file", file)
+                .finish(),
+        }
+    }
 }
 
 /// Where a subtask stands, and what it restores from.

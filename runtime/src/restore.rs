@@ -4,7 +4,8 @@
 
 use crate::error::JobError;
 use crate::operator::{
-    NativeSource, RestoreContext, RestoredKeyed, RestoredNative, RestoredOperatorState,
+    KeyedSections, NativeSource, RestoreContext, RestoredKeyed, RestoredNative,
+    RestoredOperatorState,
 };
 use std::collections::HashMap;
 use std::path::Path;
@@ -276,6 +277,10 @@ pub(crate) struct RestoreChecks<'a> {
     pub allow_non_restored_state: bool,
     /// Restore although the source settings differ.
     pub allow_changed_sources: bool,
+    /// Whether the subtasks download the sections of canonical keyed snapshots themselves
+    /// (the job's state backend keeps files: [`weir_state::StateBackend::local_dir`]), so that
+    /// a savepoint larger than memory restores; else the master reads and checks them.
+    pub subtasks_fetch_sections: bool,
 }
 
 impl RestoreChecks<'_> {
@@ -353,7 +358,7 @@ pub(crate) async fn load_first_good(
                 ));
             }
             checks.check_job(&point)?;
-            let contexts = assign(&point, job, checks.allow_non_restored_state).await?;
+            let contexts = assign(&point, job, checks).await?;
             Ok::<_, JobError>((point, contexts))
         };
         match attempt.await {
@@ -391,8 +396,9 @@ pub(crate) async fn load_first_good(
 pub(crate) async fn assign(
     point: &RestorePoint,
     job: &JobGraph,
-    allow_non_restored_state: bool,
+    checks: &RestoreChecks<'_>,
 ) -> Result<HashMap<(VertexId, SubtaskIndex), RestoreContext>, JobError> {
+    let allow_non_restored_state = checks.allow_non_restored_state;
     let meta = &point.metadata;
     let restore_error = |reason: String| JobError::Restore {
         path: point.describe(),
@@ -462,7 +468,9 @@ pub(crate) async fn assign(
             };
             for (&old, state) in &op.subtasks {
                 for h in &state.keyed {
-                    if let Some(r) = read_keyed(point, op, h, &range).await? {
+                    if let Some(r) =
+                        read_keyed(point, op, h, &range, checks.subtasks_fetch_sections).await?
+                    {
                         restored.keyed.push(r);
                     }
                 }
@@ -561,63 +569,117 @@ async fn read_operator_state(
     Ok(old_blobs)
 }
 
-/// Reads the part of a keyed handle a subtask owning `range` restores, checked: the whole file
-/// (size, digest, frame) when the subtask owns all its key groups, else the header and the
-/// sections by range; then the header and every section. `None` when they do not overlap.
+/// Reads the part of a keyed handle a subtask owning `range` restores, checked: the header,
+/// and, unless the subtask fetches them itself (`fetch_sections`: its state backend keeps
+/// files), the sections it owns. `None` when they do not overlap.
 async fn read_keyed(
     point: &RestorePoint,
     op: &OperatorState,
     h: &KeyedStateHandle,
     range: &KeyGroupRange,
+    fetch_sections: bool,
 ) -> Result<Option<RestoredKeyed>, JobError> {
     let Some((start, end)) = h.byte_range_for(range) else {
         return Ok(None);
     };
     let file = || file_of(point, &h.stream);
     let whole = range.intersection(&h.key_group_range) == h.key_group_range;
+    if !fetch_sections {
+        let r = read_keyed_sections(&*point.storage, &point.location, h, range, Some(op)).await?;
+        return Ok(Some(r));
+    }
+    let header = point
+        .storage
+        .read_state(&point.location, &h.stream, Some(h.header))
+        .await?
+        .to_vec();
+    verify::check_keyed_header(op, h, &header).map_err(|e| corrupt(file(), e.join("; ")))?;
+    Ok(Some(RestoredKeyed {
+        handle: h.clone(),
+        header,
+        sections: KeyedSections::Stored {
+            stream: h.stream.clone(),
+            end,
+            whole,
+            range: *range,
+            location_dir: point.location.dir.clone(),
+            storage: Some(point.storage.clone()),
+        },
+        sections_offset: start,
+    }))
+}
+
+/// Reads the header and the sections of `h` a subtask owning `range` restores into memory,
+/// checked: the whole file (size, digest) when the subtask owns all its key groups, else the
+/// header and the sections by range; then the header (against `op`'s record in `_metadata`,
+/// when given) and every section.
+async fn read_keyed_sections(
+    storage: &dyn CheckpointStorage,
+    location: &CheckpointLocation,
+    h: &KeyedStateHandle,
+    range: &KeyGroupRange,
+    op: Option<&OperatorState>,
+) -> Result<RestoredKeyed, JobError> {
+    let file = || match h.stream.path() {
+        Some(path) => format!("{}{path}", location.dir),
+        None => location.metadata_path(),
+    };
+    let (start, end) = h.byte_range_for(range).ok_or_else(|| {
+        corrupt(
+            file(),
+            format!(
+                "the handle of key groups {} has no bytes for {range}",
+                h.key_group_range
+            ),
+        )
+    })?;
+    let whole = range.intersection(&h.key_group_range) == h.key_group_range;
     let r = if whole {
         // One read of the whole file, so its size and digest are checked too (the frame was
         // checked with its chain).
-        let bytes = point
-            .storage
-            .read_state(&point.location, &h.stream, None)
-            .await?;
+        let bytes = storage.read_state(location, &h.stream, None).await?;
         let part = weir_state::format::whole_shared_stream_part(h, &bytes)
             .map_err(|e| corrupt(file(), e.to_string()))?;
         RestoredKeyed {
             handle: h.clone(),
             header: part.header.to_vec(),
-            sections: part.sections.clone(),
+            sections: KeyedSections::Read(part.sections.clone()),
             sections_offset: part.sections_offset,
         }
     } else {
-        let header = point
-            .storage
-            .read_state(&point.location, &h.stream, Some(h.header))
+        let header = storage
+            .read_state(location, &h.stream, Some(h.header))
             .await?
             .to_vec();
-        let sections = point
-            .storage
-            .read_state(&point.location, &h.stream, Some((start, end)))
+        let sections = storage
+            .read_state(location, &h.stream, Some((start, end)))
             .await?;
         RestoredKeyed {
             handle: h.clone(),
             header,
-            sections,
+            sections: KeyedSections::Read(sections),
             sections_offset: start,
         }
     };
-    let header =
-        verify::check_keyed_header(op, h, &r.header).map_err(|e| corrupt(file(), e.join("; ")))?;
+    let KeyedSections::Read(sections) = &r.sections else {
+        return Err(corrupt(file(), "the sections were not read".into()));
+    };
+    let header = match op {
+        Some(op) => verify::check_keyed_header(op, h, &r.header),
+        None => {
+            weir_state::format::SnapshotHeader::decode(&r.header).map_err(|e| vec![e.to_string()])
+        }
+    }
+    .map_err(|e| corrupt(file(), e.join("; ")))?;
     let part = RestorePart {
         handle: &r.handle,
         header: &r.header,
-        sections: r.sections.clone(),
+        sections: sections.clone(),
         sections_offset: r.sections_offset,
     };
     verify::check_keyed_sections(&header, &part, range, 1)
         .map_err(|e| corrupt(file(), e.join("; ")))?;
-    Ok(Some(r))
+    Ok(r)
 }
 
 /// Reads the manifest of a native keyed snapshot, checked (size and digest, then its identity
@@ -691,6 +753,9 @@ pub(crate) async fn fetch_foreign_native(
 ) -> Result<(), JobError> {
     for t in tasks {
         for state in t.restore.operators.values_mut() {
+            for r in &mut state.keyed {
+                fetch_foreign_keyed(r).await?;
+            }
             for r in &mut state.native {
                 let Some(storage) = r.storage.take() else {
                     continue;
@@ -716,6 +781,28 @@ pub(crate) async fn fetch_foreign_native(
             }
         }
     }
+    Ok(())
+}
+
+/// Reads, for a subtask on a task manager, the sections of a canonical keyed snapshot in a
+/// storage other than the job's (which task managers may not reach), checked as the master
+/// reads them for a backend without files, and sends them with the deployment.
+#[cfg(feature = "cluster")]
+async fn fetch_foreign_keyed(r: &mut RestoredKeyed) -> Result<(), JobError> {
+    let KeyedSections::Stored {
+        storage: Some(storage),
+        location_dir,
+        range,
+        ..
+    } = &r.sections
+    else {
+        return Ok(());
+    };
+    let location = CheckpointLocation {
+        dir: location_dir.clone(),
+    };
+    let read = read_keyed_sections(&**storage, &location, &r.handle, range, None).await?;
+    *r = read;
     Ok(())
 }
 

@@ -6,7 +6,7 @@
 
 use super::protocol::{self, Deploy, FromTaskManager, ToTaskManager};
 use crate::error::TaskError;
-use crate::operator::{RestoreContext, RestoredKeyed, RestoredOperatorState};
+use crate::operator::{KeyedSections, RestoreContext, RestoredKeyed, RestoredOperatorState};
 use crate::source::SplitAssignment;
 use crate::spec::{TaskDeployment, TaskSettings};
 use crate::task::{TaskEvent, TaskMessage, TaskReport};
@@ -210,7 +210,7 @@ fn deploy() -> Deploy {
             keyed: vec![RestoredKeyed {
                 handle: keyed_handle(),
                 header: vec![b'W'; 60],
-                sections: bytes::Bytes::from(vec![0u8; 40]),
+                sections: KeyedSections::Read(bytes::Bytes::from(vec![0u8; 40])),
                 sections_offset: 60,
             }],
             operator: vec![vec![9; 20]],

@@ -31,6 +31,7 @@ use crate::gateway::TaskRuntime;
 use crate::host::{LocalHost, TaskHost};
 use crate::job::{Command, JobClient};
 use crate::lease::{LeaseKeeper, LockContent};
+use crate::operator::KeyedSections;
 use crate::restart::RestartTracker;
 use crate::restore::{
     RestoreChecks, RestorePoint, assign, candidates_at, load_first_good, one_jobs_candidates,
@@ -556,6 +557,7 @@ impl<'s> JobMaster<'s> {
             fingerprint: &self.fingerprint,
             allow_non_restored_state: self.config.allow_non_restored_state,
             allow_changed_sources: self.config.allow_changed_sources,
+            subtasks_fetch_sections: self.config.state_backend.local_dir().is_some(),
         };
         let found = match (unwritten, &self.restore) {
             // `Mutation::RestoreWithoutMetadata`: the deliberate bug's second half.
@@ -568,7 +570,7 @@ impl<'s> JobMaster<'s> {
                     location,
                     metadata,
                 };
-                let contexts = assign(&point, self.job, checks.allow_non_restored_state).await;
+                let contexts = assign(&point, self.job, &checks).await;
                 contexts.map(|c| (point, c))
             }
             (None, Some((storage, locations))) => {
@@ -602,6 +604,11 @@ impl<'s> JobMaster<'s> {
                 for state in ctx.operators.values_mut() {
                     for r in &mut state.native {
                         r.storage = None;
+                    }
+                    for r in &mut state.keyed {
+                        if let KeyedSections::Stored { storage, .. } = &mut r.sections {
+                            *storage = None;
+                        }
                     }
                 }
             }

@@ -1,4 +1,4 @@
-//! Puts the files of a subtask's native keyed snapshots on local disk before it opens (Flink's
+//! Puts the files of a subtask's keyed snapshots on local disk before it opens: native ones (Flink's
 //! local recovery, `execution.state-recovery.from-local`): the subtask's local-recovery copy
 //! where one is present and sound, else a download from checkpoint storage in bounded ranges,
 //! checked on the way (size, digest, identity frame). A damaged download makes the checkpoint
@@ -6,7 +6,7 @@
 
 use super::TaskEnv;
 use crate::error::TaskError;
-use crate::operator::{NativeSource, RestoreContext};
+use crate::operator::{KeyedSections, NativeSource, RestoreContext};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,6 +35,11 @@ pub(crate) struct RestoreFileCounts {
     pub local_refused: AtomicU64,
     /// Small files kept inline in `_metadata` (nothing to download).
     pub inline_files: AtomicU64,
+    /// Canonical keyed snapshots (savepoints) whose sections were downloaded for a backend
+    /// that reads them from local disk.
+    pub canonical_files: AtomicU64,
+    /// Bytes of those sections.
+    pub canonical_bytes: AtomicU64,
 }
 
 impl RestoreFileCounts {
@@ -48,12 +53,30 @@ impl RestoreFileCounts {
             downloaded_bytes: get(&self.downloaded_bytes),
             local_refused: get(&self.local_refused),
             inline_files: get(&self.inline_files),
+            canonical_files: get(&self.canonical_files),
+            canonical_bytes: get(&self.canonical_bytes),
         }
     }
 }
 
-/// Removes a restore's downloads when dropped (after the open, when the backend holds links).
+/// Removes a restore's downloads when dropped (after the open, when the backend holds links or
+/// open files).
 pub(crate) struct Downloads(Option<PathBuf>);
+
+impl Downloads {
+    /// The restore's download directory under `state_dir`, created on first use.
+    fn dir(&mut self, state_dir: &Path, env: &TaskEnv) -> Result<PathBuf, TaskError> {
+        static DOWNLOADS: AtomicU64 = AtomicU64::new(0);
+        if let Some(d) = &self.0 {
+            return Ok(d.clone());
+        }
+        let n = DOWNLOADS.fetch_add(1, Ordering::Relaxed);
+        let d = state_dir.join(format!("restore-p{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&d).map_err(|e| io_error(env, "create", &d, e))?;
+        self.0 = Some(d.clone());
+        Ok(d)
+    }
+}
 
 impl Drop for Downloads {
     fn drop(&mut self) {
@@ -68,7 +91,6 @@ pub(crate) async fn fetch_native(
     restore: &mut RestoreContext,
     env: &TaskEnv,
 ) -> Result<Downloads, TaskError> {
-    static DOWNLOADS: AtomicU64 = AtomicU64::new(0);
     let mut downloads = Downloads(None);
     let needed = restore.operators.values().any(|o| !o.native.is_empty());
     // A backend without a directory cannot take native files: the open says so.
@@ -95,16 +117,7 @@ pub(crate) async fn fetch_native(
                 let Some(taken) = source.take() else {
                     continue;
                 };
-                let dir = match &downloads.0 {
-                    Some(d) => d.clone(),
-                    None => {
-                        let n = DOWNLOADS.fetch_add(1, Ordering::Relaxed);
-                        let d = state_dir.join(format!("restore-p{}-{n}", std::process::id()));
-                        std::fs::create_dir_all(&d).map_err(|e| io_error(env, "create", &d, e))?;
-                        downloads.0 = Some(d.clone());
-                        d
-                    }
-                };
+                let dir = downloads.dir(&state_dir, env)?;
                 let target = dir.join(format!(
                     "{}@{}-{}",
                     f.name, f.key_groups.start, f.key_groups.end
@@ -145,6 +158,173 @@ pub(crate) async fn fetch_native(
         }
     }
     Ok(downloads)
+}
+
+/// Downloads the sections of every canonical keyed snapshot the job master left in checkpoint
+/// storage ([`KeyedSections::Stored`]: the state backend keeps files) into the backend's
+/// directory, checked on the way (a file the subtask owns whole: its size and digest; each
+/// section's checksum when the backend reads it), so that a savepoint larger than memory
+/// restores.
+pub(crate) async fn fetch_keyed(
+    restore: &mut RestoreContext,
+    env: &TaskEnv,
+    downloads: &mut Downloads,
+) -> Result<(), TaskError> {
+    let stored = |s: &KeyedSections| matches!(s, KeyedSections::Stored { .. });
+    let needed = restore
+        .operators
+        .values()
+        .any(|o| o.keyed.iter().any(|r| stored(&r.sections)));
+    if !needed {
+        return Ok(());
+    }
+    let Some(state_dir) = env.state_backend.local_dir() else {
+        return Err(TaskError::Operator {
+            operator: env.name.clone(),
+            message: format!(
+                "the job master left canonical keyed snapshots for the subtask to fetch, and the \
+                 state backend '{}' has no local directory",
+                env.state_backend.name()
+            ),
+        });
+    };
+    let counts = &env.metrics.restore_files;
+    for (n, r) in restore
+        .operators
+        .values_mut()
+        .flat_map(|o| o.keyed.iter_mut())
+        .enumerate()
+    {
+        let KeyedSections::Stored {
+            stream,
+            end,
+            whole,
+            location_dir,
+            storage,
+            ..
+        } = &r.sections
+        else {
+            continue;
+        };
+        let dir = downloads.dir(&state_dir, env)?;
+        let target = dir.join(format!("canonical-{n}@{}-{}", r.sections_offset, end));
+        let location = CheckpointLocation {
+            dir: location_dir.clone(),
+        };
+        let storage = storage.clone().unwrap_or_else(|| env.storage.clone());
+        let file = match stream.path() {
+            Some(p) => format!("{}{p}", location.dir),
+            None => location.metadata_path(),
+        };
+        let span = (r.sections_offset, *end);
+        let size =
+            download_sections(&*storage, &location, stream, span, *whole, &target, env).await?;
+        counts.canonical_files.fetch_add(1, Ordering::Relaxed);
+        counts.canonical_bytes.fetch_add(size, Ordering::Relaxed);
+        r.sections = KeyedSections::Local {
+            path: target,
+            location_dir: location.dir,
+            file,
+        };
+    }
+    Ok(())
+}
+
+/// Downloads the bytes `span` of a canonical keyed snapshot to `target` in ranges of
+/// [`DOWNLOAD_RANGE`]; with `whole`, the whole file is read, and its size and digest checked
+/// against the handle's. Returns the bytes written. A file that fails a check is
+/// [`TaskError::UnusableCheckpoint`], naming it.
+async fn download_sections(
+    storage: &dyn CheckpointStorage,
+    location: &CheckpointLocation,
+    stream: &StreamStateHandle,
+    span: (u64, u64),
+    whole: bool,
+    target: &Path,
+    env: &TaskEnv,
+) -> Result<u64, TaskError> {
+    let file_name = match stream.path() {
+        Some(p) => format!("{}{p}", location.dir),
+        None => format!("{}_metadata", location.dir),
+    };
+    let unusable = |reason: String| TaskError::UnusableCheckpoint {
+        location: location.dir.clone(),
+        file: file_name.clone(),
+        reason,
+    };
+    let failed = |e: weir_checkpoint::CheckpointError| {
+        if e.is_temporary() {
+            TaskError::Checkpoint(e)
+        } else {
+            unusable(e.to_string())
+        }
+    };
+    let digest = match stream {
+        StreamStateHandle::File { size, digest, .. } if whole => Some((*size, *digest)),
+        _ => None,
+    };
+    let ranged = matches!(stream, StreamStateHandle::File { .. });
+    // What is read: the whole file to check its digest, else the sections only.
+    let (from, to) = match digest {
+        Some((size, _)) => (0, size),
+        None => span,
+    };
+    let mut out = std::fs::File::create(target).map_err(|e| io_error(env, "create", target, e))?;
+    let mut hasher = DigestHasher::new();
+    let mut at = from;
+    let mut written = 0u64;
+    while at < to {
+        let chunk = if ranged {
+            let end = to.min(at + DOWNLOAD_RANGE);
+            storage
+                .read_state(location, stream, Some((at, end)))
+                .await
+                .map_err(failed)?
+        } else {
+            // Inline (served from `_metadata`, whose envelope is checked) or a legacy file:
+            // read whole, as the storage verifies it, and cut to the range.
+            let all = storage
+                .read_state(location, stream, None)
+                .await
+                .map_err(failed)?;
+            let (a, b) = (at.min(all.len() as u64), to.min(all.len() as u64));
+            all.slice(a as usize..b as usize)
+        };
+        if chunk.is_empty() {
+            return Err(unusable(format!(
+                "nothing to read at byte {at} of {to}: the file is shorter than its handle says"
+            )));
+        }
+        hasher.update(&chunk);
+        // The part of the chunk inside the sections.
+        let chunk_end = at + chunk.len() as u64;
+        let (a, b) = (span.0.max(at), span.1.min(chunk_end));
+        if a < b {
+            out.write_all(&chunk[(a - at) as usize..(b - at) as usize])
+                .map_err(|e| io_error(env, "write", target, e))?;
+            written += b - a;
+        }
+        at = chunk_end;
+    }
+    if let Some((size, digest)) = digest {
+        let got = hasher.finish();
+        if at != size || got != digest {
+            return Err(unusable(format!(
+                "{at} bytes with digest {got}, and the handle says {size} bytes with digest \
+                 {digest}"
+            )));
+        }
+    }
+    if written != span.1 - span.0 {
+        return Err(unusable(format!(
+            "{written} bytes of the sections [{}, {}) were read: the file is shorter than its \
+             handle says",
+            span.0, span.1
+        )));
+    }
+    out.sync_data()
+        .map_err(|e| io_error(env, "write", target, e))?;
+    Ok(written)
 }
 
 fn io_error(env: &TaskEnv, what: &str, path: &Path, e: std::io::Error) -> TaskError {

@@ -55,7 +55,7 @@ pub(crate) async fn run_task(
     drop(input);
 }
 
-/// Opens the chain on what it restores: the native keyed files fetched to local disk first.
+/// Opens the chain on what it restores: the keyed files it reads from local disk fetched first.
 async fn open(
     input: &mut dyn TaskInput,
     env: &mut TaskEnv,
@@ -64,7 +64,8 @@ async fn open(
     if restore.checkpoint.is_some() {
         simulated_failure(FaultPoint::Restore, env)?;
     }
-    let downloads = super::fetch::fetch_native(&mut restore, env).await?;
+    let mut downloads = super::fetch::fetch_native(&mut restore, env).await?;
+    super::fetch::fetch_keyed(&mut restore, env, &mut downloads).await?;
     input.lifecycle(&mut Lifecycle::Open(&mut restore))?;
     drop((restore, downloads));
     Ok(())
