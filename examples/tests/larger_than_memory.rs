@@ -532,3 +532,92 @@ fn two_gigabytes_of_disk_state_recover_locally_within_a_second() {
         "local recovery of {state} B took {recovery_ms} ms, more than 1 s"
     );
 }
+
+/// A savepoint larger than memory: a run on the disk backend stops with a savepoint of ~60M
+/// keys (canonical, ~560 MB), and a second run restores it into the disk backend inside a
+/// cgroup of 256 MiB and runs to the end. Each subtask downloads the sections it owns to local
+/// disk and the backend bulk-loads them from there a window of key groups at a time, so the
+/// restore holds no more than a window in memory; when the savepoint's bytes were held in
+/// memory (the master read them all) this restore could not fit. Every key's running counts,
+/// over both runs, are checked against the generator. Release: `cargo xtask chaos` (~10 min).
+#[test]
+#[ignore = "heavy: run by cargo xtask chaos"]
+fn a_savepoint_larger_than_memory_restores_into_disk_exactly() {
+    let (records, key_space, seed) = (120_000_000u64, 80_000_000u64, 13u64);
+    let limit: u64 = 256 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    let sums = tmp.path().join("running-sums");
+    let savepoints = tmp.path().join("savepoints");
+    // The first run has room (4 GiB): only the restore is measured.
+    let roomy = MemoryCgroup::new(4 << 30);
+    let mut first = disk_args(records, seed, key_space, "5s");
+    first.extend([
+        "--state-dir".into(),
+        path(&tmp.path().join("state-1")),
+        "--checkpoint-dir".into(),
+        path(&tmp.path().join("checkpoints-1")),
+        "--savepoint-dir".into(),
+        path(&savepoints),
+        "--running-sums".into(),
+        path(&sums),
+        "--stop-with-savepoint-after".into(),
+        (records - 1_000_000).to_string(),
+    ]);
+    let (status, stdout, _) = Run::start(&roomy, &first).wait(Duration::from_secs(2 * 3600));
+    assert!(
+        status.success(),
+        "the first run failed ({status}):\n{stdout}"
+    );
+    drop(roomy);
+    let savepoint = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("stopped with savepoint: "))
+        .map(|p| PathBuf::from(p.trim_start_matches("file://")))
+        .unwrap_or_else(|| panic!("no savepoint printed:\n{stdout}"));
+    let size: u64 = std::fs::read_dir(&savepoint)
+        .unwrap()
+        .flatten()
+        .map(|f| f.metadata().unwrap().len())
+        .sum();
+
+    let small = MemoryCgroup::new(limit);
+    let mut second = disk_args(records, seed, key_space, "5s");
+    second.extend([
+        "--state-dir".into(),
+        path(&tmp.path().join("state-2")),
+        "--checkpoint-dir".into(),
+        path(&tmp.path().join("checkpoints-2")),
+        "--running-sums".into(),
+        path(&sums),
+        "--from".into(),
+        path(&savepoint),
+    ]);
+    let started = Instant::now();
+    let (status, stdout, peak) = Run::start(&small, &second).wait(Duration::from_secs(2 * 3600));
+    let seconds = started.elapsed().as_secs_f64();
+    assert!(
+        status.success(),
+        "the restored run failed ({status}, OOM kills {}):\n{stdout}",
+        small.oom_kills()
+    );
+    assert_eq!(small.oom_kills(), 0, "the restored run met the OOM killer");
+    assert!(stdout.contains("restored from: "), "{stdout}");
+    assert_running_counts_exact(&sums, records, seed, key_space);
+    println!(
+        "a savepoint of {} MiB restored into the disk backend in a {} MiB cgroup: peak RSS {} MiB \
+         (savepoint / peak RSS = {:.2}); the restored run took {seconds:.1} s",
+        size >> 20,
+        limit >> 20,
+        peak >> 20,
+        size as f64 / peak as f64
+    );
+    assert!(
+        size > limit + limit / 2,
+        "the savepoint ({size} B) is not larger than 1.5 × the cgroup's limit: draw more keys"
+    );
+    assert!(
+        size >= 2 * peak,
+        "the restore's peak RSS {peak} B is more than half the savepoint's {size} B"
+    );
+}

@@ -392,7 +392,7 @@ impl<K: StateKey> StoreKeyedStateBackend<K> {
     }
 
     /// This backend, decoding a restored state at its registration in windows of key groups of
-    /// at most `bytes` restored bytes each (default 16 MiB; a key group larger than that is a
+    /// at most `bytes` restored bytes each (default 4 MiB; a key group larger than that is a
     /// window of its own): the memory a canonical restore's registration needs beyond the
     /// restored bytes.
     pub fn with_restore_window(mut self, bytes: usize) -> Self {
@@ -800,8 +800,10 @@ impl<K: StateKey> KeyedStateBackend<K> for StoreKeyedStateBackend<K> {
 }
 
 /// How many restored bytes of a state a registration decodes at once by default (a window of
-/// key groups; decoded, they take a few times this).
-const LOAD_WINDOW_BYTES: usize = 16 << 20;
+/// key groups; decoded, they take several times this). Restoring a 129 MB savepoint of 14M keys
+/// into the disk backend (`word_count`, p=2, 2026-12-05) peaked at 162 MB RSS with 16 MiB
+/// windows and at 68 MB with 4 MiB, in the same time (6.2 and 5.8–6.1 s).
+const LOAD_WINDOW_BYTES: usize = 4 << 20;
 
 /// Encodes one key group's restored entries into `entries`, sorted by key: the order a bulk
 /// load takes, and an ordered run for a store that appends (an LSM's memtable).
