@@ -193,6 +193,9 @@ impl<K: StateKey> KeyedBase<K> {
                 }),
                 KeyedSections::Local {
                     path,
+                    at,
+                    len,
+                    digest_checked,
                     location_dir,
                     file,
                 } => {
@@ -200,9 +203,11 @@ impl<K: StateKey> KeyedBase<K> {
                         handle: &r.handle,
                         header: &r.header,
                         path,
+                        at: *at,
+                        len: *len,
                         sections_offset: r.sections_offset,
                     });
-                    names.push((location_dir, file));
+                    names.push((location_dir, file, *digest_checked));
                 }
                 KeyedSections::Stored { stream, .. } => {
                     return Err(TaskError::Operator {
@@ -217,11 +222,15 @@ impl<K: StateKey> KeyedBase<K> {
         if !read.is_empty() {
             self.backend.restore(&read)?;
         }
-        // One file at a time, in the chain's order, so that a damaged section names its file.
-        for (part, (location, file)) in files.iter().zip(names) {
+        // One part at a time, in the chain's order, so that a damaged section names its file.
+        for (part, (location, file, digest_checked)) in files.iter().zip(names) {
             match self.backend.restore_file_parts(std::slice::from_ref(part)) {
                 Ok(()) => {}
-                Err(weir_state::StateError::Core(e @ weir_core::CoreError::Corrupt { .. })) => {
+                // A file whose digest the download checked was damaged on local disk since: a
+                // plain failure, and the restart downloads it again.
+                Err(weir_state::StateError::Core(e @ weir_core::CoreError::Corrupt { .. }))
+                    if !digest_checked =>
+                {
                     return Err(TaskError::UnusableCheckpoint {
                         location: location.clone(),
                         file: file.clone(),

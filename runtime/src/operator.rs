@@ -151,7 +151,7 @@ pub enum KeyedSections {
         /// The end of the sections this subtask owns (they start at `sections_offset`).
         end: u64,
         /// Whether this subtask owns every key group of the file: it then reads the whole file,
-        /// checking its size and digest; else each section's checksum is checked.
+        /// checking the digest of its recorded size; else each section's checksum is checked.
         whole: bool,
         /// The key groups this subtask owns.
         range: weir_core::keygroup::KeyGroupRange,
@@ -167,8 +167,16 @@ pub enum KeyedSections {
     /// opens.
     #[serde(skip)]
     Local {
-        /// The file: the stream's bytes from `sections_offset` to the end of the sections.
+        /// The file: from byte `at`, the stream's `len` bytes from `sections_offset` (the
+        /// sections of one operator's snapshots are in one file, one after the other).
         path: std::path::PathBuf,
+        /// Where in the file the sections begin.
+        at: u64,
+        /// Their length.
+        len: u64,
+        /// Whether the download checked the file's digest: a section found damaged later was
+        /// damaged on local disk, not in checkpoint storage.
+        digest_checked: bool,
         /// The checkpoint directory the file came from, and its name there: a section found
         /// damaged makes that checkpoint unusable.
         location_dir: String,

@@ -222,6 +222,48 @@ pub(crate) fn keyed_handle_problems(op: &OperatorState, h: &KeyedStateHandle) ->
             range.len()
         ));
     }
+    errors.extend(keyed_layout_problems(h));
+    errors
+}
+
+/// Problems of a keyed handle's layout: the header, then the sections in key-group order,
+/// inside the stream. A subtask that downloads its sections by range relies on it (the master
+/// does not read every section to find out).
+fn keyed_layout_problems(h: &KeyedStateHandle) -> Vec<String> {
+    let mut errors = Vec::new();
+    let range = h.key_group_range;
+    let (header_start, header_end) = h.header;
+    let mut at = header_end;
+    if header_start > header_end {
+        errors.push(format!(
+            "the header's range [{header_start}, {header_end}) is reversed"
+        ));
+    }
+    for (i, &offset) in h.offsets.iter().enumerate() {
+        if offset < at {
+            errors.push(format!(
+                "the section of key group {} starts at byte {offset}, before byte {at} where \
+                 the {} ends",
+                u64::from(range.start) + i as u64,
+                if i == 0 { "header" } else { "previous section" }
+            ));
+            break;
+        }
+        at = offset;
+    }
+    if h.end < at {
+        errors.push(format!(
+            "the sections end at byte {}, before the last one starts (byte {at})",
+            h.end
+        ));
+    }
+    let size = h.stream.size();
+    if h.end > size {
+        errors.push(format!(
+            "the sections end at byte {}, past the end of the {size}-byte stream",
+            h.end
+        ));
+    }
     errors
 }
 
@@ -562,4 +604,49 @@ pub(crate) fn metadata_self_problems(m: &CheckpointMetadata) -> Vec<String> {
         }
     }
     problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_core::handle::StreamStateHandle;
+
+    fn handle(header: (u64, u64), offsets: Vec<u64>, end: u64, size: usize) -> KeyedStateHandle {
+        KeyedStateHandle {
+            key_group_range: KeyGroupRange::new(4, 4 + offsets.len() as u32 - 1),
+            header,
+            offsets,
+            end,
+            stream: StreamStateHandle::Inline(vec![0; size]),
+        }
+    }
+
+    #[test]
+    fn a_keyed_layout_out_of_order_or_out_of_its_stream_is_named() {
+        assert!(keyed_layout_problems(&handle((0, 10), vec![10, 20, 20, 35], 50, 50)).is_empty());
+        let named = |h: KeyedStateHandle, what: &str| {
+            let problems = keyed_layout_problems(&h);
+            assert!(
+                problems.iter().any(|p| p.contains(what)),
+                "{what:?} not in {problems:?}"
+            );
+        };
+        named(
+            handle((0, 10), vec![10, 30, 20, 35], 50, 50),
+            "key group 6 starts at byte 20",
+        );
+        named(
+            handle((0, 10), vec![5, 20, 30, 35], 50, 50),
+            "before byte 10 where the header",
+        );
+        named(handle((12, 10), vec![12, 20, 30, 35], 50, 50), "reversed");
+        named(
+            handle((0, 10), vec![10, 20, 30, 35], 34, 50),
+            "before the last one starts",
+        );
+        named(
+            handle((0, 10), vec![10, 20, 30, 35], 60, 50),
+            "past the end of the 50-byte",
+        );
+    }
 }

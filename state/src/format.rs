@@ -78,10 +78,10 @@ mod writer;
 pub use entries::{EntryEncoder, decode_entries};
 pub(crate) use entries::{decode_entries_with, decode_keys_with};
 pub use header::{SnapshotHeader, StateMeta};
-pub(crate) use restore::section_spans;
 pub use restore::{
     RestoreFilePart, RestorePart, part_sections, whole_shared_stream_part, whole_stream_part,
 };
+pub(crate) use restore::{read_file_part, section_spans};
 pub(crate) use section::parse_section_with;
 pub use section::{
     BlockKind, Section, SectionBlock, SectionBlocks, SectionIter, StateBlock, parse_section,

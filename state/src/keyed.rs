@@ -1374,16 +1374,12 @@ pub trait KeyedStateBackend<K: StateKey>: Send + 'static {
     /// snapshot the runtime downloaded for a backend with a [local
     /// directory](crate::StateBackend::local_dir)), before any state is registered. A backend
     /// that keeps its state on disk reads the sections from the files as it needs them, so that
-    /// the restore is not bounded by memory; the default reads each file whole and calls
+    /// the restore is not bounded by memory; the default reads each part whole and calls
     /// [`restore`](Self::restore).
     fn restore_file_parts(&mut self, parts: &[RestoreFilePart<'_>]) -> Result<(), StateError> {
         let mut read = Vec::with_capacity(parts.len());
         for part in parts {
-            let bytes = std::fs::read(part.path).map_err(|e| StateError::Disk {
-                path: part.path.to_path_buf(),
-                reason: format!("cannot read the restored sections: {e}"),
-            })?;
-            read.push(bytes::Bytes::from(bytes));
+            read.push(bytes::Bytes::from(crate::format::read_file_part(part)?));
         }
         let parts: Vec<RestorePart<'_>> = parts
             .iter()

@@ -488,6 +488,9 @@ pub(crate) struct Restored {
     pub pending: BTreeMap<String, Arc<PendingState>>,
     /// Which key groups have been restored, by `kg - range.start`; empty before any restore.
     pub restored: Vec<bool>,
+    /// The files of parts restored from files ([`Restored::restore_files`]), while any block
+    /// still holds them.
+    pub files: Vec<std::sync::Weak<RestoreFile>>,
     /// Whether the blocks of pending states are in buffers of their own. A restore shares them
     /// with the bytes it was handed (no copy while states are registered and decoded); the first
     /// snapshot copies what is still pending, so that a state never registered does not keep
@@ -545,10 +548,26 @@ impl Restored {
         max_parallelism: u32,
         key_type: &str,
     ) -> Result<(), StateError> {
-        let files = parts
-            .iter()
-            .map(|p| RestoreFile::open(p.path).map(Arc::new))
-            .collect::<Result<Vec<_>, _>>()?;
+        // A file several parts share is opened once, across calls too (one file descriptor per
+        // file while its blocks wait).
+        let mut files = Vec::with_capacity(parts.len());
+        for part in parts {
+            let open = self
+                .files
+                .iter()
+                .filter_map(std::sync::Weak::upgrade)
+                .find(|f| f.path() == part.path);
+            let file = match open {
+                Some(file) => file,
+                None => {
+                    let file = Arc::new(RestoreFile::open(part.path)?);
+                    self.files.retain(|f| f.strong_count() > 0);
+                    self.files.push(Arc::downgrade(&file));
+                    file
+                }
+            };
+            files.push(file);
+        }
         let parts: Vec<PartSource<'_, '_>> = parts
             .iter()
             .zip(&files)
@@ -723,8 +742,20 @@ impl<'p> PartSource<'p, '_> {
                 Ok((sections.iter().map(|(kg, _)| *kg).collect(), read))
             }
             PartSource::File(part, file) => {
+                if part.at.saturating_add(part.len) > file.len() {
+                    return Err(StateError::Restore(format!(
+                        "the part's bytes [{}, {}) are not inside {} ({} bytes)",
+                        part.at,
+                        part.at.saturating_add(part.len),
+                        part.path.display(),
+                        file.len()
+                    )));
+                }
                 let spans =
-                    format::section_spans(part.handle, part.sections_offset, file.len(), range)?;
+                    format::section_spans(part.handle, part.sections_offset, part.len, range)?
+                        .into_iter()
+                        .map(|(kg, span)| (kg, span.start + part.at..span.end + part.at))
+                        .collect::<Vec<_>>();
                 let bytes = spans.iter().map(|(_, s)| s.end - s.start).sum::<u64>();
                 let threads =
                     threads_for(usize::try_from(bytes).unwrap_or(usize::MAX), spans.len());

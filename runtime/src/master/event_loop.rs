@@ -326,7 +326,7 @@ impl JobMaster<'_> {
                         checkpoint: location.clone(),
                         reason: e.to_string(),
                     });
-                    self.unusable.insert(location.clone());
+                    self.fell_back |= self.unusable.insert(location.clone());
                 }
                 let cause = format!("task {task} failed: {e}");
                 if e.is_echo() {

@@ -91,6 +91,11 @@ pub(crate) struct JobMaster<'s> {
     /// Checkpoints (their directories) a subtask found a damaged file in while it restored:
     /// never restored again.
     unusable: BTreeSet<String>,
+    /// Whether a subtask found a checkpoint unusable in the current generation: the failover
+    /// that follows falls back to an older checkpoint, as the job master's own checks of a
+    /// restore point do before deploying, and is not counted against the restart strategy (a
+    /// checkpoint is found unusable once, so this is bounded by the retained checkpoints).
+    fell_back: bool,
     transport: Arc<dyn Transport>,
     metrics: Arc<JobMetrics>,
     /// Where the subtasks run: in this process, or on task managers.
@@ -412,6 +417,7 @@ impl<'s> JobMaster<'s> {
             restored_from: None,
             unwritten: None,
             unusable: BTreeSet::new(),
+            fell_back: false,
             since_restore_base: 0,
             totals: Totals::default(),
             tuning: Default::default(),
@@ -553,11 +559,22 @@ impl<'s> JobMaster<'s> {
             weir_core::sim::observe(weir_core::sim::Observed::StartedEmpty);
             return Ok(Some((None, HashMap::new())));
         }
+        // Subtasks download canonical sections themselves into a backend that keeps files,
+        // from any storage in this process; on task managers, from the job's own storage only
+        // (they may not reach another): else the master reads them.
+        let own = match (&unwritten, &self.restore) {
+            (Some((storage, _, _)), _) | (None, Some((storage, _))) => {
+                Arc::ptr_eq(storage, &self.storage)
+            }
+            (None, None) => true,
+        };
+        let remote = matches!(self.config.cluster, Some(ClusterRole::JobManager(_)));
         let checks = RestoreChecks {
             fingerprint: &self.fingerprint,
             allow_non_restored_state: self.config.allow_non_restored_state,
             allow_changed_sources: self.config.allow_changed_sources,
-            subtasks_fetch_sections: self.config.state_backend.local_dir().is_some(),
+            subtasks_fetch_sections: self.config.state_backend.local_dir().is_some()
+                && (own || !remote),
         };
         let found = match (unwritten, &self.restore) {
             // `Mutation::RestoreWithoutMetadata`: the deliberate bug's second half.

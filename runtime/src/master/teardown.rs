@@ -188,13 +188,19 @@ impl JobMaster<'_> {
             });
         }
         let failed_at = self.started.elapsed();
-        let delay = decide::restart_or_give_up(
-            &mut self.restart,
-            &self.config.restart_strategy(),
-            failed_at,
-            cause.clone(),
-        )?;
-        warn!(%cause, restart = self.restart.restarts(), ?delay, "restarting the job");
+        let delay = if std::mem::take(&mut self.fell_back) {
+            warn!(%cause, "a subtask found the restored checkpoint unusable; restoring an older one (not counted against the restart strategy)");
+            Duration::ZERO
+        } else {
+            let delay = decide::restart_or_give_up(
+                &mut self.restart,
+                &self.config.restart_strategy(),
+                failed_at,
+                cause.clone(),
+            )?;
+            warn!(%cause, restart = self.restart.restarts(), ?delay, "restarting the job");
+            delay
+        };
         weir_core::sim::record(format_args!("failover after {cause}"));
         self.failures.push((self.generation + 1, failed_at));
         self.execution.restart_all();

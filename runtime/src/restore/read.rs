@@ -110,7 +110,7 @@ pub(super) async fn read_keyed(
     let file = || file_of(point, &h.stream);
     let whole = range.intersection(&h.key_group_range) == h.key_group_range;
     if !fetch_sections {
-        let r = read_keyed_sections(&*point.storage, &point.location, h, range, Some(op)).await?;
+        let r = read_keyed_sections(&*point.storage, &point.location, h, range, op).await?;
         return Ok(Some(r));
     }
     let header = point
@@ -136,14 +136,14 @@ pub(super) async fn read_keyed(
 
 /// Reads the header and the sections of `h` a subtask owning `range` restores into memory,
 /// checked: the whole file (size, digest) when the subtask owns all its key groups, else the
-/// header and the sections by range; then the header (against `op`'s record in `_metadata`,
-/// when given) and every section.
+/// header and the sections by range; then the header (against `op`'s record in `_metadata`)
+/// and every section.
 async fn read_keyed_sections(
     storage: &dyn CheckpointStorage,
     location: &CheckpointLocation,
     h: &KeyedStateHandle,
     range: &KeyGroupRange,
-    op: Option<&OperatorState>,
+    op: &OperatorState,
 ) -> Result<RestoredKeyed, JobError> {
     let file = || match h.stream.path() {
         Some(path) => format!("{}{path}", location.dir),
@@ -189,13 +189,8 @@ async fn read_keyed_sections(
     let KeyedSections::Read(sections) = &r.sections else {
         return Err(corrupt(file(), "the sections were not read".into()));
     };
-    let header = match op {
-        Some(op) => verify::check_keyed_header(op, h, &r.header),
-        None => {
-            weir_state::format::SnapshotHeader::decode(&r.header).map_err(|e| vec![e.to_string()])
-        }
-    }
-    .map_err(|e| corrupt(file(), e.join("; ")))?;
+    let header =
+        verify::check_keyed_header(op, h, &r.header).map_err(|e| corrupt(file(), e.join("; ")))?;
     let part = RestorePart {
         handle: &r.handle,
         header: &r.header,
@@ -278,9 +273,6 @@ pub(crate) async fn fetch_foreign_native(
 ) -> Result<(), JobError> {
     for t in tasks {
         for state in t.restore.operators.values_mut() {
-            for r in &mut state.keyed {
-                fetch_foreign_keyed(r).await?;
-            }
             for r in &mut state.native {
                 let Some(storage) = r.storage.take() else {
                     continue;
@@ -306,27 +298,5 @@ pub(crate) async fn fetch_foreign_native(
             }
         }
     }
-    Ok(())
-}
-
-/// Reads, for a subtask on a task manager, the sections of a canonical keyed snapshot in a
-/// storage other than the job's (which task managers may not reach), checked as the master
-/// reads them for a backend without files, and sends them with the deployment.
-#[cfg(feature = "cluster")]
-async fn fetch_foreign_keyed(r: &mut RestoredKeyed) -> Result<(), JobError> {
-    let KeyedSections::Stored {
-        storage: Some(storage),
-        location_dir,
-        range,
-        ..
-    } = &r.sections
-    else {
-        return Ok(());
-    };
-    let location = CheckpointLocation {
-        dir: location_dir.clone(),
-    };
-    let read = read_keyed_sections(&**storage, &location, &r.handle, range, None).await?;
-    *r = read;
     Ok(())
 }

@@ -70,11 +70,21 @@ impl Downloads {
         if let Some(d) = &self.0 {
             return Ok(d.clone());
         }
-        let n = DOWNLOADS.fetch_add(1, Ordering::Relaxed);
-        let d = state_dir.join(format!("restore-p{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&d).map_err(|e| io_error(env, "create", &d, e))?;
-        self.0 = Some(d.clone());
-        Ok(d)
+        std::fs::create_dir_all(state_dir).map_err(|e| io_error(env, "create", state_dir, e))?;
+        // A directory of its own, even when another process with the same id (in another pid
+        // namespace) shares the state directory, or a dead one left its downloads there.
+        loop {
+            let n = DOWNLOADS.fetch_add(1, Ordering::Relaxed);
+            let d = state_dir.join(format!("restore-p{}-{n}", std::process::id()));
+            match std::fs::create_dir(&d) {
+                Ok(()) => {
+                    self.0 = Some(d.clone());
+                    return Ok(d);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io_error(env, "create", &d, e)),
+            }
+        }
     }
 }
 
@@ -162,7 +172,7 @@ pub(crate) async fn fetch_native(
 
 /// Downloads the sections of every canonical keyed snapshot the job master left in checkpoint
 /// storage ([`KeyedSections::Stored`]: the state backend keeps files) into the backend's
-/// directory, checked on the way (a file the subtask owns whole: its size and digest; each
+/// directory, checked on the way (a file the subtask owns whole: the digest of its recorded size; each
 /// section's checksum when the backend reads it), so that a savepoint larger than memory
 /// restores.
 pub(crate) async fn fetch_keyed(
@@ -189,50 +199,73 @@ pub(crate) async fn fetch_keyed(
         });
     };
     let counts = &env.metrics.restore_files;
-    for (n, r) in restore
-        .operators
-        .values_mut()
-        .flat_map(|o| o.keyed.iter_mut())
-        .enumerate()
-    {
-        let KeyedSections::Stored {
-            stream,
-            end,
-            whole,
-            location_dir,
-            storage,
-            ..
-        } = &r.sections
-        else {
+    // One file per operator: its snapshots' sections one after the other (one file descriptor
+    // while the backend holds them, whatever the chain's length or the old parallelism).
+    for (n, state) in restore.operators.values_mut().enumerate() {
+        if !state.keyed.iter().any(|r| stored(&r.sections)) {
             continue;
-        };
-        let dir = downloads.dir(&state_dir, env)?;
-        let target = dir.join(format!("canonical-{n}@{}-{}", r.sections_offset, end));
-        let location = CheckpointLocation {
-            dir: location_dir.clone(),
-        };
-        let storage = storage.clone().unwrap_or_else(|| env.storage.clone());
-        let file = match stream.path() {
-            Some(p) => format!("{}{p}", location.dir),
-            None => location.metadata_path(),
-        };
-        let span = (r.sections_offset, *end);
-        let size =
-            download_sections(&*storage, &location, stream, span, *whole, &target, env).await?;
-        counts.canonical_files.fetch_add(1, Ordering::Relaxed);
-        counts.canonical_bytes.fetch_add(size, Ordering::Relaxed);
-        r.sections = KeyedSections::Local {
-            path: target,
-            location_dir: location.dir,
-            file,
-        };
+        }
+        let target = downloads
+            .dir(&state_dir, env)?
+            .join(format!("canonical-{n}"));
+        let mut out =
+            std::fs::File::create(&target).map_err(|e| io_error(env, "create", &target, e))?;
+        let mut at = 0u64;
+        for r in &mut state.keyed {
+            let KeyedSections::Stored {
+                stream,
+                end,
+                whole,
+                location_dir,
+                storage,
+                ..
+            } = &r.sections
+            else {
+                continue;
+            };
+            let location = CheckpointLocation {
+                dir: location_dir.clone(),
+            };
+            let storage = storage.clone().unwrap_or_else(|| env.storage.clone());
+            let file = match stream.path() {
+                Some(p) => format!("{}{p}", location.dir),
+                None => location.metadata_path(),
+            };
+            let span = (r.sections_offset, *end);
+            let whole = *whole;
+            let len = download_sections(
+                &*storage,
+                &location,
+                stream,
+                span,
+                whole,
+                (&mut out, &target),
+                env,
+            )
+            .await?;
+            counts.canonical_files.fetch_add(1, Ordering::Relaxed);
+            counts.canonical_bytes.fetch_add(len, Ordering::Relaxed);
+            r.sections = KeyedSections::Local {
+                path: target.clone(),
+                at,
+                len,
+                digest_checked: whole && matches!(stream, StreamStateHandle::File { .. }),
+                location_dir: location.dir,
+                file,
+            };
+            at += len;
+        }
+        // Flushed, not synced: the file serves this process only (a crash of the machine takes
+        // the process with it).
+        out.flush()
+            .map_err(|e| io_error(env, "write", &target, e))?;
     }
     Ok(())
 }
 
-/// Downloads the bytes `span` of a canonical keyed snapshot to `target` in ranges of
-/// [`DOWNLOAD_RANGE`]; with `whole`, the whole file is read, and its size and digest checked
-/// against the handle's. Returns the bytes written. A file that fails a check is
+/// Downloads the bytes `span` of a canonical keyed snapshot, appending them to `out` (the
+/// file `target`), in ranges of [`DOWNLOAD_RANGE`]; with `whole`, the whole file is read, and
+/// its digest checked against the handle's. Returns the bytes written. A file that fails a check is
 /// [`TaskError::UnusableCheckpoint`], naming it.
 async fn download_sections(
     storage: &dyn CheckpointStorage,
@@ -240,7 +273,7 @@ async fn download_sections(
     stream: &StreamStateHandle,
     span: (u64, u64),
     whole: bool,
-    target: &Path,
+    (out, target): (&mut std::fs::File, &Path),
     env: &TaskEnv,
 ) -> Result<u64, TaskError> {
     let file_name = match stream.path() {
@@ -263,13 +296,18 @@ async fn download_sections(
         StreamStateHandle::File { size, digest, .. } if whole => Some((*size, *digest)),
         _ => None,
     };
-    let ranged = matches!(stream, StreamStateHandle::File { .. });
+    // Ranges of a file; an inline stream (served from `_metadata`) and a legacy file the
+    // subtask owns whole (whose length the storage checks) are read whole, and cut.
+    let ranged = match stream {
+        StreamStateHandle::File { .. } => true,
+        StreamStateHandle::Inline(_) => false,
+        _ => !whole,
+    };
     // What is read: the whole file to check its digest, else the sections only.
     let (from, to) = match digest {
         Some((size, _)) => (0, size),
         None => span,
     };
-    let mut out = std::fs::File::create(target).map_err(|e| io_error(env, "create", target, e))?;
     let mut hasher = DigestHasher::new();
     let mut at = from;
     let mut written = 0u64;
@@ -315,15 +353,13 @@ async fn download_sections(
             )));
         }
     }
-    if written != span.1 - span.0 {
+    if span.1.checked_sub(span.0) != Some(written) {
         return Err(unusable(format!(
             "{written} bytes of the sections [{}, {}) were read: the file is shorter than its \
              handle says",
             span.0, span.1
         )));
     }
-    out.sync_data()
-        .map_err(|e| io_error(env, "write", target, e))?;
     Ok(written)
 }
 

@@ -34,7 +34,7 @@ pub fn check_restore_from_files<K: SuiteKey, B: KeyedStateBackend<K>>(
         for range in [KeyGroupRange::new(0, max_p - 1), KeyGroupRange::new(5, 12)] {
             let what = format!("{compression}, key groups {range}");
             let links: Vec<&Written> = chain.iter().collect();
-            let files = dir.write_parts(&cx, &links, &range);
+            let files = dir.write_parts(&cx, &links, &range, true);
 
             // Before any registration: the same bytes as a restore from memory.
             let mut from_memory = fresh(&cx, &make, max_p, range);
@@ -62,7 +62,7 @@ pub fn check_restore_from_files<K: SuiteKey, B: KeyedStateBackend<K>>(
             }
 
             // Then registered: the chain's values, key group by key group.
-            let files = dir.write_parts(&cx, &links, &range);
+            let files = dir.write_parts(&cx, &links, &range, compression == Compression::None);
             let mut r = fresh(&cx, &make, max_p, range);
             cx.ok(
                 "restoring from files",
@@ -175,11 +175,12 @@ fn check_damage<K: SuiteKey, B: KeyedStateBackend<K>>(
             .get(i + 1)
             .copied()
             .unwrap_or(full.handle.end);
-        let files = dir.write_parts(cx, &links, &range);
-        let at = (offset + end) / 2 - files.offsets[0];
+        let files = dir.write_parts(cx, &links, &range, false);
+        let at = (offset + end) / 2;
         files.flip(0, at);
-        let op =
-            format!("{compression}: restoring with byte {at} of the file flipped, and registering");
+        let op = format!(
+            "{compression}: restoring with byte {at} of the snapshot flipped, and registering"
+        );
         let mut r = fresh(cx, make, max_p, range);
         let e = cx.err(&op, || {
             r.b.restore_file_parts(&files.parts(&links))?;
@@ -217,13 +218,13 @@ fn check_damage<K: SuiteKey, B: KeyedStateBackend<K>>(
         cx.fail("the snapshot has no section");
     };
     for at in (start..end).step_by(5) {
-        let files = dir.write_parts(cx, &links, &range);
+        let files = dir.write_parts(cx, &links, &range, false);
         let mut r = fresh(cx, make, max_p, range);
         cx.ok(
             "restoring from files",
             r.b.restore_file_parts(&files.parts(&links)),
         );
-        files.flip(0, at - files.offsets[0]);
+        files.flip(0, at);
         let registered = cx.no_panic("registering after the file changed", || {
             let count =
                 r.b.value_state(&ValueStateDescriptor::<u64>::new("count"))?;
@@ -250,7 +251,7 @@ fn check_damage<K: SuiteKey, B: KeyedStateBackend<K>>(
         }
     }
     // Shorter than its sections, or missing.
-    let files = dir.write_parts(cx, &links, &range);
+    let files = dir.write_parts(cx, &links, &range, false);
     files.truncate(0, 10);
     let op = format!("{compression}: restoring from a file 10 bytes short");
     let mut r = fresh(cx, make, max_p, range);
@@ -281,21 +282,41 @@ impl TempDir {
     }
 
     /// Writes, per snapshot, the bytes a subtask owning `range` downloads (the sections from
-    /// the first it owns to the last) to a file.
-    fn write_parts(&self, cx: &Cx, links: &[&Written], range: &KeyGroupRange) -> Files {
+    /// the first it owns to the last): each to a file of its own, or all one after the other
+    /// into one file (after a few bytes of something else) when `shared`.
+    fn write_parts(
+        &self,
+        cx: &Cx,
+        links: &[&Written],
+        range: &KeyGroupRange,
+        shared: bool,
+    ) -> Files {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let mut files = Files::default();
+        let mut contents: Vec<(PathBuf, Vec<u8>)> = Vec::new();
         for w in links {
             let Some((start, end)) = w.handle.byte_range_for(range) else {
                 cx.fail(format!("no bytes of key groups {range} in the snapshot"));
             };
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let path = self.0.join(format!("part-{n}"));
-            let bytes = &w.bytes[start as usize..end as usize];
+            if !shared || contents.is_empty() {
+                let n = NEXT.fetch_add(1, Ordering::Relaxed);
+                let prefix = if shared { vec![0xA5; 3] } else { Vec::new() };
+                contents.push((self.0.join(format!("part-{n}")), prefix));
+            }
+            let Some((path, bytes)) = contents.last_mut() else {
+                cx.fail("no file to write to");
+            };
+            files.parts.push(PartFile {
+                path: path.clone(),
+                at: bytes.len() as u64,
+                len: end - start,
+                sections_offset: start,
+            });
+            bytes.extend_from_slice(&w.bytes[start as usize..end as usize]);
+        }
+        for (path, bytes) in contents {
             cx.ok("writing a part", std::fs::write(&path, bytes));
-            files.paths.push(path);
-            files.offsets.push(start);
         }
         files
     }
@@ -307,45 +328,61 @@ impl Drop for TempDir {
     }
 }
 
-/// The files of one restore, one per snapshot.
+/// One snapshot's part of a restore: where it is.
+struct PartFile {
+    path: PathBuf,
+    at: u64,
+    len: u64,
+    sections_offset: u64,
+}
+
+/// The parts of one restore, one per snapshot.
 #[derive(Default)]
 struct Files {
-    paths: Vec<PathBuf>,
-    offsets: Vec<u64>,
+    parts: Vec<PartFile>,
 }
 
 impl Files {
     fn parts<'a>(&'a self, links: &[&'a Written]) -> Vec<RestoreFilePart<'a>> {
         links
             .iter()
-            .zip(&self.paths)
-            .zip(&self.offsets)
-            .map(|((w, path), &offset)| RestoreFilePart {
+            .zip(&self.parts)
+            .map(|(w, p)| RestoreFilePart {
                 handle: &w.handle,
                 header: &w.bytes[w.handle.header.0 as usize..w.handle.header.1 as usize],
-                path: path.as_path(),
-                sections_offset: offset,
+                path: p.path.as_path(),
+                at: p.at,
+                len: p.len,
+                sections_offset: p.sections_offset,
             })
             .collect()
     }
 
-    fn flip(&self, file: usize, at: u64) {
-        edit(&self.paths[file], |bytes| {
+    /// The offset in its file of the byte at `at` of the stream of part `part`.
+    fn file_offset(&self, part: usize, at: u64) -> u64 {
+        let p = &self.parts[part];
+        p.at + at - p.sections_offset
+    }
+
+    /// Flips the byte at `at` of part `part`'s stream.
+    fn flip(&self, part: usize, at: u64) {
+        let at = self.file_offset(part, at);
+        edit(&self.parts[part].path, |bytes| {
             if let Some(b) = bytes.get_mut(at as usize) {
                 *b ^= 0x10;
             }
         });
     }
 
-    fn truncate(&self, file: usize, by: usize) {
-        edit(&self.paths[file], |bytes| {
+    fn truncate(&self, part: usize, by: usize) {
+        edit(&self.parts[part].path, |bytes| {
             bytes.truncate(bytes.len().saturating_sub(by))
         });
     }
 
     fn remove(&self) {
-        for path in &self.paths {
-            let _ = std::fs::remove_file(path);
+        for p in &self.parts {
+            let _ = std::fs::remove_file(&p.path);
         }
     }
 }

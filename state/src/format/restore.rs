@@ -148,10 +148,12 @@ pub struct RestorePart<'a> {
 }
 
 /// One snapshot handed to a restore in a local file instead of in memory: the header's bytes,
-/// and a file holding a contiguous run of key-group sections that starts at `sections_offset`
-/// within the original stream (the file's byte 0). A backend that keeps files reads the
-/// sections from it as it needs them, so that a restore larger than memory is never held in
-/// memory whole; another reads the file whole (see
+/// and `len` bytes of a file, from byte `at`, holding a contiguous run of key-group sections
+/// that starts at `sections_offset` within the original stream. Several parts may share a file
+/// (a subtask's downloads of one operator's snapshots, one after the other), which a backend
+/// then opens once. A backend that keeps files reads the sections from it as it needs them, so
+/// that a restore larger than memory is never held in memory whole; another reads the part
+/// whole (see
 /// [`KeyedStateBackend::restore_file_parts`](crate::KeyedStateBackend::restore_file_parts)).
 #[derive(Debug)]
 pub struct RestoreFilePart<'a> {
@@ -162,6 +164,36 @@ pub struct RestoreFilePart<'a> {
     /// The file. The backend opens it during the restore and may keep it open (it may be
     /// unlinked after the restore returns).
     pub path: &'a std::path::Path,
-    /// Offset of the file's first byte within the stream.
+    /// Where in the file the part's bytes begin.
+    pub at: u64,
+    /// How many bytes of the file, from `at`, are the part's.
+    pub len: u64,
+    /// Offset of the part's first byte within the stream.
     pub sections_offset: u64,
+}
+
+/// The bytes of a file part, read whole.
+pub(crate) fn read_file_part(part: &RestoreFilePart<'_>) -> Result<Vec<u8>, StateError> {
+    use std::os::unix::fs::FileExt;
+    let failed = |reason: String| StateError::Disk {
+        path: part.path.to_path_buf(),
+        reason,
+    };
+    let len = usize::try_from(part.len).map_err(|_| {
+        failed(format!(
+            "a part of {} bytes does not fit in memory",
+            part.len
+        ))
+    })?;
+    let file = std::fs::File::open(part.path)
+        .map_err(|e| failed(format!("cannot open the restored sections: {e}")))?;
+    let mut bytes = vec![0; len];
+    file.read_exact_at(&mut bytes, part.at).map_err(|e| {
+        failed(format!(
+            "cannot read bytes [{}, {}) of the restored sections: {e}",
+            part.at,
+            part.at.saturating_add(part.len)
+        ))
+    })?;
+    Ok(bytes)
 }

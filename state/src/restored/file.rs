@@ -38,6 +38,11 @@ impl RestoreFile {
         })
     }
 
+    /// The file's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The file's length when it was opened.
     pub(crate) fn len(&self) -> u64 {
         self.len
