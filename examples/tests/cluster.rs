@@ -452,6 +452,122 @@ fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
     processes::assert_running_sums(&sums, &parse_totals(&out));
 }
 
+/// A savepoint outside the job's checkpoint storage restores into the disk backend on task
+/// managers: the job manager reads only the headers, and each task manager opens the savepoint's
+/// storage from its location and downloads the sections its subtasks own (so the restore is
+/// bounded by neither process's memory). The savepoint is taken in one process at parallelism
+/// 2; the cluster resumes at 4, and its totals are exact.
+#[test]
+fn a_savepoint_restores_into_disk_on_task_managers_that_download_their_sections() {
+    let tmp = tempfile::tempdir().unwrap();
+    let records = 600_000u64;
+    let savepoints = tmp.path().join("savepoints");
+    let path = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
+    let shared: Vec<String> = [
+        "--records",
+        &records.to_string(),
+        "--key-space",
+        "5000",
+        "--state-backend",
+        "disk",
+        "--state-dir",
+        &path("state"),
+        "--checkpoint-interval",
+        "50ms",
+        "--sink-delay",
+        "2us",
+        "--no-rest",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let first = Command::new(env!("CARGO_BIN_EXE_word_count"))
+        .args(&shared)
+        .args([
+            "--parallelism",
+            "2",
+            "--checkpoint-dir",
+            &path("chk-1"),
+            "--savepoint-dir",
+            savepoints.to_str().unwrap(),
+            "--stop-with-savepoint-after",
+            "200000",
+        ])
+        .output_bounded()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&first.stdout).into_owned();
+    assert!(first.status.success(), "{stdout}");
+    let savepoint = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("stopped with savepoint: "))
+        .unwrap_or_else(|| panic!("no savepoint line:\n{stdout}"))
+        .trim_start_matches("file://")
+        .to_string();
+    let mut job = shared;
+    job.extend(
+        ["--parallelism", "4", "--checkpoint-dir", &path("chk-2")]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    let out = tmp.path().join("totals.csv");
+    let log = |name: &str| tmp.path().join(format!("{name}.log"));
+    let mut procs = Processes(Vec::new());
+    let jm = word_count(
+        &job,
+        &[
+            "--role".into(),
+            "jobmanager".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--from".into(),
+            savepoint.clone(),
+            "--output".into(),
+            out.to_str().unwrap().into(),
+        ],
+        &[],
+        &log("jobmanager"),
+    );
+    let addr = listening_addr(&log("jobmanager"), Duration::from_secs(60));
+    for name in ["tm1", "tm2"] {
+        procs.0.push(word_count(
+            &job,
+            &[
+                "--jobmanager".into(),
+                addr.clone(),
+                "--slots".into(),
+                "2".into(),
+            ],
+            &[],
+            &log(name),
+        ));
+    }
+    let jm = wait_output(jm, Duration::from_secs(180));
+    let stdout = String::from_utf8_lossy(&jm.stdout).into_owned();
+    assert!(
+        jm.status.success(),
+        "{stdout}\n{}",
+        log_tail(&log("jobmanager"))
+    );
+    assert_eq!(
+        parse_totals(&out),
+        weir_examples::expected_totals_in(records, 42, 5000)
+    );
+    processes::assert_restored(&stdout, records, &[Path::new(&savepoint)]);
+    for tm in procs.0.drain(..) {
+        let o = wait_output(tm, Duration::from_secs(30));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    }
+    // Each task manager downloaded its subtasks' sections from the savepoint's directory.
+    for name in ["tm1", "tm2"] {
+        let text = std::fs::read_to_string(log(name)).unwrap();
+        assert!(
+            text.contains("downloaded the keyed sections of canonical snapshots"),
+            "{name}:\n{}",
+            log_tail(&log(name))
+        );
+    }
+}
+
 /// A task manager lost with no replacement: the failover cannot find enough slots within the
 /// slot timeout, which, like Flink's NoResourceAvailableException, is a failure for the restart
 /// strategy: the job manager deploys again, and again, until a replacement registers; the job

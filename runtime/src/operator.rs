@@ -158,10 +158,14 @@ pub enum KeyedSections {
         /// The checkpoint directory the stream's path is relative to.
         location_dir: String,
         /// The storage the file is in when it is not the job's own checkpoint storage (a
-        /// restore from another storage, in this process). Never sent to a task manager: the
-        /// job master reads such sections itself ([`KeyedSections::Read`]).
+        /// restore from another storage, in this process; a task manager opens it from
+        /// `storage_location`).
         #[serde(skip)]
         storage: Option<std::sync::Arc<dyn weir_checkpoint::CheckpointStorage>>,
+        /// That storage's root as a location a task manager opens it from
+        /// (`StorageConfig::from_location`); the job master reads the sections itself for task
+        /// managers when there is none.
+        storage_location: Option<String>,
     },
     /// Downloaded to this machine's disk, ready for the backend: set by the subtask before it
     /// opens.
@@ -196,6 +200,7 @@ impl std::fmt::Debug for KeyedSections {
                 range,
                 location_dir,
                 storage,
+                storage_location,
             } => f
                 .debug_struct("Stored")
                 .field("stream", stream)
@@ -204,6 +209,7 @@ impl std::fmt::Debug for KeyedSections {
                 .field("range", range)
                 .field("location_dir", location_dir)
                 .field("storage", &storage.as_ref().map(|s| s.describe()))
+                .field("storage_location", storage_location)
                 .finish(),
             KeyedSections::Local { path, file, .. } => f
                 .debug_struct("Local")

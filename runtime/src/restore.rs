@@ -42,16 +42,20 @@ impl RestorePoint {
 /// checkpoint, else its `chk-<n>` children, else those of its job directories. The path is a
 /// local directory (or `file://…`), `s3://bucket/prefix`, a URL of a registered scheme, or a
 /// location under the root of `configured` (a custom storage object the job writes to).
+///
+/// Also returns, for a storage opened here, its root as a location another process opens the
+/// same storage from (`StorageConfig::from_location`): how task managers reach a restore point
+/// outside the job's storage. `None` for the configured storage object.
 pub(crate) async fn candidates_at(
     path: &Path,
     configured: Option<&Arc<dyn CheckpointStorage>>,
-) -> Result<(Arc<dyn CheckpointStorage>, Vec<CheckpointListing>), JobError> {
+) -> Result<RestoreRoot, JobError> {
     let shown = path.display().to_string();
     let text = path.to_str();
-    let (storage, rel) = match (text, configured) {
+    let (storage, rel, location) = match (text, configured) {
         (Some(t), Some(custom)) if under_root(custom, t).is_some() => {
             let rel = under_root(custom, t).unwrap_or_default();
-            (custom.clone(), rel)
+            (custom.clone(), rel, None)
         }
         (Some(t), _) if t.starts_with("file://") => {
             let path = t.trim_start_matches("file://");
@@ -70,7 +74,7 @@ pub(crate) async fn candidates_at(
             } else {
                 crate::schemes::open(root)?
             };
-            (storage, rel)
+            (storage, rel, Some(root.to_string()))
         }
         _ => local_root(path, &shown)?,
     };
@@ -83,7 +87,25 @@ pub(crate) async fn candidates_at(
         });
     }
     found.reverse();
-    Ok((storage, found))
+    Ok(RestoreRoot {
+        storage,
+        location,
+        listings: found,
+    })
+}
+
+/// A storage opened for a restore path: the storage, the path under its root, and the root as
+/// a location other processes open it from.
+type OpenedRoot = (Arc<dyn CheckpointStorage>, String, Option<String>);
+
+/// The storage a user-given restore path is in, and the complete checkpoints found there.
+pub(crate) struct RestoreRoot {
+    /// The storage.
+    pub storage: Arc<dyn CheckpointStorage>,
+    /// Its root as a location other processes open it from, if it was opened from one.
+    pub location: Option<String>,
+    /// The complete checkpoints, newest first.
+    pub listings: Vec<CheckpointListing>,
 }
 
 /// A `chk-<n>` name.
@@ -152,7 +174,7 @@ fn under_root(storage: &Arc<dyn CheckpointStorage>, location: &str) -> Option<St
 
 /// A local directory opened as in [`split_url`]: a `chk-<n>` from its job directory's parent,
 /// a job directory from its parent.
-fn local_root(path: &Path, shown: &str) -> Result<(Arc<dyn CheckpointStorage>, String), JobError> {
+fn local_root(path: &Path, shown: &str) -> Result<OpenedRoot, JobError> {
     // Absolute first, so that a relative `chk-3` or `<job>/chk-3` has the parents it names.
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let path = absolute.as_path();
@@ -176,7 +198,8 @@ fn local_root(path: &Path, shown: &str) -> Result<(Arc<dyn CheckpointStorage>, S
         (Some(parent), _) if is_chk(name) || is_job(name) => (parent, format!("{name}/")),
         _ => (path, String::new()),
     };
-    Ok((Arc::new(OpendalCheckpointStorage::fs(root)?), rel))
+    let location = root.to_str().map(str::to_string);
+    Ok((Arc::new(OpendalCheckpointStorage::fs(root)?), rel, location))
 }
 
 /// Narrows the complete checkpoints under a user-given path (newest first) to one job's. A
@@ -277,6 +300,9 @@ pub(crate) struct RestoreChecks<'a> {
     /// (the job's state backend keeps files: [`weir_state::StateBackend::local_dir`]), so that
     /// a savepoint larger than memory restores; else the master reads and checks them.
     pub subtasks_fetch_sections: bool,
+    /// The restore point's storage root as a location task managers open it from, when it is
+    /// not the job's own storage (see [`candidates_at`]).
+    pub storage_location: Option<String>,
 }
 
 impl RestoreChecks<'_> {
@@ -464,9 +490,7 @@ pub(crate) async fn assign(
             };
             for (&old, state) in &op.subtasks {
                 for h in &state.keyed {
-                    if let Some(r) =
-                        read_keyed(point, op, h, &range, checks.subtasks_fetch_sections).await?
-                    {
+                    if let Some(r) = read_keyed(point, op, h, &range, checks).await? {
                         restored.keyed.push(r);
                     }
                 }

@@ -508,6 +508,33 @@ impl Executor {
                 return;
             }
         };
+        // A restore point outside the job's storage (a savepoint elsewhere): opened here from
+        // its location, so that the subtasks download their keyed sections from it themselves.
+        let mut deploy = deploy;
+        for t in &mut deploy.tasks {
+            for state in t.restore.operators.values_mut() {
+                for r in &mut state.keyed {
+                    let crate::operator::KeyedSections::Stored {
+                        storage_location: Some(location),
+                        storage,
+                        ..
+                    } = &mut r.sections
+                    else {
+                        continue;
+                    };
+                    match self.storage(Some(location)) {
+                        Ok(s) => *storage = Some(s),
+                        Err(e) => {
+                            fail_all(format!(
+                                "cannot open the storage of the restore point {location}: {e}"
+                            ))
+                            .await;
+                            return;
+                        }
+                    }
+                }
+            }
+        }
         self.chain_epoch
             .fetch_max(deploy.chain_epoch, Ordering::AcqRel);
         self.transport.place(generation, &deploy.placement);

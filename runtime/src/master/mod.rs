@@ -67,7 +67,13 @@ type Enumerators = HashMap<VertexId, (OperatorId, Box<dyn SplitEnumerator>)>;
 type RestoreContexts = HashMap<(VertexId, u32), crate::operator::RestoreContext>;
 
 /// Where a restore reads: a storage and the checkpoints to try, newest first.
-type RestorePoints = (Arc<dyn CheckpointStorage>, Vec<CheckpointLocation>);
+/// Where the next restore looks: a storage, its root as a location task managers open it from
+/// (`None` for the job's own or a configured storage object), and the candidates, newest first.
+type RestorePoints = (
+    Arc<dyn CheckpointStorage>,
+    Option<String>,
+    Vec<CheckpointLocation>,
+);
 
 /// The job master of one run: what lasts across generations.
 pub(crate) struct JobMaster<'s> {
@@ -562,11 +568,12 @@ impl<'s> JobMaster<'s> {
         // Subtasks download canonical sections themselves into a backend that keeps files,
         // from any storage in this process; on task managers, from the job's own storage only
         // (they may not reach another): else the master reads them.
-        let own = match (&unwritten, &self.restore) {
-            (Some((storage, _, _)), _) | (None, Some((storage, _))) => {
-                Arc::ptr_eq(storage, &self.storage)
+        let (own, location) = match (&unwritten, &self.restore) {
+            (Some((storage, _, _)), _) => (Arc::ptr_eq(storage, &self.storage), None),
+            (None, Some((storage, location, _))) => {
+                (Arc::ptr_eq(storage, &self.storage), location.clone())
             }
-            (None, None) => true,
+            (None, None) => (true, None),
         };
         let remote = matches!(self.config.cluster, Some(ClusterRole::JobManager(_)));
         let checks = RestoreChecks {
@@ -574,7 +581,8 @@ impl<'s> JobMaster<'s> {
             allow_non_restored_state: self.config.allow_non_restored_state,
             allow_changed_sources: self.config.allow_changed_sources,
             subtasks_fetch_sections: self.config.state_backend.local_dir().is_some()
-                && (own || !remote),
+                && (own || !remote || location.is_some()),
+            storage_location: if own { None } else { location },
         };
         let found = match (unwritten, &self.restore) {
             // `Mutation::RestoreWithoutMetadata`: the deliberate bug's second half.
@@ -590,7 +598,7 @@ impl<'s> JobMaster<'s> {
                 let contexts = assign(&point, self.job, &checks).await;
                 contexts.map(|c| (point, c))
             }
-            (None, Some((storage, locations))) => {
+            (None, Some((storage, _, locations))) => {
                 load_first_good(storage.clone(), locations, self.job, &checks).await
             }
             (None, None) => return Ok(Some((None, HashMap::new()))),
@@ -878,9 +886,9 @@ async fn restore_points(
         StorageConfig::Custom(s) => Some(s),
         _ => None,
     };
-    let (s, locations) = listed_candidates(path, custom).await?;
+    let (s, location, locations) = listed_candidates(path, custom).await?;
     let Some((k, _)) = keeper.filter(|_| config.claim_mode == ClaimMode::Claim) else {
-        return Ok((Some((s, locations)), None));
+        return Ok((Some((s, location, locations)), None));
     };
     let (claim, taken) = Claim::start(s.clone(), &locations, job_id, lock_content).await?;
     for (job, generation) in taken {
@@ -888,8 +896,8 @@ async fn restore_points(
     }
     // Watching the leases took a while: a running job's retention may have deleted what was
     // listed, and new checkpoints may exist. List again.
-    let (s, locations) = listed_candidates(path, custom).await?;
-    Ok((Some((s, locations)), Some(claim)))
+    let points = listed_candidates(path, custom).await?;
+    Ok((Some(points), Some(claim)))
 }
 
 /// The complete checkpoints at the user's restore path, newest first. A storage error the
@@ -902,9 +910,9 @@ async fn listed_candidates(
     let mut attempt = 0;
     loop {
         let listed = match candidates_at(path, custom).await {
-            Ok((s, listings)) => one_jobs_candidates(&*s, path, listings)
+            Ok(root) => one_jobs_candidates(&*root.storage, path, root.listings)
                 .await
-                .map(|locations| (s, locations)),
+                .map(|locations| (root.storage, root.location, locations)),
             Err(e) => Err(e),
         };
         match listed {

@@ -208,9 +208,9 @@ impl JobMaster<'_> {
             tokio::time::sleep(delay).await;
         }
         if let Some(locations) = decide::failover_candidates(&self.store) {
-            self.restore = Some((self.storage.clone(), locations));
+            self.restore = Some((self.storage.clone(), None, locations));
         }
-        if let Some((_, locations)) = &mut self.restore {
+        if let Some((_, _, locations)) = &mut self.restore {
             locations.retain(|l| !self.unusable.contains(&l.dir));
         }
         Ok(None)

@@ -102,8 +102,9 @@ pub(super) async fn read_keyed(
     op: &OperatorState,
     h: &KeyedStateHandle,
     range: &KeyGroupRange,
-    fetch_sections: bool,
+    checks: &super::RestoreChecks<'_>,
 ) -> Result<Option<RestoredKeyed>, JobError> {
+    let fetch_sections = checks.subtasks_fetch_sections;
     let Some((start, end)) = h.byte_range_for(range) else {
         return Ok(None);
     };
@@ -129,6 +130,7 @@ pub(super) async fn read_keyed(
             range: *range,
             location_dir: point.location.dir.clone(),
             storage: Some(point.storage.clone()),
+            storage_location: checks.storage_location.clone(),
         },
         sections_offset: start,
     }))

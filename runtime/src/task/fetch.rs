@@ -10,7 +10,7 @@ use crate::operator::{KeyedSections, NativeSource, RestoreContext};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use tracing::warn;
+use tracing::{info, warn};
 use weir_checkpoint::{CheckpointLocation, CheckpointStorage};
 use weir_core::handle::{NativeFileHandle, StreamStateHandle};
 use weir_core::identity::{DigestHasher, ExpectedIdentity};
@@ -259,6 +259,7 @@ pub(crate) async fn fetch_keyed(
         // the process with it).
         out.flush()
             .map_err(|e| io_error(env, "write", &target, e))?;
+        info!(task = %env.name, bytes = at, file = %target.display(), "downloaded the keyed sections of canonical snapshots");
     }
     Ok(())
 }
