@@ -277,22 +277,8 @@ async fn download_sections(
     (out, target): (&mut std::fs::File, &Path),
     env: &TaskEnv,
 ) -> Result<u64, TaskError> {
-    let file_name = match stream.path() {
-        Some(p) => format!("{}{p}", location.dir),
-        None => format!("{}_metadata", location.dir),
-    };
-    let unusable = |reason: String| TaskError::UnusableCheckpoint {
-        location: location.dir.clone(),
-        file: file_name.clone(),
-        reason,
-    };
-    let failed = |e: weir_checkpoint::CheckpointError| {
-        if e.is_temporary() {
-            TaskError::Checkpoint(e)
-        } else {
-            unusable(e.to_string())
-        }
-    };
+    let unusable = |reason: String| unusable(location, stream, reason);
+    let failed = |e| read_failed(location, stream, e);
     let digest = match stream {
         StreamStateHandle::File { size, digest, .. } if whole => Some((*size, *digest)),
         _ => None,
@@ -364,6 +350,38 @@ async fn download_sections(
     Ok(written)
 }
 
+/// A file of checkpoint `location` found damaged: the checkpoint is unusable.
+fn unusable(
+    location: &CheckpointLocation,
+    stream: &StreamStateHandle,
+    reason: String,
+) -> TaskError {
+    TaskError::UnusableCheckpoint {
+        location: location.dir.clone(),
+        file: match stream.path() {
+            Some(p) => format!("{}{p}", location.dir),
+            None => location.metadata_path(),
+        },
+        reason,
+    }
+}
+
+/// A read of a file of checkpoint `location` failed. As `restore::load_first_good` decides for
+/// the files the master reads: an error the storage calls temporary is retried (the same
+/// checkpoint, by the restart strategy); any other (a missing, truncated or damaged file) makes
+/// the checkpoint unusable.
+fn read_failed(
+    location: &CheckpointLocation,
+    stream: &StreamStateHandle,
+    e: weir_checkpoint::CheckpointError,
+) -> TaskError {
+    if e.is_temporary() {
+        TaskError::Checkpoint(e)
+    } else {
+        unusable(location, stream, e.to_string())
+    }
+}
+
 fn io_error(env: &TaskEnv, what: &str, path: &Path, e: std::io::Error) -> TaskError {
     TaskError::Operator {
         operator: env.name.clone(),
@@ -413,15 +431,7 @@ async fn download(
     target: &Path,
     env: &TaskEnv,
 ) -> Result<u64, TaskError> {
-    let file_name = match stream.path() {
-        Some(p) => format!("{}{p}", location.dir),
-        None => format!("{}_metadata", location.dir),
-    };
-    let unusable = |reason: String| TaskError::UnusableCheckpoint {
-        location: location.dir.clone(),
-        file: file_name.clone(),
-        reason,
-    };
+    let unusable = |reason: String| unusable(location, stream, reason);
     let (size, digest) = match stream {
         StreamStateHandle::File { size, digest, .. } => (*size, Some(*digest)),
         // Inline (served from `_metadata`, whose envelope is checked) or a legacy file (which
@@ -433,16 +443,7 @@ async fn download(
     let mut at = 0u64;
     let mut payload = 0u64;
     let mut framed = false;
-    // As `restore::load_first_good` decides for the files the master reads: an error the
-    // storage calls temporary is retried (the same checkpoint, by the restart strategy); any
-    // other (a missing, truncated or damaged file) makes the checkpoint unusable.
-    let failed = |e: weir_checkpoint::CheckpointError| {
-        if e.is_temporary() {
-            TaskError::Checkpoint(e)
-        } else {
-            unusable(e.to_string())
-        }
-    };
+    let failed = |e| read_failed(location, stream, e);
     while at < size || !framed {
         let chunk = if digest.is_some() {
             let end = size.min(at + DOWNLOAD_RANGE);
