@@ -8,103 +8,20 @@
 
 mod support;
 use support::*;
+#[path = "support/count_max.rs"]
+mod count_max;
+use count_max::{RECORDS, assert_exact, disk, job};
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
-use weir_runtime::{
-    DiskStateBackend, HeapStateBackend, JobResult, LatestHandle, RestartStrategy, StreamEnvironment,
-};
+use weir_runtime::{HeapStateBackend, JobResult, RestartStrategy};
 
-const RECORDS: u64 = 100_000;
-const KEY_SPACE: u64 = 20_000;
-/// The first run fails for good past this record, once three checkpoints completed.
-const FAIL_AFTER: u64 = 40_000;
-
-fn key(i: u64) -> u64 {
-    weir_runtime::source::splitmix64(i) % KEY_SPACE
-}
-
-/// The totals, against those computed without the engine.
-fn assert_exact(got: &BTreeMap<u64, (i64, i64)>) {
-    let mut expected: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
-    for i in 0..RECORDS {
-        let e = expected.entry(key(i)).or_insert((0, i64::MIN));
-        e.0 += 1;
-        e.1 = e.1.max(i as i64);
-    }
-    assert_eq!(
-        got, &expected,
-        "totals against the independently computed ones"
-    );
-}
-
-/// generator → map (fails for good once, when `fail`) → key_by → reduce (count, max) → latest
-/// per key, at `parallelism`, checkpointing every 50 ms into files (none inline).
-fn job(
-    dir: &Path,
-    backend: impl weir_runtime::state::StateBackend,
-    parallelism: u32,
-    fail: bool,
-) -> (StreamEnvironment, LatestHandle<u64, (i64, i64)>) {
-    let env = StreamEnvironment::new();
-    env.set_job_name("canonical-restore-test")
-        .set_parallelism(parallelism)
-        .enable_checkpointing(Duration::from_millis(50));
-    let storage = weir_runtime::checkpoint::OpendalCheckpointStorage::fs(dir.join("checkpoints"))
-        .unwrap()
-        .with_inline_threshold(0);
-    env.set_checkpoint_storage(weir_runtime::config::StorageConfig::Custom(Arc::new(
-        storage,
-    )));
-    env.set_state_backend(backend);
-    env.config_mut().incremental = true;
-    env.config_mut().checkpoint.num_retained = 3;
-    env.config_mut().buffers_per_channel = 2;
-    env.config_mut().batch_size = 64;
-    if fail {
-        env.set_restart_strategy(RestartStrategy::NoRestart);
-    }
-    let fired = Arc::new(AtomicBool::new(!fail));
-    let checkpoints = dir.join("checkpoints");
-    let handle = env
-        .from_generator(Some(RECORDS), |i| i)
-        .uid("source")
-        .map(move |i: u64| {
-            if i.is_multiple_of(100) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            if i >= FAIL_AFTER
-                && i.is_multiple_of(1_000)
-                && !fired.load(Ordering::SeqCst)
-                && complete_checkpoints(&checkpoints).len() >= 3
-                && !fired.swap(true, Ordering::SeqCst)
-            {
-                panic!("injected failure at record {i}");
-            }
-            (key(i), 1i64, i as i64)
-        })
-        .uid("fail-once")
-        .key_by(|t: &(u64, i64, i64)| &t.0)
-        .reduce(|a, b| (a.0, a.1 + b.1, a.2.max(b.2)))
-        .uid("reduce")
-        .map(|(k, count, max)| (k, (count, max)))
-        .uid("pairs")
-        .latest_per_key();
-    (env, handle)
-}
-
-fn disk(dir: &Path) -> DiskStateBackend {
-    DiskStateBackend::new(dir.join("state"))
-        .with_options(weir_runtime::state::DiskOptions::default().with_memtable_bytes(256 << 10))
-}
+const NAME: &str = "canonical-restore-test";
 
 /// A heap job at parallelism 2 that fails for good after three checkpoints: its retained
 /// checkpoints are canonical (an incremental chain of heap snapshots) and in files.
 async fn heap_checkpoints(dir: &Path) -> PathBuf {
-    let (env, _) = job(dir, HeapStateBackend, 2, true);
+    let (env, _) = job(NAME, dir, HeapStateBackend, 2, Some(Box::new(|| {})));
+    env.set_restart_strategy(RestartStrategy::NoRestart);
     let e = env.execute().bounded().await.unwrap_err();
     assert!(e.to_string().contains("injected failure"), "{e}");
     dir.join("checkpoints")
@@ -117,7 +34,7 @@ async fn resume(
     parallelism: u32,
     root: &Path,
 ) -> JobResult {
-    let (env, handle) = job(dir, backend, parallelism, false);
+    let (env, handle) = job(NAME, dir, backend, parallelism, None);
     // No restart: a checkpoint a subtask finds unusable is fallen back from without one.
     env.set_restart_strategy(RestartStrategy::NoRestart);
     env.restore_from(root);

@@ -35,6 +35,30 @@ fn word_count(job: &[String], role: &[String], env: &[(&str, String)], log: &Pat
     cmd.spawn().unwrap()
 }
 
+/// Two task managers of two slots each (`tm1`, `tm2`), registering with the job manager at
+/// `addr`.
+fn two_task_managers(
+    job: &[String],
+    addr: &str,
+    log: &dyn Fn(&str) -> std::path::PathBuf,
+) -> Vec<Child> {
+    ["tm1", "tm2"]
+        .into_iter()
+        .map(|name| {
+            let role = ["--jobmanager", addr, "--slots", "2"].map(String::from);
+            word_count(job, &role, &[], &log(name))
+        })
+        .collect()
+}
+
+/// Waits up to `within` for the job manager's end, which must be a success: its stdout.
+fn succeeded(jm: Child, within: Duration, log: &Path) -> String {
+    let jm = wait_output(jm, within);
+    let stdout = String::from_utf8_lossy(&jm.stdout).into_owned();
+    assert!(jm.status.success(), "{stdout}\n{}", log_tail(log));
+    stdout
+}
+
 /// The highest id of a complete checkpoint (`…/chk-<n>/_metadata`) in the bucket, or 0.
 fn latest_checkpoint(bucket: &Path) -> u64 {
     files_under(bucket)
@@ -376,26 +400,8 @@ fn stop_with_savepoint_on_a_cluster_resumes_exactly_in_one_process() {
         &log("jobmanager"),
     );
     let addr = listening_addr(&log("jobmanager"), Duration::from_secs(60));
-    for name in ["tm1", "tm2"] {
-        procs.0.push(word_count(
-            &job,
-            &[
-                "--jobmanager".into(),
-                addr.clone(),
-                "--slots".into(),
-                "2".into(),
-            ],
-            &[],
-            &log(name),
-        ));
-    }
-    let jm = wait_output(jm, Duration::from_secs(120));
-    let stdout = String::from_utf8_lossy(&jm.stdout).into_owned();
-    assert!(
-        jm.status.success(),
-        "{stdout}\n{}",
-        log_tail(&log("jobmanager"))
-    );
+    procs.0.extend(two_task_managers(&job, &addr, &log));
+    let stdout = succeeded(jm, Duration::from_secs(120), &log("jobmanager"));
     let savepoint = stdout
         .lines()
         .find_map(|l| l.strip_prefix("stopped with savepoint: "))
@@ -528,26 +534,8 @@ fn a_savepoint_restores_into_disk_on_task_managers_that_download_their_sections(
         &log("jobmanager"),
     );
     let addr = listening_addr(&log("jobmanager"), Duration::from_secs(60));
-    for name in ["tm1", "tm2"] {
-        procs.0.push(word_count(
-            &job,
-            &[
-                "--jobmanager".into(),
-                addr.clone(),
-                "--slots".into(),
-                "2".into(),
-            ],
-            &[],
-            &log(name),
-        ));
-    }
-    let jm = wait_output(jm, Duration::from_secs(180));
-    let stdout = String::from_utf8_lossy(&jm.stdout).into_owned();
-    assert!(
-        jm.status.success(),
-        "{stdout}\n{}",
-        log_tail(&log("jobmanager"))
-    );
+    procs.0.extend(two_task_managers(&job, &addr, &log));
+    let stdout = succeeded(jm, Duration::from_secs(180), &log("jobmanager"));
     assert_eq!(
         parse_totals(&out),
         weir_examples::expected_totals_in(records, 42, 5000)

@@ -6,33 +6,24 @@
 
 mod support;
 use support::*;
+#[path = "support/count_max.rs"]
+mod count_max;
+use count_max::{RECORDS, assert_exact, disk as backend, job};
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
-use weir_runtime::{DiskStateBackend, JobResult, LatestHandle, RestartStrategy, StreamEnvironment};
+use weir_runtime::{DiskStateBackend, JobResult, RestartStrategy};
 
-const RECORDS: u64 = 100_000;
-/// Keys: enough state that run files are files, not inlined into `_metadata`.
-const KEY_SPACE: u64 = 20_000;
+const NAME: &str = "local-recovery-test";
 
-fn key(i: u64) -> u64 {
-    weir_runtime::source::splitmix64(i) % KEY_SPACE
-}
-/// The job fails once, at a record past this one, once three checkpoints completed (one to
-/// restore, older ones to fall back to).
-const FAIL_AFTER: u64 = 40_000;
-
-/// generator → map (fails once, after `before_failure`: see [`FAIL_AFTER`]) → key_by → reduce (count,
-/// max) → latest per key, on the disk backend with native incremental checkpoints every 50 ms.
+/// The shared job ([`count_max::job`]) at parallelism 2 on the disk backend, failing once after
+/// `before_failure`: exact, and restored from a checkpoint.
 async fn run(
     dir: &Path,
     backend: DiskStateBackend,
     before_failure: impl Fn() + Send + Sync + 'static,
 ) -> JobResult {
-    let (env, handle) = job(dir, backend, Some(Box::new(before_failure)));
+    let (env, handle) = job(NAME, dir, backend, 2, Some(Box::new(before_failure)));
     let r = env.execute().bounded().await.unwrap();
     assert_exact(&handle.get());
     assert!(
@@ -40,84 +31,6 @@ async fn run(
         "the job restored from a checkpoint, not from scratch: {r:?}"
     );
     r
-}
-
-/// The totals, against those computed without the engine.
-fn assert_exact(got: &BTreeMap<u64, (i64, i64)>) {
-    let mut expected: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
-    for i in 0..RECORDS {
-        let e = expected.entry(key(i)).or_insert((0, i64::MIN));
-        e.0 += 1;
-        e.1 = e.1.max(i as i64);
-    }
-    assert_eq!(
-        got, &expected,
-        "totals against the independently computed ones"
-    );
-}
-
-type Hook = Box<dyn Fn() + Send + Sync>;
-
-/// The job: it fails once when `fail` is given (after calling it).
-fn job(
-    dir: &Path,
-    backend: DiskStateBackend,
-    fail: Option<Hook>,
-) -> (StreamEnvironment, LatestHandle<u64, (i64, i64)>) {
-    let env = StreamEnvironment::new();
-    env.set_job_name("local-recovery-test")
-        .set_parallelism(2)
-        .enable_checkpointing(Duration::from_millis(50));
-    // Every file a file (none inline in `_metadata`), so that restores fetch them.
-    let storage = weir_runtime::checkpoint::OpendalCheckpointStorage::fs(dir.join("checkpoints"))
-        .unwrap()
-        .with_inline_threshold(0);
-    env.set_checkpoint_storage(weir_runtime::config::StorageConfig::Custom(Arc::new(
-        storage,
-    )));
-    env.set_state_backend(backend);
-    env.config_mut().incremental = true;
-    // Older checkpoints to fall back to when the newest is found damaged.
-    env.config_mut().checkpoint.num_retained = 3;
-    // Little in flight, so that barriers pass quickly and checkpoints complete while the
-    // source still reads.
-    env.config_mut().buffers_per_channel = 2;
-    env.config_mut().batch_size = 64;
-    let fired = Arc::new(AtomicBool::new(fail.is_none()));
-    let hook: Arc<Hook> = Arc::new(fail.unwrap_or_else(|| Box::new(|| {})));
-    let checkpoints = dir.join("checkpoints");
-    let handle = env
-        .from_generator(Some(RECORDS), |i| i)
-        .uid("source")
-        .map(move |i: u64| {
-            // Paced, so that checkpoints complete between records.
-            if i.is_multiple_of(100) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            if i >= FAIL_AFTER
-                && i.is_multiple_of(1_000)
-                && !fired.load(Ordering::SeqCst)
-                && complete_checkpoints(&checkpoints).len() >= 3
-                && !fired.swap(true, Ordering::SeqCst)
-            {
-                hook();
-                panic!("injected failure at record {i}");
-            }
-            (key(i), 1i64, i as i64)
-        })
-        .uid("fail-once")
-        .key_by(|t: &(u64, i64, i64)| &t.0)
-        .reduce(|a, b| (a.0, a.1 + b.1, a.2.max(b.2)))
-        .uid("reduce")
-        .map(|(k, count, max)| (k, (count, max)))
-        .uid("pairs")
-        .latest_per_key();
-    (env, handle)
-}
-
-fn backend(dir: &Path) -> DiskStateBackend {
-    DiskStateBackend::new(dir.join("state"))
-        .with_options(weir_runtime::state::DiskOptions::default().with_memtable_bytes(256 << 10))
 }
 
 /// The local-recovery copies under a backend's directory.
@@ -195,7 +108,13 @@ async fn a_file_damaged_in_storage_falls_back_to_the_previous_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("checkpoints");
     // A job that fails for good (no restarts), leaving three retained checkpoints.
-    let (env, _) = job(dir.path(), backend(dir.path()), Some(Box::new(|| {})));
+    let (env, _) = job(
+        NAME,
+        dir.path(),
+        backend(dir.path()),
+        2,
+        Some(Box::new(|| {})),
+    );
     env.set_restart_strategy(RestartStrategy::NoRestart);
     let e = env.execute().bounded().await.unwrap_err();
     assert!(e.to_string().contains("injected failure"), "{e}");
@@ -237,7 +156,7 @@ async fn a_file_damaged_in_storage_falls_back_to_the_previous_checkpoint() {
     // Resumed from the failed job's checkpoints: the restores that find a damaged file fail,
     // and the job goes on from an older checkpoint, with exact totals: without a restart (none
     // is allowed), as when the job master finds the damage itself.
-    let (env, handle) = job(dir.path(), backend(dir.path()), None);
+    let (env, handle) = job(NAME, dir.path(), backend(dir.path()), 2, None);
     env.set_restart_strategy(RestartStrategy::NoRestart);
     env.restore_from(&root);
     let r = env.execute().bounded().await.unwrap();
