@@ -227,10 +227,7 @@ pub(crate) async fn fetch_keyed(
                 dir: location_dir.clone(),
             };
             let storage = storage.clone().unwrap_or_else(|| env.storage.clone());
-            let file = match stream.path() {
-                Some(p) => format!("{}{p}", location.dir),
-                None => location.metadata_path(),
-            };
+            let file = crate::restore::stream_file(&location, stream);
             let span = (r.sections_offset, *end);
             let whole = *whole;
             let len = download_sections(
@@ -358,10 +355,7 @@ fn unusable(
 ) -> TaskError {
     TaskError::UnusableCheckpoint {
         location: location.dir.clone(),
-        file: match stream.path() {
-            Some(p) => format!("{}{p}", location.dir),
-            None => location.metadata_path(),
-        },
+        file: crate::restore::stream_file(location, stream),
         reason,
     }
 }
