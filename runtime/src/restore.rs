@@ -23,7 +23,6 @@ use crate::verify;
 mod read;
 #[cfg(feature = "cluster")]
 pub(crate) use read::fetch_foreign_native;
-pub(crate) use read::stream_file;
 use read::{corrupt, file_of, read_keyed, read_native, read_operator_state, verify_keyed_frames};
 
 /// A checkpoint chosen for a restore.

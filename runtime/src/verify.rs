@@ -205,6 +205,18 @@ pub(crate) fn check_keyed_frames(
     Ok(())
 }
 
+/// The file `stream` of checkpoint `location` is in, relative to the storage root, for errors:
+/// `_metadata` for inline state.
+pub(crate) fn stream_file(
+    location: &weir_checkpoint::CheckpointLocation,
+    stream: &weir_core::handle::StreamStateHandle,
+) -> String {
+    match stream.path() {
+        Some(path) => format!("{}{path}", location.dir),
+        None => location.metadata_path(),
+    }
+}
+
 /// Problems of a keyed handle as `_metadata` records it.
 pub(crate) fn keyed_handle_problems(op: &OperatorState, h: &KeyedStateHandle) -> Vec<String> {
     let mut errors = Vec::new();

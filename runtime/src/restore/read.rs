@@ -22,16 +22,7 @@ pub(super) fn corrupt(file: String, reason: String) -> JobError {
 /// The file a stream is in, relative to the storage root, for errors: `_metadata` for inline
 /// state.
 pub(super) fn file_of(point: &RestorePoint, stream: &StreamStateHandle) -> String {
-    stream_file(&point.location, stream)
-}
-
-/// The file `stream` of checkpoint `location` is in, relative to the storage root, for errors:
-/// `_metadata` for inline state.
-pub(crate) fn stream_file(location: &CheckpointLocation, stream: &StreamStateHandle) -> String {
-    match stream.path() {
-        Some(path) => format!("{}{path}", location.dir),
-        None => location.metadata_path(),
-    }
+    verify::stream_file(&point.location, stream)
 }
 
 /// Checks the identity frame of every keyed file, each subtask's chain as a whole, before any
@@ -153,7 +144,7 @@ async fn read_keyed_sections(
     range: &KeyGroupRange,
     op: &OperatorState,
 ) -> Result<RestoredKeyed, JobError> {
-    let file = || stream_file(location, &h.stream);
+    let file = || verify::stream_file(location, &h.stream);
     let (start, end) = h.byte_range_for(range).ok_or_else(|| {
         corrupt(
             file(),
@@ -289,7 +280,7 @@ pub(crate) async fn fetch_foreign_native(
                     let Some(NativeSource::Stored { stream, expected }) = source else {
                         continue;
                     };
-                    let file = stream_file(&location, stream);
+                    let file = verify::stream_file(&location, stream);
                     let bytes = storage.read_state(&location, stream, None).await?;
                     let (identity, len) = weir_core::identity::open_frame(&bytes)
                         .map_err(|e| corrupt(file.clone(), e.to_string()))?;

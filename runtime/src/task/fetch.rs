@@ -227,7 +227,7 @@ pub(crate) async fn fetch_keyed(
                 dir: location_dir.clone(),
             };
             let storage = storage.clone().unwrap_or_else(|| env.storage.clone());
-            let file = crate::restore::stream_file(&location, stream);
+            let file = crate::verify::stream_file(&location, stream);
             let span = (r.sections_offset, *end);
             let whole = *whole;
             let len = download_sections(
@@ -355,7 +355,7 @@ fn unusable(
 ) -> TaskError {
     TaskError::UnusableCheckpoint {
         location: location.dir.clone(),
-        file: crate::restore::stream_file(location, stream),
+        file: crate::verify::stream_file(location, stream),
         reason,
     }
 }
